@@ -1,0 +1,37 @@
+"""Shared fixtures: a real S3 endpoint on loopback (moto's server mode) read through s3fs."""
+
+from __future__ import annotations
+
+import uuid
+
+import pytest
+
+
+@pytest.fixture(scope="session")
+def s3_server():
+    """A moto S3 server on 127.0.0.1; yields its endpoint URL."""
+    pytest.importorskip("s3fs")
+    from moto.server import ThreadedMotoServer
+
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    host, port = server.get_host_and_port()
+    yield f"http://{host}:{port}"
+    server.stop()
+
+
+@pytest.fixture()
+def s3_bucket(s3_server):
+    """``(bucket_url, storage_options)`` for a fresh bucket on the loopback S3 server."""
+    import s3fs
+
+    options = {
+        "key": "testing",
+        "secret": "testing",
+        "client_kwargs": {"endpoint_url": s3_server},
+        "skip_instance_cache": True,
+    }
+    bucket = f"test-{uuid.uuid4().hex[:12]}"
+    fs = s3fs.S3FileSystem(**options)
+    fs.mkdir(bucket)
+    return f"s3://{bucket}", options

@@ -1,0 +1,1 @@
+"""Read side of wdsloader."""

@@ -1,0 +1,27 @@
+"""Exceptions raised by wdsloader and build_shards. Messages name the file, shard, key and field."""
+
+from __future__ import annotations
+
+
+class WdsLoaderError(Exception):
+    """Base class of every error this project raises on purpose."""
+
+
+class ManifestError(WdsLoaderError):
+    """A manifest is missing, unreadable, invalid or of a newer major format version."""
+
+
+class ShardFormatError(WdsLoaderError):
+    """A shard or its index is corrupt, truncated or does not match the manifest."""
+
+
+class SchemaError(WdsLoaderError, ValueError):
+    """A sample does not match the declared or inferred schema."""
+
+
+class DecodeError(WdsLoaderError):
+    """A field could not be decoded (names shard, sample key and field)."""
+
+
+class PickleNotAllowedError(DecodeError):
+    """A pickle-based field was met and ``allow_pickle`` is off."""

@@ -1,0 +1,69 @@
+"""The on-disk format contract shared by ``build_shards`` (writes) and ``wdsloader`` (reads)."""
+
+from wdsloader.format.index import (
+    INDEX_SUFFIX,
+    decode_index,
+    encode_index,
+    index_path,
+    iter_samples,
+    scan_tar,
+)
+from wdsloader.format.keys import (
+    field_of_ext,
+    member_ext,
+    split_name,
+    validate_field,
+    validate_key,
+)
+from wdsloader.format.manifest import (
+    FORMAT_NAME,
+    FORMAT_VERSION,
+    MANIFEST_NAME,
+    FieldSpec,
+    Manifest,
+    ShardInfo,
+    SplitInfo,
+    check_version,
+)
+from wdsloader.format.tar import (
+    BLOCK,
+    END_OF_ARCHIVE,
+    Member,
+    encode_header,
+    encode_member,
+    iter_members,
+    member_size,
+    padded,
+)
+from wdsloader.format.writer import TarStreamWriter
+
+__all__ = [
+    "BLOCK",
+    "END_OF_ARCHIVE",
+    "FORMAT_NAME",
+    "FORMAT_VERSION",
+    "INDEX_SUFFIX",
+    "MANIFEST_NAME",
+    "FieldSpec",
+    "Manifest",
+    "Member",
+    "TarStreamWriter",
+    "ShardInfo",
+    "SplitInfo",
+    "check_version",
+    "decode_index",
+    "encode_header",
+    "encode_index",
+    "encode_member",
+    "field_of_ext",
+    "index_path",
+    "iter_members",
+    "iter_samples",
+    "member_ext",
+    "member_size",
+    "padded",
+    "scan_tar",
+    "split_name",
+    "validate_field",
+    "validate_key",
+]

@@ -1,0 +1,78 @@
+"""The ``.tar.idx`` sidecar: little-endian uint64[n + 1], each sample's first header offset, then
+the offset where the last sample ends (the start of the end-of-archive blocks)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import numpy as np
+
+from wdsloader.errors import ShardFormatError
+from wdsloader.format.keys import split_name
+from wdsloader.format.tar import iter_members
+
+INDEX_SUFFIX = ".idx"
+INDEX_DTYPE = np.dtype("<u8")
+
+
+def index_path(shard_path: str) -> str:
+    """Path of the index beside a shard."""
+    return shard_path + INDEX_SUFFIX
+
+
+def encode_index(offsets: np.ndarray | list[int]) -> bytes:
+    """Bytes of an index file for ``offsets`` (n + 1 values, non-decreasing)."""
+    arr = np.asarray(offsets, dtype=INDEX_DTYPE)
+    if arr.ndim != 1 or arr.size < 1 or np.any(np.diff(arr.astype(np.int64)) < 0):
+        raise ValueError("index offsets must be a non-empty non-decreasing 1-D sequence")
+    return arr.tobytes()
+
+
+def decode_index(data: bytes, *, source: str = "<index>") -> np.ndarray:
+    """Offsets (int64) from the bytes of an index file."""
+    if len(data) % 8 or len(data) < 8:
+        raise ShardFormatError(f"{source}: index size {len(data)} is not a positive multiple of 8")
+    arr = np.frombuffer(data, dtype=INDEX_DTYPE).astype(np.int64)
+    if np.any(np.diff(arr) <= 0):
+        raise ShardFormatError(f"{source}: index offsets are not strictly increasing")
+    return arr
+
+
+def iter_samples(
+    buf: bytes | memoryview, *, source: str = "<shard>"
+) -> Iterator[tuple[str, int, dict[str, tuple[int, int]]]]:
+    """Samples of a whole tar in ``buf``: ``(key, first_header_offset, {ext: (data_off, size)})``.
+
+    Consecutive members with the same key form a sample (the webdataset rule); a repeated
+    extension within a sample is an error naming the shard and key.
+    """
+    key: str | None = None
+    start = 0
+    fields: dict[str, tuple[int, int]] = {}
+    for member in iter_members(buf, source=source):
+        parts = split_name(member.name)
+        if parts is None:
+            continue
+        mkey, ext = parts
+        if mkey != key:
+            if key is not None:
+                yield key, start, fields
+            key, start, fields = mkey, member.header_offset, {}
+        if ext in fields:
+            raise ShardFormatError(f"{source}: sample {key!r} has the extension {ext!r} twice")
+        fields[ext] = (member.data_offset, member.size)
+    if key is not None:
+        yield key, start, fields
+
+
+def scan_tar(buf: bytes | memoryview, *, source: str = "<shard>") -> tuple[np.ndarray, list[str]]:
+    """Index offsets and keys of every sample in a whole tar held in ``buf``."""
+    offsets: list[int] = []
+    keys: list[str] = []
+    last_end = 0
+    for key, start, fields in iter_samples(buf, source=source):
+        offsets.append(start)
+        keys.append(key)
+        last_end = max(off + ((size + 511) // 512) * 512 for off, size in fields.values())
+    offsets.append(last_end)
+    return np.asarray(offsets, dtype=np.int64), keys

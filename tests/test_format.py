@@ -127,3 +127,17 @@ def test_webdataset_reads_factory_shards(tmp_path):
     samples = list(wds.WebDataset(urls, shardshuffle=False).decode())
     assert [int(s["idx.cls"]) for s in samples] == list(range(7))
     assert np.array_equal(samples[5]["vec.npy"], np.arange(50, 54, dtype=np.float32))
+
+
+def test_scan_tar_starts_samples_at_their_extension_headers():
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w", format=tarfile.PAX_FORMAT) as tf:
+        for name in ("a.txt", "ä1.txt", "ä1.json"):
+            info = tarfile.TarInfo(name)
+            info.size = 1
+            tf.addfile(info, io.BytesIO(b"x"))
+    buf.seek(0)
+    with tarfile.open(fileobj=buf) as tf:
+        expected = [m.offset for m in tf.getmembers()][:2]
+    offsets, keys = scan_tar(buf.getvalue())
+    assert keys == ["a", "ä1"] and offsets[:2].tolist() == expected

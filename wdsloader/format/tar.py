@@ -21,7 +21,6 @@ END_OF_ARCHIVE = b"\0" * (2 * BLOCK)
 MAX_NAME_BYTES = 100
 
 _REGULAR = (b"0", b"\0", b"7")
-_SKIP_TYPES = (b"1", b"2", b"3", b"4", b"5", b"6")  # links, devices, dirs, fifos
 
 
 def padded(nbytes: int) -> int:
@@ -77,7 +76,11 @@ def encode_member(name: str, data: bytes) -> bytes:
 
 @dataclass(slots=True, frozen=True)
 class Member:
-    """One regular member found in a buffer: its name and where its data lies."""
+    """One regular member found in a buffer: its name and where its data lies.
+
+    ``header_offset`` is where the member's first header starts, extension headers (PAX, GNU
+    long name) included, so a sample's byte range taken from it holds all of its headers.
+    """
 
     name: str
     header_offset: int
@@ -141,6 +144,7 @@ def iter_members(
     pos = start
     long_name: str | None = None
     pax: dict[str, str] = {}
+    first_header: int | None = None  # start of the extension headers of the next member
     while pos + BLOCK <= stop:
         header = view[pos : pos + BLOCK]
         if header[0] == 0 and not any(header):
@@ -171,16 +175,17 @@ def iter_members(
             if "size" in pax:
                 size = int(pax["size"])
                 next_pos = data_offset + padded(size)
-            yield Member(name, base_offset + pos, base_offset + data_offset, size)
-            long_name, pax = None, {}
+            start_offset = pos if first_header is None else first_header
+            yield Member(name, base_offset + start_offset, base_offset + data_offset, size)
+            long_name, pax, first_header = None, {}, None
         elif typeflag == b"L":
             long_name = bytes(view[data_offset : data_offset + size]).rstrip(b"\0").decode()
+            first_header = pos if first_header is None else first_header
         elif typeflag == b"x":
             pax = _parse_pax(bytes(view[data_offset : data_offset + size]))
-        elif typeflag in _SKIP_TYPES or typeflag == b"g":
-            long_name, pax = None, {}
-        else:
-            long_name, pax = None, {}
+            first_header = pos if first_header is None else first_header
+        else:  # links, devices, directories, fifos, global PAX headers: skipped
+            long_name, pax, first_header = None, {}, None
         pos = next_pos
     if pos < stop:
         raise ShardFormatError(f"{source} at byte {base_offset + pos}: truncated tar header")

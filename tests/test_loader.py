@@ -1,0 +1,214 @@
+"""create_loader end to end: exactly once, determinism, exact and elastic resume, set_epoch."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import numpy as np
+import pytest
+import torch
+
+from tests.dataset_factory import write_dataset
+from wdsloader import create_loader, set_epoch
+from wdsloader.errors import ManifestError, ShardFormatError
+
+COUNTS = [37, 50, 13, 44, 29]  # 173 samples, unequal shards
+
+
+@pytest.fixture(scope="module")
+def ds(tmp_path_factory):
+    root = tmp_path_factory.mktemp("loader") / "ds"
+    write_dataset(str(root), {"train": COUNTS, "val": [10, 7]})
+    return str(root)
+
+
+def keys_of(batches):
+    return [k for b in batches for k in b["__key__"]]
+
+
+def run(loader, n=None):
+    """The batches of one pass over ``loader``, stopping after the ``n``-th if given."""
+    out = []
+    for b in loader:
+        out.append(b)
+        if len(out) == n:
+            break
+    return out
+
+
+def same_batches(a, b):
+    assert len(a) == len(b)
+    for x, y in zip(a, b, strict=True):
+        assert x["__key__"] == y["__key__"]
+        assert torch.equal(x["vec"], y["vec"]) and torch.equal(x["idx"], y["idx"])
+
+
+def test_batches_carry_decoded_fields(ds):
+    loader = create_loader(ds, "val", batch_size=4)
+    batches = run(loader)
+    assert len(batches) == len(loader) == 5  # 17 samples, drop_last False for val
+    b = batches[0]
+    assert b["vec"].dtype == torch.float32 and b["vec"].shape == (4, 4)
+    assert b["idx"].tolist() == [0, 1, 2, 3]  # val is not shuffled
+    assert torch.equal(b["vec"][1], torch.arange(10, 14, dtype=torch.float32))
+    assert b["meta"][2] == {"i": 2, "shard": 0}
+    assert batches[-1]["idx"].tolist() == [16]
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_each_sample_once_per_epoch_and_epochs_differ(ds, workers):
+    loader = create_loader(ds, "train", batch_size=8, num_workers=workers, drop_last=False)
+    e0 = run(loader)
+    e1 = run(loader)  # iterating to the end moved the loader to epoch 1
+    for epoch in (e0, e1):
+        keys = keys_of(epoch)
+        assert sorted(keys) == sorted(f"train{i:07d}" for i in range(sum(COUNTS)))
+        assert len(epoch) == len(loader)
+    assert keys_of(e0) != keys_of(e1)
+    ordered = [int(k[5:]) for k in keys_of(e0)]
+    assert ordered != sorted(ordered)
+
+
+def test_same_config_gives_identical_batches(ds):
+    a = run(create_loader(ds, "train", batch_size=8, num_workers=2, seed=3))
+    b = run(create_loader(ds, "train", batch_size=8, num_workers=2, seed=3))
+    same_batches(a, b)
+    c = run(create_loader(ds, "train", batch_size=8, num_workers=2, seed=4))
+    assert keys_of(a) != keys_of(c)
+
+
+def test_ranks_get_equal_batches_and_disjoint_samples(ds):
+    world, bs = 3, 8
+    loaders = [
+        create_loader(ds, "train", batch_size=bs, rank=r, world_size=world) for r in range(world)
+    ]
+    outs = [run(ld) for ld in loaders]
+    n = sum(COUNTS)
+    assert {len(o) for o in outs} == {len(loaders[0])} == {n // (world * bs)}
+    keys = [k for o in outs for k in keys_of(o)]
+    assert len(keys) == len(set(keys)) and n - len(keys) < world * bs
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+@pytest.mark.parametrize("k", [1, 4, 10])
+def test_exact_resume(ds, workers, k):
+    kw = dict(batch_size=8, num_workers=workers, drop_last=False)
+    ref_loader = create_loader(ds, "train", **kw)
+    reference = run(ref_loader) + run(ref_loader)  # epochs 0 and 1
+    per_epoch = len(ref_loader)
+    loader = create_loader(ds, "train", **kw)
+    got = run(loader, k)
+    state = loader.state_dict()
+    resumed = create_loader(ds, "train", **kw)
+    resumed.load_state_dict(state)
+    rest = run(resumed)  # rest of epoch 0 (or of epoch 1 when k crossed it)
+    rest += run(resumed) if k < per_epoch else []
+    same_batches(got + rest, reference[: len(got) + len(rest)])
+    assert len(got) + len(rest) == 2 * per_epoch
+
+
+def test_resume_across_epoch_boundary_and_twice(ds):
+    kw = dict(batch_size=8, num_workers=2, drop_last=True)
+    ref = create_loader(ds, "train", **kw)
+    reference = run(ref) + run(ref)
+    n = len(ref)
+    first = create_loader(ds, "train", **kw)
+    got = run(first)  # a whole epoch: the state now points at epoch 1, batch 0
+    state = first.state_dict()
+    assert (state["epoch"], state["batches_done"]) == (1, 0)
+    second = create_loader(ds, "train", **kw)
+    second.load_state_dict(state)
+    got += run(second, 3)
+    third = create_loader(ds, "train", **kw)
+    third.load_state_dict(second.state_dict())  # resumed twice
+    got += run(third)
+    same_batches(got, reference)
+    assert len(got) == 2 * n
+
+
+def test_elastic_resume_delivers_the_rest_once(ds):
+    bs = 4
+    old = [
+        create_loader(ds, "train", batch_size=bs, rank=r, world_size=2, drop_last=False)
+        for r in range(2)
+    ]
+    consumed = [k for ld in old for k in keys_of(run(ld, 7))]
+    state = old[0].state_dict()
+    new = [
+        create_loader(
+            ds, "train", batch_size=bs, rank=r, world_size=3, num_workers=2, drop_last=False
+        )
+        for r in range(3)
+    ]
+    rest = []
+    lengths = set()
+    for ld in new:
+        ld.load_state_dict(state)
+        got = run(ld)
+        lengths.add(len(got))
+        rest += keys_of(got)
+    assert len(lengths) == 1  # equal batches on the new ranks
+    everything = Counter(consumed + rest)
+    assert set(everything) == {f"train{i:07d}" for i in range(sum(COUNTS))}
+    assert not set(consumed) & set(rest)
+    assert sum(c - 1 for c in everything.values()) < 3 * bs  # only the new plan's padding
+
+
+def test_set_epoch_reaches_persistent_workers(ds):
+    kw = dict(batch_size=8, num_workers=2, persistent_workers=True)
+    loader = create_loader(ds, "train", **kw)
+    e0 = run(loader)
+    set_epoch(loader, 1)
+    e1 = run(loader)
+    set_epoch(loader, 1)
+    e1_again = run(loader)
+    fresh = create_loader(ds, "train", epoch=1, **kw)
+    assert keys_of(e0) != keys_of(e1)
+    same_batches(e1, run(fresh))
+    same_batches(e1, e1_again)
+
+
+def test_fields_limit_decoding(ds):
+    b = next(iter(create_loader(ds, "val", batch_size=3, fields=["idx"])))
+    assert set(b) == {"idx", "__key__"}
+
+
+def test_missing_manifest_shard_and_split_are_reported(tmp_path, ds):
+    with pytest.raises(ManifestError, match="manifest not found"):
+        create_loader(str(tmp_path / "nothing"), "train", batch_size=2)
+    with pytest.raises(ManifestError, match="split 'test'"):
+        create_loader(ds, "test", batch_size=2)
+    root = tmp_path / "broken"
+    write_dataset(str(root), {"train": [5, 5]})
+    (root / "train" / "shard-000001.tar").unlink()
+    with pytest.raises((ShardFormatError, FileNotFoundError), match="shard-000001.tar"):
+        create_loader(str(root), "train", batch_size=2)
+
+
+def test_corrupt_shard_raises_with_location_or_is_skipped(tmp_path):
+    root = tmp_path / "corrupt"
+    write_dataset(str(root), {"train": [6, 6]})
+    shard = root / "train" / "shard-000001.tar"
+    data = bytearray(shard.read_bytes())
+    offsets = np.fromfile(str(shard) + ".idx", dtype="<u8")
+    data[int(offsets[2]) + 5] ^= 0xFF  # the header of the third sample's first member
+    shard.write_bytes(bytes(data))
+    loader = create_loader(str(root), "train", batch_size=4, shuffle=False, drop_last=False)
+    with pytest.raises(ShardFormatError, match=rf"shard-000001.tar.*byte {int(offsets[2])}"):
+        run(loader)
+    skipping = create_loader(
+        str(root), "train", batch_size=4, shuffle=False, drop_last=False, on_error="skip"
+    )
+    keys = keys_of(run(skipping))
+    assert len(keys) == 11 and "train0000008" not in keys
+    assert skipping.stats["skipped_samples"] == 1
+
+
+def test_loader_streams_from_s3(s3_bucket):
+    url, options = s3_bucket
+    write_dataset(f"{url}/ds", {"train": [9, 8]}, storage_options=options)
+    loader = create_loader(
+        f"{url}/ds", "train", batch_size=4, drop_last=False, storage_options=options
+    )
+    keys = keys_of(run(loader))
+    assert sorted(keys) == [f"train{i:07d}" for i in range(17)]

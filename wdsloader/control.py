@@ -1,0 +1,84 @@
+"""A small block of shared memory through which the main process steers its DataLoader workers.
+
+Persistent workers keep the copy of the dataset they were started with, so anything that changes
+between epochs (the epoch, a resume point, a forced curriculum variant) travels through a tensor
+in shared memory instead of an attribute. Workers read it when an iteration starts; they write
+only their own row of counters. The memory is released with the last reference (no named
+segment that could leak after a crash).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import torch
+
+# control slots
+_EPOCH, _FORCED, _RESUME_LEN = range(3)  # _FORCED: index of a forced variant + 1 (0 = none)
+_NSLOTS = 4
+RESUME_CAPACITY = 1 << 16  # bytes of JSON for a resume chain
+
+# per-worker counters
+COUNTERS = ("samples", "batches", "skipped_samples", "skipped_batches")
+
+
+class Control:
+    """Epoch, resume point and counters shared between the main process and its workers."""
+
+    def __init__(self, max_workers: int) -> None:
+        self._slots = torch.zeros(_NSLOTS, dtype=torch.int64).share_memory_()
+        self._resume = torch.zeros(RESUME_CAPACITY, dtype=torch.uint8).share_memory_()
+        self._counters = torch.zeros(
+            (max(max_workers, 1), len(COUNTERS)), dtype=torch.int64
+        ).share_memory_()
+
+    # -- main process ----------------------------------------------------------------------
+    @property
+    def epoch(self) -> int:
+        return int(self._slots[_EPOCH])
+
+    @epoch.setter
+    def epoch(self, value: int) -> None:
+        if value < 0:
+            raise ValueError(f"epoch must be >= 0, got {value}")
+        self._slots[_EPOCH] = int(value)
+
+    def set_resume(self, resume: dict[str, Any] | None) -> None:
+        """Publish a resume point (a JSON-able dict) for the next iteration, or clear it."""
+        if resume is None:
+            self._slots[_RESUME_LEN] = 0
+            return
+        data = json.dumps(resume).encode()
+        if len(data) > RESUME_CAPACITY:
+            raise ValueError(f"resume state too large ({len(data)} bytes)")
+        self._resume[: len(data)] = torch.frombuffer(bytearray(data), dtype=torch.uint8)
+        self._slots[_RESUME_LEN] = len(data)
+
+    @property
+    def forced(self) -> int:
+        """Index of the forced variant, or -1."""
+        return int(self._slots[_FORCED]) - 1
+
+    @forced.setter
+    def forced(self, index: int) -> None:
+        self._slots[_FORCED] = index + 1
+
+    def counters(self) -> dict[str, int]:
+        """Counters summed over workers."""
+        totals = self._counters.sum(dim=0).tolist()
+        return dict(zip(COUNTERS, totals, strict=True))
+
+    def reset_counters(self) -> None:
+        self._counters.zero_()
+
+    # -- workers -------------------------------------------------------------------------------
+    def resume(self) -> dict[str, Any] | None:
+        """The published resume point, or None."""
+        n = int(self._slots[_RESUME_LEN])
+        if not n:
+            return None
+        return json.loads(bytes(self._resume[:n].numpy()))
+
+    def add(self, worker: int, name: str, value: int = 1) -> None:
+        self._counters[worker, COUNTERS.index(name)] += value

@@ -1,12 +1,39 @@
-"""``build_shards``: source -> split -> encode -> shards + idx -> manifest (stub, being written)."""
+"""``build_shards``: source -> (key, sample) -> map -> split -> encode -> shards + idx -> manifest."""
 
 from __future__ import annotations
 
+import concurrent.futures as cf
+import dataclasses
+import datetime as _dt
+import hashlib
+import itertools
+import json
+import logging
+import math
+import multiprocessing
 import os
-from collections.abc import Callable, Mapping
+import pickle
+import time
+from collections import deque
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
-from wdsloader.format import FieldSpec, Manifest
+import numpy as np
+
+from build_shards.encode import SampleEncoder, build_schema
+from build_shards.errors import BuildError
+from build_shards.sources import Source, open_source
+from build_shards.splits import make_splitter
+from build_shards.state import OutputState
+from build_shards.writer import BlockJob, init_worker, prepare, run_block, worker_block
+from wdsloader.errors import WdsLoaderError
+from wdsloader.format import FORMAT_VERSION, FieldSpec, Manifest, ShardInfo, SplitInfo
+from wdsloader.storage import url_to_fs
+
+log = logging.getLogger("build_shards")
+
+BLOCK_FACTOR = 4  # default block_size = BLOCK_FACTOR * shard_max_count
+Progress = bool | Callable[[int, int], None]
 
 
 def build_shards(
@@ -29,6 +56,384 @@ def build_shards(
     overwrite: bool = False,
     storage_options: dict[str, Any] | None = None,
     loader_defaults: Mapping[str, Any] | None = None,
-    progress: bool | Callable[[int, int], None] = False,
+    progress: Progress = False,
 ) -> Manifest:
-    raise NotImplementedError
+    """Write ``source`` as WebDataset tar shards with ``.tar.idx`` files and ``manifest.json``.
+
+    ``source``: a ``datasets`` Dataset/DatasetDict (its splits kept)/IterableDataset, a torch
+    map-style or iterable Dataset, a list/tuple/iterator of dicts, or paths (a path, a glob or a
+    list) of ``.jsonl`` files or plain text files (documents separated by blank lines become
+    ``{"text": doc}``). ``output``: a folder or any fsspec URL (``memory://``, ``s3://``).
+
+    Each item is a dict of fields; its key is ``item[key_field]`` or the zero-padded source index.
+    ``map(sample) -> sample`` runs on every item (it sees the key under ``key_field`` and may
+    change it; returning None drops the item); it must be deterministic, and picklable (a
+    module-level function) when ``workers > 1``. Splits: ``splits={"train": 0.8, ...}`` by a
+    hash of the key (or of the ``group_by`` field) and ``seed``, or ``split_field`` (the field
+    names the split and is not stored), or the DatasetDict's splits; else all in ``train``.
+
+    The schema is inferred from the first sample (after ``map``); ``schema`` declares fields
+    (``FieldSpec`` or dict, symbolic dims bound by ``dims`` or by the first sample); every sample
+    is checked against it. NaN/Inf is a SchemaError unless ``allow_nan`` (then counted in
+    ``manifest.build["nan_samples"]``).
+
+    Shards: the source is cut into blocks of ``block_size`` consecutive items (default
+    ``4 * shard_max_count``); each block writes ``{split}/shard-BBBBB-PPP.tar`` bounded by
+    ``shard_max_count`` samples and ``shard_max_bytes`` file bytes (a bigger sample gets a shard
+    of its own). The layout depends on the data and these options only, never on ``workers``
+    (local processes; indexable sources are read by the workers, sequential ones by this
+    process). Finished blocks are recorded under ``OUTPUT/_build/``: a rerun after a crash with
+    the same options keeps them. ``manifest.json`` is written last. An output holding a complete
+    dataset is refused unless ``overwrite`` (which also restarts an unfinished build). A user
+    error (BuildError, SchemaError) removes what the unfinished build wrote.
+
+    ``progress``: True for a tqdm bar, or a callable ``(items_done, items_total_or_0)``.
+    """
+    _check_options(shard_max_count, shard_max_bytes, block_size, workers, key_field)
+    output_url = os.fspath(output)
+    fs, root = url_to_fs(output_url, storage_options)
+    if workers > 1 and "memory" in _protocols(fs):
+        raise BuildError("memory:// lives in one process: use workers=1 for a memory:// output")
+    state = OutputState(fs, root, output_url, storage_options)
+    state.check_existing(overwrite)
+
+    src = open_source(source)
+    splitter = make_splitter(
+        src, splits=splits, split_field=split_field, group_by=group_by, seed=seed
+    )
+    block_size = block_size or BLOCK_FACTOR * shard_max_count
+    job = BlockJob(
+        source=None,
+        decoder=src.decoder,
+        map_fn=map,
+        key_field=key_field,
+        splitter=splitter,
+        encoder=None,  # type: ignore[arg-type]  # set once the schema is known
+        shard_max_count=shard_max_count,
+        shard_max_bytes=shard_max_bytes,
+        fingerprint="",
+    )
+    stream, (key, sample) = _first_sample(src, job)
+    full_schema, all_dims = build_schema(key, sample, schema, dims)
+    encoder = SampleEncoder(full_schema, all_dims, allow_nan=allow_nan)
+    encoder.encode(key, sample)  # the first sample must pass its own schema (NaN, ranges)
+
+    options = {
+        "format_version": FORMAT_VERSION,
+        "source": src.describe(),
+        "map": _callable_name(map),
+        "key_field": key_field,
+        "splits": splitter.spec(),
+        "seed": seed,
+        "shard_max_count": shard_max_count,
+        "shard_max_bytes": shard_max_bytes,
+        "block_size": block_size,
+        "allow_nan": allow_nan,
+        "schema": {f: _spec_dict(s) for f, s in full_schema.items()},
+        "dims": all_dims,
+    }
+    options = json.loads(json.dumps(options, default=str))
+    fingerprint = hashlib.sha256(json.dumps(options, sort_keys=True).encode()).hexdigest()
+    job = dataclasses.replace(
+        job,
+        encoder=encoder,
+        fingerprint=fingerprint,
+        source=src if src.indexable else None,
+    )
+    if overwrite:
+        state.remove_dataset()
+    completed = state.resume(fingerprint, options, overwrite)
+
+    bar = _ProgressBar(progress, src.length)
+    try:
+        records = _run_blocks(
+            job, src, stream, completed, block_size, workers, fs, root, output_url,
+            storage_options, bar,
+        )  # fmt: skip
+        manifest = _merge(records, splitter.names, state)
+        total_nan = sum(r["nan_samples"] for r in records.values())
+        if total_nan:
+            log.warning("%d samples hold NaN or Inf values (allow_nan=True)", total_nan)
+        manifest.schema = dict(full_schema)
+        manifest.dims = dict(all_dims)
+        manifest.loader_defaults = dict(loader_defaults or {})
+        manifest.build = {
+            "builder": "build_shards",
+            "seed": seed,
+            "shard_max_count": shard_max_count,
+            "shard_max_bytes": shard_max_bytes,
+            "block_size": block_size,
+            "splits": splitter.spec(),
+            "group_by": group_by,
+            "split_field": split_field,
+            "key_field": key_field,
+            "allow_nan": allow_nan,
+            "nan_samples": total_nan,
+            "dropped_by_map": sum(r["skipped"] for r in records.values()),
+            "source": {
+                "kind": src.kind,
+                "num_items": sum(r["num_items"] for r in records.values()),
+            },
+            "num_blocks": len(records),
+            "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        }
+        state.finalize(manifest)
+    except WdsLoaderError:
+        state.discard()
+        raise
+    finally:
+        bar.close()
+    return manifest
+
+
+# ------------------------------------------------------------------------------------------------
+# Steps
+# ------------------------------------------------------------------------------------------------
+
+
+def _check_options(
+    shard_max_count: int, shard_max_bytes: int, block_size: int | None, workers: int, key_field: str
+) -> None:
+    for name, value in (
+        ("shard_max_count", shard_max_count),
+        ("shard_max_bytes", shard_max_bytes),
+        ("workers", workers),
+    ):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"{name} must be a positive int, got {value!r}")
+    if block_size is not None and (
+        isinstance(block_size, bool) or not isinstance(block_size, int) or block_size < 1
+    ):
+        raise ValueError(f"block_size must be a positive int or None, got {block_size!r}")
+    if not isinstance(key_field, str) or not key_field:
+        raise ValueError(f"key_field must be a non-empty string, got {key_field!r}")
+
+
+def _protocols(fs: Any) -> tuple[str, ...]:
+    proto = fs.protocol
+    return (proto,) if isinstance(proto, str) else tuple(proto)
+
+
+def _callable_name(fn: Any) -> str | None:
+    if fn is None:
+        return None
+    return f"{getattr(fn, '__module__', '?')}.{getattr(fn, '__qualname__', type(fn).__qualname__)}"
+
+
+def _spec_dict(spec: FieldSpec) -> dict[str, Any]:
+    return {k: v for k, v in dataclasses.asdict(spec).items() if v is not None}
+
+
+def _first_sample(
+    src: Source, job: BlockJob
+) -> tuple[Iterator[tuple[int, Any]] | None, tuple[str, dict[str, Any]]]:
+    """The first sample map keeps, and for a sequential source the stream to build from (the
+    items read so far put back in front)."""
+    it = src.iter_range(0, src.length if src.indexable else None)
+    seen: list[tuple[int, Any]] = []
+    found = None
+    for index, raw in it:
+        if not src.indexable:
+            seen.append((index, raw))
+        prepared = prepare(job, index, raw)
+        if prepared is not None:
+            key, _split, sample = prepared
+            found = (key, sample)
+            break
+    if found is None:
+        dropped = len(seen) if not src.indexable else src.length
+        if dropped:
+            raise BuildError(f"source is empty after map: it dropped all {dropped} items")
+        raise BuildError("source is empty")
+    stream = None if src.indexable else itertools.chain(seen, it)
+    return stream, found
+
+
+def _blocks(
+    src: Source,
+    stream: Iterator[tuple[int, Any]] | None,
+    completed: Mapping[int, Any],
+    block_size: int,
+    bar: _ProgressBar,
+) -> Iterator[tuple[int, int, int | None, Iterator[tuple[int, Any]] | None]]:
+    """``(block, start, stop, items)`` for the blocks to build; ``items`` is None when the
+    worker reads the range itself. Finished blocks are skipped (a stream is still read past)."""
+    if stream is None:
+        assert src.length is not None
+        for b in range(math.ceil(src.length / block_size)):
+            if b in completed:
+                bar.update(completed[b]["num_items"], 0)
+                continue
+            yield b, b * block_size, min(src.length, (b + 1) * block_size), None
+        return
+    for b in itertools.count():
+        head = next(stream, None)
+        if head is None:
+            return
+        items = itertools.chain([head], itertools.islice(stream, block_size - 1))
+        if b in completed:
+            deque(items, maxlen=0)
+            bar.update(completed[b]["num_items"], 0)
+            continue
+        yield b, b * block_size, None, items
+
+
+def _run_blocks(
+    job: BlockJob,
+    src: Source,
+    stream: Iterator[tuple[int, Any]] | None,
+    completed: dict[int, Any],
+    block_size: int,
+    workers: int,
+    fs: Any,
+    root: str,
+    output_url: str,
+    storage_options: dict[str, Any] | None,
+    bar: _ProgressBar,
+) -> dict[int, Any]:
+    """Build every unfinished block, inline or in worker processes; all records by block."""
+    records = {b: _compact(rec) for b, rec in completed.items()}
+    blocks = _blocks(src, stream, completed, block_size, bar)
+    if workers == 1:
+        for b, start, stop, items in blocks:
+            it = items if items is not None else src.iter_range(start, stop)
+            records[b] = _compact(run_block(job, fs, root, b, start, it, report=bar.update))
+        return records
+    try:
+        pickle.dumps((job.map_fn, job.decoder, job.splitter))
+    except (pickle.PicklingError, AttributeError, TypeError) as exc:
+        raise BuildError(
+            f"workers={workers} needs a picklable map (a module-level function, not a lambda or "
+            f"closure): {exc}"
+        ) from None
+    ctx = multiprocessing.get_context("spawn")
+    abort = ctx.Event()
+    queue = ctx.Queue() if bar.active else None
+    pool = cf.ProcessPoolExecutor(
+        workers,
+        mp_context=ctx,
+        initializer=init_worker,
+        initargs=(job, output_url, storage_options, abort, queue),
+    )
+    inflight: dict[cf.Future[Any], int] = {}
+    try:
+        for nxt in itertools.chain(blocks, [None]):
+            if nxt is not None:
+                b, start, stop, items = nxt
+                payload = list(items) if items is not None else None
+                try:
+                    inflight[pool.submit(worker_block, b, start, stop, payload)] = b
+                except (pickle.PicklingError, AttributeError, TypeError) as exc:
+                    raise BuildError(f"cannot send the source to worker processes: {exc}") from exc
+            limit = 2 * workers if nxt is not None else 1
+            while len(inflight) >= limit:
+                timeout = 0.5 if queue is not None else None
+                done, _ = cf.wait(inflight, timeout=timeout, return_when=cf.FIRST_COMPLETED)
+                _drain(queue, bar)
+                for fut in done:
+                    records[inflight.pop(fut)] = _compact(fut.result())
+    except BaseException:
+        abort.set()
+        pool.shutdown(wait=True, cancel_futures=True)
+        raise
+    pool.shutdown(wait=True)
+    # workers flush their queue's feeder thread when they exit: every update is readable now
+    _drain(queue, bar)
+    return records
+
+
+def _drain(queue: Any, bar: _ProgressBar) -> None:
+    if queue is None:
+        return
+    import queue as _queue
+
+    while True:
+        try:
+            n, nbytes = queue.get_nowait()
+        except _queue.Empty:
+            return
+        bar.update(n, nbytes)
+
+
+def _compact(rec: dict[str, Any]) -> dict[str, Any]:
+    """Replace a record's key lists by arrays of their hashes (8 bytes a key) to check
+    duplicates across blocks at the end; the keys stay on disk in the block's record."""
+    keys = rec.pop("keys", {})
+    rec["key_hashes"] = {
+        split: np.fromiter(map(hash, ks), np.int64, len(ks)) for split, ks in keys.items()
+    }
+    return rec
+
+
+def _merge(records: Mapping[int, Any], names: tuple[str, ...], state: OutputState) -> Manifest:
+    """The manifest's splits from the block records, in block order; duplicate keys refused."""
+    splits: dict[str, SplitInfo] = {name: SplitInfo() for name in names}
+    hashes: dict[str, list[np.ndarray]] = {}
+    owners: dict[str, list[tuple[int, int]]] = {}
+    for b in sorted(records):
+        rec = records[b]
+        for split, shards in rec["splits"].items():
+            splits.setdefault(split, SplitInfo()).shards.extend(ShardInfo(**s) for s in shards)
+        for split, arr in rec["key_hashes"].items():
+            hashes.setdefault(split, []).append(arr)
+            owners.setdefault(split, []).append((b, len(arr)))
+    for split, parts in hashes.items():
+        _check_duplicates(split, parts, owners[split], state)
+    if not any(s.num_samples for s in splits.values()):
+        raise BuildError("no samples were written (map dropped every item)")
+    return Manifest(splits=splits)
+
+
+def _check_duplicates(
+    split: str, parts: list[np.ndarray], owners: list[tuple[int, int]], state: OutputState
+) -> None:
+    """Raise a BuildError naming a key that two blocks of ``split`` share."""
+    if len(parts) < 2:
+        return
+    allh = np.concatenate(parts)
+    order = np.sort(allh)
+    dup = np.unique(order[1:][order[1:] == order[:-1]])
+    if not dup.size:
+        return
+    blocks = np.repeat([b for b, _ in owners], [n for _, n in owners])
+    suspects = np.unique(blocks[np.isin(allh, dup)])
+    seen: set[str] = set()
+    dupset = set(dup.tolist())
+    for b in suspects.tolist():
+        for key in state.record_keys(int(b)).get(split, []):
+            if hash(key) in dupset:
+                if key in seen:
+                    raise BuildError(f"duplicate key {key!r} in split {split!r}")
+                seen.add(key)
+
+
+class _ProgressBar:
+    """tqdm bar (items/s and MB), a callable ``(done, total)``, or nothing."""
+
+    def __init__(self, progress: Progress, total: int | None) -> None:
+        self.active = bool(progress)
+        self.total = total or 0
+        self.done = 0
+        self.nbytes = 0
+        self._callback = progress if callable(progress) else None
+        self._bar = None
+        self._t0 = time.monotonic()
+        if progress is True:
+            from tqdm.auto import tqdm
+
+            self._bar = tqdm(total=total, unit="sample", unit_scale=True, desc="build-shards")
+
+    def update(self, n: int, nbytes: int) -> None:
+        self.done += n
+        self.nbytes += nbytes
+        if self._callback is not None:
+            self._callback(self.done, self.total)
+        if self._bar is not None:
+            mb = self.nbytes / 1e6
+            rate = mb / max(time.monotonic() - self._t0, 1e-9)
+            self._bar.set_postfix_str(f"{mb:,.1f} MB, {rate:,.1f} MB/s", refresh=False)
+            self._bar.update(n)
+
+    def close(self) -> None:
+        if self._bar is not None:
+            self._bar.close()

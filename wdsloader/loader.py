@@ -25,6 +25,7 @@ log = logging.getLogger(__name__)
 SPAN_BYTES = 256 * 2**10  # bytes of consecutive samples kept together (one range read)
 WINDOW_BYTES = 64 * 2**20  # raw bytes a worker shuffles within (and holds in memory)
 MAX_WINDOW = 16384
+MIN_SPANS = 4096
 
 
 class WdsDataLoader(DataLoader):
@@ -121,7 +122,9 @@ def _rank_and_world(distributed: bool, rank: int | None, world_size: int | None)
 def _default_span_window(manifest: Manifest, split: str, batch_size: int) -> tuple[int, int]:
     info = manifest.split(split)
     avg = max(1, info.num_bytes // max(1, info.num_samples))
-    span = max(1, min(4096, round(SPAN_BYTES / avg)))
+    # at least MIN_SPANS spans when the split allows it: the shuffle's rank correlation between
+    # source and stream order shrinks like 1 / sqrt(number of spans)
+    span = max(1, min(4096, round(SPAN_BYTES / avg), info.num_samples // MIN_SPANS))
     window = max(batch_size, min(MAX_WINDOW, WINDOW_BYTES // avg))
     return span, window
 

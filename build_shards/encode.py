@@ -1,0 +1,492 @@
+"""Encode sample fields as tar members without pickle, and check every sample against a schema.
+
+Encodings (the member extension is ``wdsloader.format.member_ext(field, encoding)``):
+
+==============================================  =========================================
+value                                           member
+==============================================  =========================================
+numpy array, torch tensor                       ``.npy`` (``allow_pickle=False``; object
+                                                dtypes refused; C order, little-endian)
+``str``                                         ``.txt`` (UTF-8)
+``int``, numpy integer scalar                   ``.cls`` (decimal text)
+``float``, ``bool``, ``list``, ``dict``, None   ``.json``
+PIL image                                       ``.png``, or the field's ``.jpg``/``.png``/
+                                                ``.webp``
+``bytes``                                       only with an explicit extension in the
+                                                field name: ``"image.jpg": b"..."``
+==============================================  =========================================
+
+A sample dict's names are field names, optionally with an explicit extension
+(``"image.jpg"`` is the field ``image`` stored as ``jpg``). The schema is inferred from the first
+sample and/or declared; :class:`SampleEncoder` checks every sample against it (field set,
+encoding, dtype, shape with symbolic dims, NaN/Inf, declared ranges) and raises
+:class:`~wdsloader.errors.SchemaError` naming the sample key and the field.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import io
+import json
+import re
+import sys
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import numpy as np
+
+from wdsloader.errors import SchemaError
+from wdsloader.format import FieldSpec, member_ext, validate_field
+
+IMAGE_FORMATS = {"png": "PNG", "jpg": "JPEG", "jpeg": "JPEG", "webp": "WEBP"}
+_ENC_RE = re.compile(r"^[a-z0-9]+$")
+_SPEC_KEYS = {"ext", "encoding", "dtype", "shape", "range"}
+_HEADER_CACHE_MAX = 256
+
+Encoder = Callable[[str, Any], tuple[bytes, bool]]
+
+
+def parse_name(name: Any) -> tuple[str, str | None]:
+    """``(field, explicit_encoding)`` of a sample dict name such as ``"image.jpg"`` or ``"emb"``."""
+    if not isinstance(name, str):
+        raise SchemaError(f"field names must be strings, got {name!r}")
+    head, dot, tail = name.rpartition(".")
+    field, enc = (head, tail) if dot else (name, None)
+    try:
+        validate_field(field)
+    except ValueError as exc:
+        raise SchemaError(str(exc)) from None
+    if enc is not None and not _ENC_RE.match(enc):
+        raise SchemaError(
+            f"invalid extension in field name {name!r}: use lower-case letters and digits"
+        )
+    return field, enc
+
+
+def _is_tensor(value: Any) -> bool:
+    torch = sys.modules.get("torch")
+    return torch is not None and isinstance(value, torch.Tensor)
+
+
+def _is_pil(value: Any) -> bool:
+    pil = sys.modules.get("PIL.Image")
+    return pil is not None and isinstance(value, pil.Image)
+
+
+def _tensor_to_numpy(key: str, field: str, value: Any) -> np.ndarray:
+    try:
+        return value.detach().cpu().numpy()
+    except (TypeError, RuntimeError) as exc:
+        raise SchemaError(
+            f"sample {key!r}: field {field!r}: tensor of dtype {value.dtype} has no numpy "
+            f"equivalent ({exc}); convert it (e.g. .float()) in map"
+        ) from None
+
+
+def dtype_name(dt: np.dtype) -> str:
+    """The schema's name of a numpy dtype (``float32``; ``<U8`` for fixed-width strings)."""
+    return dt.name if dt.kind in "biufcmM" else dt.str
+
+
+def _fmt_shape(shape: Any) -> str:
+    return "[" + ", ".join(str(d) for d in shape) + "]"
+
+
+def infer_spec(key: str, field: str, explicit: str | None, value: Any) -> FieldSpec:
+    """The FieldSpec of one value of the first sample."""
+
+    def spec(encoding: str, dtype: str, shape: list[Any] | None = None) -> FieldSpec:
+        if explicit is not None and explicit != encoding:
+            raise SchemaError(
+                f"sample {key!r}: field {field!r}: a {type(value).__name__} value cannot be "
+                f"stored as .{explicit} (it is stored as .{encoding})"
+            )
+        return FieldSpec(
+            ext=member_ext(field, encoding), encoding=encoding, dtype=dtype, shape=shape
+        )
+
+    if _is_tensor(value):
+        value = _tensor_to_numpy(key, field, value)
+    if isinstance(value, np.ndarray):
+        if value.dtype.hasobject or value.dtype.kind == "V":
+            raise SchemaError(
+                f"sample {key!r}: field {field!r}: arrays of dtype {value.dtype} are not stored "
+                "(they would need pickle); convert them to a numeric or string dtype"
+            )
+        dt = value.dtype.newbyteorder("<") if value.dtype.byteorder == ">" else value.dtype
+        return spec("npy", dtype_name(dt), list(value.shape))
+    if _is_pil(value):
+        enc = explicit or "png"
+        if enc not in IMAGE_FORMATS:
+            raise SchemaError(
+                f"sample {key!r}: field {field!r}: images are stored as "
+                f"{'/'.join(IMAGE_FORMATS)}, not .{enc}"
+            )
+        return FieldSpec(ext=member_ext(field, enc), encoding=enc, dtype="image")
+    if isinstance(value, (bytes, bytearray, memoryview)):
+        if explicit is None:
+            raise SchemaError(
+                f"sample {key!r}: field {field!r}: bytes need an explicit extension in the field "
+                f"name, e.g. '{field}.jpg' or '{field}.bin'"
+            )
+        return FieldSpec(ext=member_ext(field, explicit), encoding=explicit, dtype="bytes")
+    if isinstance(value, str):
+        enc = explicit or "txt"
+        return FieldSpec(ext=member_ext(field, enc), encoding=enc, dtype="str")
+    if isinstance(value, (bool, np.bool_)):
+        return spec("json", "json")
+    if isinstance(value, (int, np.integer)):
+        if explicit == "json":
+            return spec("json", "json")
+        return spec("cls", "int" if isinstance(value, int) else value.dtype.name)
+    if value is None or isinstance(value, (float, np.floating, list, tuple, dict)):
+        return spec("json", "json")
+    raise SchemaError(
+        f"sample {key!r}: field {field!r}: values of type {type(value).__qualname__} cannot be "
+        "stored without pickle; convert them in map (to an array, str, int, float, list, dict, "
+        "bytes with an extension, or a PIL image)"
+    )
+
+
+def _coerce_spec(field: str, base: FieldSpec, declared: Any) -> FieldSpec:
+    """A declared FieldSpec or dict merged over the inferred ``base``."""
+    if isinstance(declared, FieldSpec):
+        spec = dataclasses.replace(declared)
+    elif isinstance(declared, Mapping):
+        unknown = set(declared) - _SPEC_KEYS
+        if unknown:
+            raise ValueError(f"schema[{field!r}]: unknown keys {sorted(unknown)}")
+        values = dataclasses.asdict(base)
+        values.update(declared)
+        if "encoding" in declared and "ext" not in declared:
+            values["ext"] = member_ext(field, values["encoding"])
+        if values["encoding"] != "npy" and "shape" not in declared:
+            values["shape"] = None
+        spec = FieldSpec(**values)
+    else:
+        raise TypeError(f"schema[{field!r}] must be a FieldSpec or a dict, got {declared!r}")
+    if spec.ext != member_ext(field, spec.encoding):
+        raise ValueError(
+            f"schema[{field!r}]: ext {spec.ext!r} must be {member_ext(field, spec.encoding)!r}"
+        )
+    if spec.shape is not None:
+        if spec.encoding != "npy":
+            raise ValueError(f"schema[{field!r}]: a shape is only meaningful for npy fields")
+        bad = [d for d in spec.shape if not isinstance(d, (int, str)) or isinstance(d, bool)]
+        if bad:
+            raise ValueError(
+                f"schema[{field!r}]: shape dims must be ints or symbolic names, got {bad}; "
+                "use shape=None for arrays of varying shape"
+            )
+    if spec.range is not None:
+        if len(spec.range) != 2 or not spec.range[0] <= spec.range[1]:
+            raise ValueError(f"schema[{field!r}]: range must be [low, high] with low <= high")
+        if spec.encoding not in ("npy", "cls", "json"):
+            raise ValueError(f"schema[{field!r}]: a range needs a numeric field")
+    return spec
+
+
+def build_schema(
+    key: str,
+    sample: Mapping[str, Any],
+    declared: Mapping[str, Any] | None = None,
+    dims: Mapping[str, int] | None = None,
+) -> tuple[dict[str, FieldSpec], dict[str, int]]:
+    """``(schema, dims)`` from the first sample, with ``declared`` fields (FieldSpec or dict)
+    taking precedence and unbound symbolic dims bound from the first sample's arrays.
+
+    Fields of the first sample that are not declared are inferred; a declared field the first
+    sample lacks is a SchemaError.
+    """
+    by_field: dict[str, tuple[str | None, Any]] = {}
+    for name, value in sample.items():
+        field, explicit = parse_name(name)
+        if field in by_field:
+            raise SchemaError(f"sample {key!r}: field {field!r} appears twice ({name!r})")
+        by_field[field] = (explicit, value)
+    schema = {f: infer_spec(key, f, ex, v) for f, (ex, v) in by_field.items()}
+    bound = {str(k): int(v) for k, v in (dims or {}).items()}
+    for name, decl in (declared or {}).items():
+        field, explicit = parse_name(name)
+        if field not in schema:
+            raise SchemaError(
+                f"sample {key!r}: declared field {field!r} is missing from the first sample "
+                f"(it has {sorted(schema)})"
+            )
+        spec = _coerce_spec(field, schema[field], decl)
+        if explicit is not None and spec.encoding != explicit:
+            raise ValueError(f"schema[{name!r}]: encoding {spec.encoding!r} contradicts the name")
+        schema[field] = spec
+    for field, spec in schema.items():
+        if spec.encoding != "npy" or spec.shape is None:
+            continue
+        value = by_field[field][1]
+        actual = np.shape(value.numpy() if _is_tensor(value) else value)
+        if len(actual) != len(spec.shape):
+            raise SchemaError(
+                f"sample {key!r}: field {field!r}: shape {_fmt_shape(actual)} does not match "
+                f"the schema's {_fmt_shape(spec.shape)}"
+            )
+        for dim, size in zip(spec.shape, actual, strict=True):
+            if isinstance(dim, str) and dim not in bound:
+                bound[dim] = int(size)
+    fixed = sorted(f for f, s in schema.items() if s.fixed_size)
+    rest = sorted(f for f in schema if f not in fixed)
+    return {f: schema[f] for f in fixed + rest}, bound
+
+
+# ------------------------------------------------------------------------------------------------
+# Per-field encoders
+# ------------------------------------------------------------------------------------------------
+
+
+def _range_error(key: str, field: str, spec: FieldSpec, lo: float, hi: float) -> SchemaError:
+    return SchemaError(
+        f"sample {key!r}: field {field!r}: values in [{lo}, {hi}] fall outside the declared "
+        f"range {spec.range}"
+    )
+
+
+def _nan_error(key: str, field: str) -> SchemaError:
+    return SchemaError(
+        f"sample {key!r}: field {field!r}: NaN or Inf value (pass allow_nan=True to keep such "
+        "samples; they are counted in the manifest)"
+    )
+
+
+def _npy_encoder(field: str, spec: FieldSpec, dims: Mapping[str, int], allow_nan: bool) -> Encoder:
+    want_dtype = np.dtype(spec.dtype) if spec.dtype is not None else None
+    want_shape = (
+        None
+        if spec.shape is None
+        else tuple(dims[d] if isinstance(d, str) else d for d in spec.shape)
+    )
+    headers: dict[tuple[str, tuple[int, ...]], bytes] = {}
+
+    def encode(key: str, value: Any) -> tuple[bytes, bool]:
+        if _is_tensor(value):
+            value = _tensor_to_numpy(key, field, value)
+        elif not isinstance(value, np.ndarray):
+            if not isinstance(value, np.generic):
+                raise SchemaError(
+                    f"sample {key!r}: field {field!r}: expected an array "
+                    f"({spec.dtype} {_fmt_shape(spec.shape or [])}), got {type(value).__name__}"
+                )
+            value = np.asarray(value)
+        dt = value.dtype
+        if dt.hasobject or dt.kind == "V":
+            raise SchemaError(
+                f"sample {key!r}: field {field!r}: dtype {dt} is not stored (needs pickle)"
+            )
+        if dt.byteorder == ">":
+            value = value.astype(dt.newbyteorder("<"))
+            dt = value.dtype
+        if want_dtype is not None and dt != want_dtype:
+            raise SchemaError(
+                f"sample {key!r}: field {field!r}: dtype {dtype_name(dt)} differs from the "
+                f"schema's {spec.dtype}"
+            )
+        if want_shape is not None and value.shape != want_shape:
+            raise SchemaError(
+                f"sample {key!r}: field {field!r}: shape {_fmt_shape(value.shape)} differs from "
+                f"the schema's {_fmt_shape(spec.shape or [])} = {_fmt_shape(want_shape)}"
+            )
+        nonfinite = False
+        if dt.kind in "fc" and not np.isfinite(value).all():
+            if not allow_nan:
+                raise _nan_error(key, field)
+            nonfinite = True
+        if spec.range is not None and value.size:
+            vals = value[np.isfinite(value)] if nonfinite else value
+            if vals.size:
+                lo, hi = vals.min(), vals.max()
+                if lo < spec.range[0] or hi > spec.range[1]:
+                    raise _range_error(key, field, spec, lo, hi)
+        hkey = (dt.str, value.shape)
+        header = headers.get(hkey)
+        if header is None:
+            buf = io.BytesIO()
+            np.save(buf, np.ascontiguousarray(value), allow_pickle=False)
+            full = buf.getvalue()
+            if len(headers) < _HEADER_CACHE_MAX:
+                headers[hkey] = full[: len(full) - value.nbytes]
+            return full, nonfinite
+        return header + value.tobytes(), nonfinite
+
+    return encode
+
+
+def _check_number_range(key: str, field: str, spec: FieldSpec, value: Any) -> None:
+    if spec.range is None or isinstance(value, bool) or not isinstance(value, (int, float)):
+        return
+    if value < spec.range[0] or value > spec.range[1]:
+        raise _range_error(key, field, spec, value, value)
+
+
+def _cls_encoder(field: str, spec: FieldSpec) -> Encoder:
+    def encode(key: str, value: Any) -> tuple[bytes, bool]:
+        if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
+            raise SchemaError(
+                f"sample {key!r}: field {field!r}: expected an int (.cls), got "
+                f"{type(value).__name__} {value!r:.40}"
+            )
+        value = int(value)
+        _check_number_range(key, field, spec, value)
+        return str(value).encode(), False
+
+    return encode
+
+
+def _json_default(value: Any) -> Any:
+    if isinstance(value, np.generic):
+        return value.item()
+    if isinstance(value, np.ndarray) and not value.dtype.hasobject:
+        return value.tolist()
+    if _is_tensor(value):
+        return value.tolist()
+    raise TypeError(f"{type(value).__qualname__} is not JSON serializable")
+
+
+def _json_encoder(field: str, spec: FieldSpec, allow_nan: bool) -> Encoder:
+    def encode(key: str, value: Any) -> tuple[bytes, bool]:
+        if isinstance(value, np.generic):
+            value = value.item()
+        try:
+            text = json.dumps(
+                value,
+                ensure_ascii=False,
+                separators=(",", ":"),
+                allow_nan=False,
+                default=_json_default,
+            )
+            nonfinite = False
+        except ValueError as exc:
+            if "Out of range float" not in str(exc):
+                raise SchemaError(f"sample {key!r}: field {field!r}: {exc}") from None
+            if not allow_nan:
+                raise _nan_error(key, field) from None
+            text = json.dumps(
+                value, ensure_ascii=False, separators=(",", ":"), default=_json_default
+            )
+            nonfinite = True
+        except TypeError as exc:
+            raise SchemaError(f"sample {key!r}: field {field!r}: {exc}") from None
+        _check_number_range(key, field, spec, value)
+        return text.encode("utf-8"), nonfinite
+
+    return encode
+
+
+def _bytes_encoder(field: str, spec: FieldSpec) -> Encoder:
+    fmt = IMAGE_FORMATS.get(spec.encoding)
+
+    def encode(key: str, value: Any) -> tuple[bytes, bool]:
+        if isinstance(value, (bytes, bytearray, memoryview)):
+            return bytes(value), False
+        if isinstance(value, str) and spec.dtype == "str":
+            try:
+                return value.encode("utf-8"), False
+            except UnicodeEncodeError as exc:
+                raise SchemaError(f"sample {key!r}: field {field!r}: {exc}") from None
+        if fmt is not None and _is_pil(value):
+            buf = io.BytesIO()
+            img = value
+            if fmt == "JPEG" and img.mode not in ("RGB", "L", "CMYK"):
+                img = img.convert("RGB")
+            img.save(buf, format=fmt, **({"quality": 95} if fmt == "JPEG" else {}))
+            return buf.getvalue(), False
+        want = "str" if spec.dtype == "str" else "bytes or a PIL image" if fmt else "bytes"
+        raise SchemaError(
+            f"sample {key!r}: field {field!r}: expected {want} (.{spec.encoding}), got "
+            f"{type(value).__name__}"
+        )
+
+    return encode
+
+
+def make_encoder(field: str, spec: FieldSpec, dims: Mapping[str, int], allow_nan: bool) -> Encoder:
+    """The checking encoder of one field."""
+    if spec.encoding == "npy":
+        return _npy_encoder(field, spec, dims, allow_nan)
+    if spec.encoding == "cls":
+        return _cls_encoder(field, spec)
+    if spec.encoding == "json":
+        return _json_encoder(field, spec, allow_nan)
+    return _bytes_encoder(field, spec)
+
+
+class SampleEncoder:
+    """Checks samples against ``schema`` and turns them into ordered tar members.
+
+    Members come in the same order in every sample: fixed-size fields (npy with a fixed shape)
+    sorted by field name, then the others sorted by name; the schema dict is in that order.
+    """
+
+    def __init__(
+        self, schema: Mapping[str, FieldSpec], dims: Mapping[str, int], *, allow_nan: bool = False
+    ) -> None:
+        self.schema = dict(schema)
+        self.dims = dict(dims)
+        self.allow_nan = allow_nan
+        for spec in self.schema.values():
+            for d in spec.shape or ():
+                if isinstance(d, str) and d not in self.dims:
+                    raise SchemaError(f"symbolic dim {d!r} is not bound (pass dims={{{d!r}: N}})")
+        fixed = sorted(f for f, s in self.schema.items() if s.fixed_size)
+        self.order: list[str] = fixed + sorted(f for f in self.schema if f not in fixed)
+        self._setup()
+
+    def _setup(self) -> None:
+        self._exts = [self.schema[f].ext for f in self.order]
+        self._encoders = [
+            make_encoder(f, self.schema[f], self.dims, self.allow_nan) for f in self.order
+        ]
+        self._names: dict[str, tuple[str, str | None]] = {}
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {
+            "schema": self.schema,
+            "dims": self.dims,
+            "allow_nan": self.allow_nan,
+            "order": self.order,
+        }
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._setup()
+
+    def _parse(self, name: str) -> tuple[str, str | None]:
+        got = self._names.get(name)
+        if got is None:
+            got = self._names[name] = parse_name(name)
+        return got
+
+    def encode(self, key: str, sample: Mapping[str, Any]) -> tuple[list[tuple[str, bytes]], bool]:
+        """``(members, nonfinite)`` for one sample; ``nonfinite`` is True when a float held NaN
+        or Inf (only possible with ``allow_nan``)."""
+        values: dict[str, Any] = {}
+        for name, value in sample.items():
+            field, explicit = self._parse(name)
+            spec = self.schema.get(field)
+            if spec is not None and explicit is not None and explicit != spec.encoding:
+                raise SchemaError(
+                    f"sample {key!r}: field {field!r}: stored as .{explicit} here but as "
+                    f".{spec.encoding} in the schema"
+                )
+            if field in values:
+                raise SchemaError(f"sample {key!r}: field {field!r} appears twice")
+            values[field] = value
+        if len(values) != len(self.order) or any(f not in values for f in self.order):
+            missing = sorted(f for f in self.order if f not in values)
+            extra = sorted(f for f in values if f not in self.schema)
+            raise SchemaError(
+                f"sample {key!r}: fields differ from the schema: missing {missing}, "
+                f"unexpected {extra}"
+            )
+        members: list[tuple[str, bytes]] = []
+        nonfinite = False
+        for field, ext, enc in zip(self.order, self._exts, self._encoders, strict=True):
+            data, bad = enc(key, values[field])
+            members.append((ext, data))
+            nonfinite = nonfinite or bad
+        return members, nonfinite

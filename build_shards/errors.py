@@ -1,0 +1,15 @@
+"""Errors of the write side: user errors a caller (or the CLI) reports in one clear line."""
+
+from __future__ import annotations
+
+from wdsloader.errors import WdsLoaderError
+
+
+class BuildError(WdsLoaderError):
+    """The build cannot go on because of its input or options (empty source, bad JSONL line,
+    duplicate key, unfinished build with other options ...). The message names the file, line,
+    sample key or option at fault."""
+
+
+class OutputExistsError(BuildError, FileExistsError):
+    """The output already holds a complete dataset and ``overwrite`` is off."""

@@ -1,0 +1,349 @@
+"""The worker side of a build: turn one block of source items into finished shards.
+
+A block is a run of consecutive source indices. Each block writes its own shards per split,
+``{split}/shard-BBBBB-PPP.tar`` (B the block, P the part within the block) plus the ``.tar.idx``
+beside each, bounded by ``shard_max_count`` samples and ``shard_max_bytes`` real file bytes. A
+shard is written under a temporary name (local: in its own folder; remote: in a local temp folder)
+and becomes visible complete: ``os.replace`` locally, one ``put_file`` on object stores. When all
+of a block's shards are written, its record ``_build/block-BBBBB.json`` is written atomically: that
+record is what makes a rerun skip the block.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import tempfile
+import uuid
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any, BinaryIO
+
+from build_shards.encode import SampleEncoder
+from build_shards.errors import BuildError
+from build_shards.splits import Splitter
+from wdsloader.format import ShardInfo, TarStreamWriter, index_path, validate_key
+from wdsloader.storage import is_local, join, write_atomic
+
+log = logging.getLogger("build_shards")
+
+BUILD_DIR = "_build"
+TMP_MARK = ".tmp-"
+_CHECK_EVERY = 64  # items between checks of the abort flag and progress reports
+
+
+def shard_name(block: int, part: int) -> str:
+    """File name of part ``part`` of block ``block``."""
+    return f"shard-{block:05d}-{part:03d}.tar"
+
+
+def record_path(root: str, block: int) -> str:
+    """Path of a finished block's record."""
+    return join(root, BUILD_DIR, f"block-{block:05d}.json")
+
+
+@dataclass(slots=True, kw_only=True)
+class BlockJob:
+    """Everything a process needs to build blocks (sent once to each worker)."""
+
+    source: Any  # an indexable Source, or None when the parent sends the items
+    decoder: Callable[[Any], Any] | None
+    map_fn: Callable[[dict[str, Any]], Any] | None
+    key_field: str
+    splitter: Splitter
+    encoder: SampleEncoder
+    shard_max_count: int
+    shard_max_bytes: int
+    fingerprint: str
+
+
+def prepare(job: BlockJob, index: int, raw: Any) -> tuple[str, str, dict[str, Any]] | None:
+    """``(key, split, sample)`` for one source item: decode, key, ``map``, split assignment.
+
+    The key is ``sample[key_field]`` when present, else the zero-padded source index; ``map``
+    sees it under ``key_field`` and may change it; a ``map`` returning None drops the sample.
+    """
+    sample = job.decoder(raw) if job.decoder is not None else raw
+    if not isinstance(sample, Mapping):
+        raise BuildError(
+            f"source item {index} is a {type(sample).__qualname__}, not a dict of fields"
+        )
+    sample = dict(sample)
+    key = sample.pop(job.key_field, None)
+    if key is None:
+        key = f"{index:09d}"
+    if job.map_fn is not None:
+        sample[job.key_field] = key
+        try:
+            out = job.map_fn(sample)
+        except Exception as exc:
+            raise BuildError(
+                f"map failed on source item {index} (key {key!r}): {type(exc).__name__}: {exc}"
+            ) from exc
+        if out is None:
+            return None
+        if not isinstance(out, Mapping):
+            raise BuildError(
+                f"map returned a {type(out).__qualname__} for source item {index}, not a dict"
+            )
+        sample = dict(out)
+        key = sample.pop(job.key_field, key)
+    if isinstance(key, bytes):
+        key = key.decode("utf-8", "replace")
+    if not isinstance(key, str):
+        raise BuildError(f"source item {index}: key {key!r} is not a string")
+    try:
+        validate_key(key)
+    except ValueError as exc:
+        raise BuildError(f"source item {index}: {exc}") from None
+    split = job.splitter(index, key, sample)
+    return key, split, sample
+
+
+class ShardSink:
+    """The shards of one (block, split): rolls over at the count and byte bounds."""
+
+    def __init__(
+        self,
+        fs: Any,
+        root: str,
+        split: str,
+        block: int,
+        *,
+        max_count: int,
+        max_bytes: int,
+        tmpdir: str | None,
+    ) -> None:
+        self.fs, self.root, self.split, self.block = fs, root, split, block
+        self.max_count, self.max_bytes = max_count, max_bytes
+        self.local = is_local(fs)
+        self.tmpdir = tmpdir
+        self.infos: list[ShardInfo] = []
+        self.written: list[str] = []
+        self._file: BinaryIO | None = None
+        self._tmp: str | None = None
+        self._writer: TarStreamWriter | None = None
+        if self.local:
+            os.makedirs(join(root, split), exist_ok=True)
+        else:
+            fs.makedirs(join(root, split), exist_ok=True)  # a no-op on object stores
+
+    def add(self, key: str, members: list[tuple[str, bytes]]) -> int:
+        """Write one sample; returns the bytes it added."""
+        w = self._writer
+        if w is not None and (
+            w.num_samples >= self.max_count or w.projected_size(members) > self.max_bytes
+        ):
+            self._finish()
+            w = None
+        if w is None:
+            w = self._open()
+            size = w.projected_size(members)
+            if size > self.max_bytes:
+                log.warning(
+                    "sample %r alone makes a %d-byte shard, over shard_max_bytes=%d: it gets a "
+                    "shard of its own",
+                    key,
+                    size,
+                    self.max_bytes,
+                )
+        before = w.offset
+        w.write_sample(key, members)
+        return w.offset - before
+
+    def _open(self) -> TarStreamWriter:
+        name = shard_name(self.block, len(self.infos))
+        if self.local:
+            self._tmp = join(self.root, self.split, f"{name}{TMP_MARK}{uuid.uuid4().hex[:12]}")
+        else:
+            assert self.tmpdir is not None
+            self._tmp = os.path.join(self.tmpdir, f"{self.split}-{name}")
+        self._file = open(self._tmp, "wb", buffering=1 << 20)  # noqa: SIM115 (closed in _finish)
+        self._writer = TarStreamWriter(self._file)
+        return self._writer
+
+    def _finish(self) -> None:
+        w, f, tmp = self._writer, self._file, self._tmp
+        assert w is not None and f is not None and tmp is not None
+        idx, sha = w.close()
+        f.flush()
+        if self.local:
+            os.fsync(f.fileno())
+        f.close()
+        self._writer = self._file = None
+        rel = f"{self.split}/{shard_name(self.block, len(self.infos))}"
+        final = join(self.root, rel)
+        if self.local:
+            os.replace(tmp, final)
+        else:
+            self.fs.put_file(tmp, final)
+            os.remove(tmp)
+        self._tmp = None
+        self.written.append(final)
+        write_atomic(self.fs, join(self.root, index_path(rel)), idx)
+        self.written.append(join(self.root, index_path(rel)))
+        self.infos.append(
+            ShardInfo(
+                path=rel,
+                idx_path=index_path(rel),
+                num_samples=w.num_samples,
+                num_bytes=w.offset,
+                sha256=sha,
+                layout=w.layout,
+            )
+        )
+
+    def close(self) -> list[ShardInfo]:
+        """Finish the open shard; the shards written, in order."""
+        if self._writer is not None:
+            self._finish()
+        return self.infos
+
+    def discard(self) -> None:
+        """Remove the temporary file and every shard this sink made visible."""
+        if self._file is not None:
+            self._file.close()
+            self._file = None
+        if self._tmp is not None and os.path.exists(self._tmp):
+            os.remove(self._tmp)
+        for path in self.written:
+            try:
+                self.fs.rm_file(path)
+            except FileNotFoundError:
+                pass
+        self.written.clear()
+
+
+class Aborted(Exception):
+    """Raised in a worker when the build was stopped by another worker's error."""
+
+
+def run_block(
+    job: BlockJob,
+    fs: Any,
+    root: str,
+    block: int,
+    start: int,
+    items: Iterable[tuple[int, Any]],
+    *,
+    abort: Any = None,
+    report: Callable[[int, int], None] | None = None,
+) -> dict[str, Any]:
+    """Build one block from ``items`` (``(index, raw)`` in index order) and write its record.
+
+    Returns the record: the block's shards per split (in order of first appearance), its keys per
+    split (for the duplicate check across blocks) and its counts. On any error the block's
+    temporary files and finished shards are removed.
+    """
+    sinks: dict[str, ShardSink] = {}
+    keys: dict[str, list[str]] = {}
+    seen: dict[str, set[str]] = {}
+    tmpdir = None if is_local(fs) else tempfile.mkdtemp(prefix="build-shards-")
+    num_items = skipped = nan_samples = 0
+    nan_keys: list[str] = []
+    pending_items = pending_bytes = 0
+    try:
+        for index, raw in items:
+            num_items += 1
+            prepared = prepare(job, index, raw)
+            if prepared is None:
+                skipped += 1
+            else:
+                key, split, sample = prepared
+                members, nonfinite = job.encoder.encode(key, sample)
+                sink = sinks.get(split)
+                if sink is None:
+                    sink = sinks[split] = ShardSink(
+                        fs,
+                        root,
+                        split,
+                        block,
+                        max_count=job.shard_max_count,
+                        max_bytes=job.shard_max_bytes,
+                        tmpdir=tmpdir,
+                    )
+                    keys[split], seen[split] = [], set()
+                if key in seen[split]:
+                    raise BuildError(f"duplicate key {key!r} in split {split!r}")
+                seen[split].add(key)
+                keys[split].append(key)
+                pending_bytes += sink.add(key, members)
+                if nonfinite:
+                    nan_samples += 1
+                    if len(nan_keys) < 5:
+                        nan_keys.append(key)
+            pending_items += 1
+            if pending_items >= _CHECK_EVERY:
+                if abort is not None and abort.is_set():
+                    raise Aborted(f"block {block} stopped")
+                if report is not None:
+                    report(pending_items, pending_bytes)
+                pending_items = pending_bytes = 0
+        shards = {split: [_info_dict(i) for i in sink.close()] for split, sink in sinks.items()}
+        record = {
+            "block": block,
+            "start": start,
+            "stop": start + num_items,
+            "num_items": num_items,
+            "num_samples": num_items - skipped,
+            "skipped": skipped,
+            "nan_samples": nan_samples,
+            "nan_keys": nan_keys,
+            "fingerprint": job.fingerprint,
+            "splits": shards,
+            "keys": keys,
+        }
+        write_atomic(fs, record_path(root, block), json.dumps(record).encode())
+    except BaseException:
+        for sink in sinks.values():
+            sink.discard()
+        raise
+    finally:
+        if tmpdir is not None:
+            shutil.rmtree(tmpdir, ignore_errors=True)
+    if report is not None and (pending_items or pending_bytes):
+        report(pending_items, pending_bytes)
+    return record
+
+
+def _info_dict(info: ShardInfo) -> dict[str, Any]:
+    return {
+        "path": info.path,
+        "idx_path": info.idx_path,
+        "num_samples": info.num_samples,
+        "num_bytes": info.num_bytes,
+        "sha256": info.sha256,
+        "layout": info.layout,
+    }
+
+
+# ------------------------------------------------------------------------------------------------
+# Worker processes
+# ------------------------------------------------------------------------------------------------
+
+_STATE: dict[str, Any] = {}
+
+
+def init_worker(
+    job: BlockJob, output: str, storage_options: dict[str, Any] | None, abort: Any, progress: Any
+) -> None:
+    """ProcessPoolExecutor initializer: keep the job, open the output filesystem once."""
+    from wdsloader.storage import url_to_fs
+
+    fs, root = url_to_fs(output, storage_options)
+    _STATE.update(job=job, fs=fs, root=root, abort=abort, progress=progress)
+
+
+def worker_block(
+    block: int, start: int, stop: int, items: list[tuple[int, Any]] | None
+) -> dict[str, Any]:
+    """Build one block in a worker: read ``[start, stop)`` from the source, or use ``items``."""
+    job: BlockJob = _STATE["job"]
+    queue = _STATE["progress"]
+    report = None if queue is None else (lambda n, b: queue.put((n, b)))
+    it = items if items is not None else job.source.iter_range(start, stop)
+    return run_block(
+        job, _STATE["fs"], _STATE["root"], block, start, it, abort=_STATE["abort"], report=report
+    )

@@ -1,0 +1,276 @@
+"""The ``build-shards`` command line: summaries on success, one-line errors with exit 2."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from build_shards.cli import main, parse_size, parse_splits, parse_storage_options
+from wdsloader.format import Manifest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def run_cli(capsys, *argv: str) -> tuple[int, str, str]:
+    try:
+        code = main([str(a) for a in argv])
+    except SystemExit as exc:
+        code = exc.code
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def assert_one_line_error(code: int, err: str, *needles: str) -> None:
+    assert code == 2, err
+    assert err.startswith("build-shards: error: "), err
+    assert err.endswith("\n") and err.count("\n") == 1, err
+    assert "Traceback" not in err
+    for needle in needles:
+        assert needle in err, (needle, err)
+
+
+def nothing_left(output) -> None:
+    """No manifest and no visible shard under ``output``."""
+    if not os.path.exists(output):
+        return
+    for dirpath, _, names in os.walk(output):
+        for name in names:
+            assert name != "manifest.json", os.path.join(dirpath, name)
+            assert not name.endswith(".tar"), os.path.join(dirpath, name)
+
+
+def write_jsonl(path, n: int, bad_line: int | None = None) -> None:
+    with open(path, "w") as f:
+        for i in range(1, n + 1):
+            if i == bad_line:
+                f.write('{"id": 3, "text": unquoted}\n')
+            else:
+                f.write(json.dumps({"id": i, "text": f"sample number {i}", "score": i / 2}) + "\n")
+
+
+def summary_rows(out: str) -> dict[str, tuple[int, int]]:
+    """``{split: (shards, samples)}`` parsed from the summary table."""
+    rows = {}
+    for line in out.splitlines():
+        parts = line.split()
+        if len(parts) >= 4 and parts[1].replace(",", "").isdigit():
+            rows[parts[0]] = (int(parts[1].replace(",", "")), int(parts[2].replace(",", "")))
+    return rows
+
+
+# -- option values -------------------------------------------------------------------------------
+def test_option_parsers():
+    assert parse_size("256MB") == 256_000_000
+    assert parse_size("64MiB") == 64 * 2**20
+    assert parse_size("1.5k") == 1500
+    assert parse_size("4096") == 4096
+    assert parse_splits("train=0.8,val=0.1,test=0.1") == {"train": 0.8, "val": 0.1, "test": 0.1}
+    assert parse_storage_options(
+        ["anon=true", "client_kwargs.endpoint_url=http://h:9", "client_kwargs.region_name=x"]
+    ) == {"anon": True, "client_kwargs": {"endpoint_url": "http://h:9", "region_name": "x"}}
+
+
+@pytest.mark.parametrize(
+    ("argv", "needle"),
+    [
+        (["--shard-max-bytes", "12XB"], "--shard-max-bytes"),
+        (["--splits", "train=abc"], "--splits"),
+        (["--splits", "train"], "--splits"),
+        (["--workers", "0"], "--workers"),
+        (["--format", "parquet"], "--format"),
+        (["--storage-option", "novalue"], "--storage-option"),
+    ],
+)
+def test_bad_option_values(tmp_path, capsys, argv, needle):
+    write_jsonl(tmp_path / "a.jsonl", 5)
+    code, _, err = run_cli(capsys, "build", tmp_path / "a.jsonl", "-o", tmp_path / "out", *argv)
+    assert_one_line_error(code, err, needle)
+    nothing_left(tmp_path / "out")
+
+
+def test_missing_input_and_command(tmp_path, capsys):
+    code, _, err = run_cli(capsys, "build", tmp_path / "nope.jsonl", "-o", tmp_path / "out")
+    assert_one_line_error(code, err, "nope.jsonl")
+    assert not (tmp_path / "out").exists()
+    code, _, err = run_cli(capsys, "build", str(tmp_path / "*.jsonl"), "-o", tmp_path / "out")
+    assert_one_line_error(code, err, "*.jsonl")
+    code, _, err = run_cli(capsys)
+    assert_one_line_error(code, err, "COMMAND")
+    code, _, err = run_cli(capsys, "text", tmp_path / "x.txt", "-o", tmp_path / "o")
+    assert_one_line_error(code, err, "--tokenizer", "--seq-length")
+
+
+# -- build ---------------------------------------------------------------------------------------
+def test_build_prints_summary_with_counts(tmp_path, capsys):
+    write_jsonl(tmp_path / "a.jsonl", 120)
+    out_dir = tmp_path / "ds"
+    code, out, err = run_cli(
+        capsys,
+        "build",
+        tmp_path / "a.jsonl",
+        "-o",
+        out_dir,
+        "--splits",
+        "train=0.75,val=0.25",
+        "--shard-max-count",
+        "20",
+        "--seed",
+        "3",
+    )
+    assert code == 0, err
+    manifest = Manifest.load(out_dir)
+    rows = summary_rows(out)
+    assert set(rows) == {"train", "val", "total"}
+    for name, split in manifest.splits.items():
+        assert rows[name] == (len(split.shards), split.num_samples)
+    assert rows["total"][1] == 120 == manifest.num_samples
+    assert "samples/s" in out and "MB/s" in out
+
+    # the same output again without --overwrite: one line, the dataset stays as it was
+    before = (out_dir / "manifest.json").read_bytes()
+    code, _, err = run_cli(capsys, "build", tmp_path / "a.jsonl", "-o", out_dir)
+    assert_one_line_error(code, err, str(out_dir))
+    assert (out_dir / "manifest.json").read_bytes() == before
+    code, out, err = run_cli(capsys, "build", tmp_path / "a.jsonl", "-o", out_dir, "--overwrite")
+    assert code == 0, err
+    assert summary_rows(out)["total"][1] == 120
+
+
+def test_bad_jsonl_line_names_file_and_line(tmp_path, capsys):
+    write_jsonl(tmp_path / "bad.jsonl", 60, bad_line=41)
+    out_dir = tmp_path / "ds"
+    code, _, err = run_cli(
+        capsys, "build", tmp_path / "bad.jsonl", "-o", out_dir, "--shard-max-count", "5"
+    )
+    assert_one_line_error(code, err, "bad.jsonl:41")
+    nothing_left(out_dir)
+
+
+def test_empty_source(tmp_path, capsys):
+    (tmp_path / "empty.jsonl").write_text("\n")
+    code, _, err = run_cli(capsys, "build", tmp_path / "empty.jsonl", "-o", tmp_path / "ds")
+    assert_one_line_error(code, err)
+    nothing_left(tmp_path / "ds")
+
+
+def test_forced_text_format_and_hf_disk(tmp_path, capsys):
+    (tmp_path / "notes.log").write_text("one\n\ntwo\n\nthree\n")
+    code, out, err = run_cli(
+        capsys, "build", tmp_path / "notes.log", "-o", tmp_path / "t", "--format", "text"
+    )
+    assert code == 0, err
+    assert summary_rows(out)["total"][1] == 3
+
+    datasets = pytest.importorskip("datasets")
+    datasets.Dataset.from_dict(
+        {"x": list(range(30)), "label": [i % 3 for i in range(30)]}
+    ).save_to_disk(str(tmp_path / "hf"))
+    code, out, err = run_cli(capsys, "build", tmp_path / "hf", "-o", tmp_path / "h")
+    assert code == 0, err
+    assert summary_rows(out)["total"][1] == 30
+
+
+# -- text ----------------------------------------------------------------------------------------
+@pytest.fixture()
+def tokenizer_file(tmp_path):
+    pytest.importorskip("tokenizers")
+    from tests.test_build_text import train_tokenizer
+
+    path = tmp_path / "tokenizer.json"
+    train_tokenizer(["[UNK]", "[BOS]", "[EOS]"]).save(str(path))
+    return path
+
+
+def test_text_command(tmp_path, capsys, tokenizer_file):
+    from build_shards.text import PackStats, iter_documents, load_tokenizer, pack_tokens
+    from tests.test_build_text import make_corpus
+
+    (tmp_path / "corpus.txt").write_text("\n\n".join(make_corpus(50)))
+    stats = PackStats()
+    docs = iter_documents(tmp_path / "corpus.txt")
+    expected = list(
+        pack_tokens(docs, load_tokenizer(tokenizer_file), seq_length=32, stride=16, stats=stats)
+    )
+    code, out, err = run_cli(
+        capsys,
+        "text",
+        tmp_path / "corpus.txt",
+        "-o",
+        tmp_path / "lm",
+        "--tokenizer",
+        tokenizer_file,
+        "--seq-length",
+        "32",
+        "--stride",
+        "16",
+    )
+    assert code == 0, err
+    assert summary_rows(out)["total"][1] == len(expected) == stats.chunks > 5
+    manifest = Manifest.load(tmp_path / "lm")
+    assert manifest.schema["tokens"].shape == [33]
+
+
+def test_text_command_errors(tmp_path, capsys, tokenizer_file):
+    (tmp_path / "tiny.txt").write_text("alpha beta\n")
+    code, _, err = run_cli(
+        capsys, "text", tmp_path / "tiny.txt", "-o", tmp_path / "lm",
+        "--tokenizer", tmp_path / "missing.json", "--seq-length", "8",
+    )  # fmt: skip
+    assert_one_line_error(code, err, "missing.json")
+    code, _, err = run_cli(
+        capsys, "text", tmp_path / "tiny.txt", "-o", tmp_path / "lm",
+        "--tokenizer", tokenizer_file, "--seq-length", "64",
+    )  # fmt: skip
+    assert_one_line_error(code, err, "tiny.txt", "fewer than one chunk")
+    (tmp_path / "bad.jsonl").write_text('{"text": "ok"}\n{"body": "x"}\n')
+    code, _, err = run_cli(
+        capsys, "text", tmp_path / "bad.jsonl", "-o", tmp_path / "lm",
+        "--tokenizer", tokenizer_file, "--seq-length", "2",
+    )  # fmt: skip
+    assert_one_line_error(code, err, "bad.jsonl:2", "no field 'text'")
+    nothing_left(tmp_path / "lm")
+
+
+# -- adopt ---------------------------------------------------------------------------------------
+def test_adopt_command(tmp_path, capsys):
+    wds = pytest.importorskip("webdataset")
+    for split, n in (("train", 9), ("val", 4)):
+        (tmp_path / "s" / split).mkdir(parents=True)
+        with wds.ShardWriter(
+            str(tmp_path / "s" / split / "p-%02d.tar"), maxcount=5, verbose=0
+        ) as w:
+            for i in range(n):
+                w.write({"__key__": f"{split}{i}", "txt": "x", "cls": i})
+    code, out, err = run_cli(capsys, "adopt", tmp_path / "s", "--no-progress")
+    assert code == 0, err
+    assert summary_rows(out) == {"train": (2, 9), "val": (1, 4), "total": (3, 13)}
+    assert "adopted" in out
+    code, _, err = run_cli(capsys, "adopt", tmp_path / "s")
+    assert_one_line_error(code, err, "manifest.json already exists")
+    code, _, err = run_cli(capsys, "adopt", tmp_path / "s", "--split-pattern", "(unclosed")
+    assert_one_line_error(code, err, "split pattern")
+    code, _, err = run_cli(capsys, "adopt", tmp_path / "nowhere")
+    assert_one_line_error(code, err, "nowhere", "no such folder")
+
+
+# -- a real process ------------------------------------------------------------------------------
+def test_subprocess_help_and_error(tmp_path):
+    cmd = [sys.executable, "-m", "build_shards.cli"]
+    done = subprocess.run([*cmd, "--help"], capture_output=True, text=True, cwd=ROOT, check=False)
+    assert done.returncode == 0
+    assert "examples:" in done.stdout and "build-shards adopt" in done.stdout
+    done = subprocess.run(
+        [*cmd, "build", str(tmp_path / "missing.jsonl"), "-o", str(tmp_path / "out")],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        check=False,
+    )
+    assert done.returncode == 2
+    assert done.stderr.startswith("build-shards: error: ")
+    assert done.stderr.count("\n") == 1 and "missing.jsonl" in done.stderr
+    assert not (tmp_path / "out").exists()

@@ -138,7 +138,7 @@ def build_shards(
         job,
         encoder=encoder,
         fingerprint=fingerprint,
-        source=src if src.indexable else None,
+        source=src if src.indexable and not src.in_memory else None,
     )
     if overwrite:
         state.remove_dataset()
@@ -264,7 +264,8 @@ def _blocks(
             if b in completed:
                 bar.update(completed[b]["num_items"], 0)
                 continue
-            yield b, b * block_size, min(src.length, (b + 1) * block_size), None
+            start, stop = b * block_size, min(src.length, (b + 1) * block_size)
+            yield b, start, stop, src.iter_range(start, stop) if src.in_memory else None
         return
     for b in itertools.count():
         head = next(stream, None)

@@ -38,6 +38,9 @@ class Source:
     kind: str = "source"
     length: int | None = None
     indexable: bool = False
+    # items live in this process's memory: workers get each block's items rather than a copy
+    # of the whole source
+    in_memory: bool = False
     #: Splits fixed by the source itself (a DatasetDict), in order; None when it has none.
     fixed_splits: tuple[str, ...] | None = None
     #: Picklable ``raw -> dict`` run where a sample is processed; None when raw is the dict.
@@ -79,6 +82,7 @@ class ListSource(Source):
 
     kind = "list"
     indexable = True
+    in_memory = True
 
     def __init__(self, items: list[Any] | tuple[Any, ...]) -> None:
         self._items = items

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import uuid
 
 import pytest
@@ -12,6 +13,8 @@ def s3_server():
     """A moto S3 server on 127.0.0.1; yields its endpoint URL."""
     pytest.importorskip("s3fs")
     from moto.server import ThreadedMotoServer
+
+    logging.getLogger("werkzeug").setLevel(logging.WARNING)  # one log line per S3 request
 
     server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
     server.start()

@@ -9,7 +9,8 @@ import pytest
 import torch
 
 from tests.dataset_factory import write_dataset
-from wdsloader import create_loader, set_epoch
+from tests.http_server import Faults, http_server_fixture  # noqa: F401
+from wdsloader import ReadOptions, create_loader, set_epoch
 from wdsloader.errors import ManifestError, ShardFormatError
 
 COUNTS = [37, 50, 13, 44, 29]  # 173 samples, unequal shards
@@ -212,3 +213,33 @@ def test_loader_streams_from_s3(s3_bucket):
     )
     keys = keys_of(run(loader))
     assert sorted(keys) == [f"train{i:07d}" for i in range(17)]
+
+
+def test_loader_over_http_survives_dropped_connections(http_server):
+    write_dataset(str(http_server.root / "ds"), {"train": [30, 25, 20]})
+    http_server.faults = Faults(first_gets=3)  # three shard reads cut off mid-body
+    loader = create_loader(
+        f"{http_server.url}/ds",
+        "train",
+        batch_size=8,
+        num_workers=2,
+        drop_last=False,
+        read_options=ReadOptions(backoff=0),
+    )
+    keys = keys_of(run(loader))
+    assert sorted(keys) == [f"train{i:07d}" for i in range(75)]  # each exactly once
+    assert http_server.drops() == 3
+
+
+@pytest.mark.slow
+def test_default_shuffle_quality_on_100k_samples_in_50_shards(tmp_path):
+    from scipy.stats import spearmanr
+
+    write_dataset(str(tmp_path / "big"), {"train": [2000] * 50})
+    loader = create_loader(str(tmp_path / "big"), "train", batch_size=256, fields=["idx"])
+    stream = torch.cat([b["idx"] for b in loader]).numpy()
+    n = 100_000
+    assert len(stream) == n - n % 256 and len(set(stream.tolist())) == len(stream)
+    rho = spearmanr(stream, np.arange(len(stream))).statistic
+    assert abs(rho) < 0.05
+    assert np.abs(np.diff(stream)).mean() / n > 0.25  # neighbours come from far apart

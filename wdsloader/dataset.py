@@ -143,14 +143,14 @@ class ShardStreamDataset(IterableDataset):
         requests = [(self.shards[r.shard], r.start, r.stop) for r in runs]
         try:
             datas: list[Any] = self.store.read_ranges(requests)
-        except WdsLoaderError:
+        except (WdsLoaderError, OSError):
             if self.on_error == "raise":
                 raise
             datas = []
             for req in requests:
                 try:
                     datas.extend(self.store.read_ranges([req]))
-                except WdsLoaderError as exc:
+                except (WdsLoaderError, OSError) as exc:
                     log.warning("skipping unreadable range: %s", exc)
                     datas.append(exc)
         out: list[list[Any]] = []

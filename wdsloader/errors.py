@@ -15,6 +15,10 @@ class ShardFormatError(WdsLoaderError):
     """A shard or its index is corrupt, truncated or does not match the manifest."""
 
 
+class ShardReadError(WdsLoaderError, OSError):
+    """Reading a shard failed for good: retries exhausted or a non-transient storage error."""
+
+
 class SchemaError(WdsLoaderError, ValueError):
     """A sample does not match the declared or inferred schema."""
 

@@ -1,0 +1,468 @@
+"""ShardStore: exact bytes from a local folder, S3 (loopback moto) and HTTP (a local server that
+drops connections), retries resumed at the byte offset, the shard cache, checksums, and stores
+pickled into worker processes."""
+
+from __future__ import annotations
+
+import math
+import multiprocessing
+import os
+import pickle
+import threading
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from tests.dataset_factory import write_dataset
+from tests.http_server import Faults, RangeHTTPServer, http_server_fixture  # noqa: F401
+from wdsloader.errors import ShardFormatError
+from wdsloader.fetch import ReadOptions, ShardReadError, ShardStore
+from wdsloader.format import Manifest, ShardInfo, scan_tar
+from wdsloader.storage import url_to_fs
+
+Req = tuple[ShardInfo, int, int]
+
+
+# -- helpers ---------------------------------------------------------------------------------------
+def sample_ranges(store: ShardStore, shards: list[ShardInfo]) -> list[Req]:
+    """One request per sample of every shard, from the shard's index."""
+    out = []
+    for shard in shards:
+        off = store.index(shard)
+        out += [(shard, off[i], off[i + 1]) for i in range(shard.num_samples)]
+    return out
+
+
+def expected(folder: Path, reqs: list[Req]) -> list[bytes]:
+    """The same ranges read straight from the files under ``folder``."""
+    return [(folder / s.path).read_bytes()[a:b] for s, a, b in reqs]
+
+
+def served_dataset(server: RangeHTTPServer, counts: list[int], name: str = "ds"):
+    """``(url, manifest, local folder)`` of a dataset written under the server's root."""
+    folder = server.root / name
+    manifest = write_dataset(str(folder), {"train": counts})
+    return f"{server.url}/{name}", manifest, folder
+
+
+def pieces(reqs: list[Req], step: int) -> int:
+    """Requests needed for sample ranges that cover each shard from 0 to its last sample's end."""
+    ends: dict[str, int] = {}
+    for shard, _, b in reqs:
+        ends[shard.path] = max(ends.get(shard.path, 0), int(b))
+    return sum(math.ceil(end / step) for end in ends.values())
+
+
+def reset_stats(store: ShardStore) -> None:
+    store.stats.update(dict.fromkeys(store.stats, 0))
+
+
+def gets(server: RangeHTTPServer, shard: ShardInfo) -> list:
+    return [r for r in server.requests() if r.method == "GET" and r.path.endswith(shard.path)]
+
+
+def folder_bytes(folder: Path) -> int:
+    return sum(p.stat().st_size for p in folder.iterdir()) if folder.exists() else 0
+
+
+@pytest.fixture()
+def local_ds(tmp_path: Path) -> tuple[str, Manifest]:
+    root = tmp_path / "ds"
+    return str(root), write_dataset(str(root), {"train": [5, 7, 3]})
+
+
+# -- local -----------------------------------------------------------------------------------------
+def test_local_index_matches_the_idx_file_and_the_tar(local_ds):
+    root, m = local_ds
+    store = ShardStore(root)
+    for shard in m.splits["train"].shards:
+        off = store.index(shard)
+        raw = np.frombuffer((Path(root) / shard.idx_path).read_bytes(), dtype="<u8")
+        scanned, keys = scan_tar((Path(root) / shard.path).read_bytes())
+        assert off.dtype == np.int64 and not off.flags.writeable
+        np.testing.assert_array_equal(off, raw)
+        np.testing.assert_array_equal(off, scanned)
+        assert len(keys) == shard.num_samples
+        assert store.index(shard) is off  # cached
+
+
+def test_local_read_ranges_exact_bytes(local_ds):
+    root, m = local_ds
+    shards = m.splits["train"].shards
+    store = ShardStore(root, ReadOptions(max_open_files=1))  # interleaved shards reopen files
+    reqs = sample_ranges(store, shards)
+    order = np.random.default_rng(0).permutation(len(reqs))
+    reqs = [reqs[i] for i in order]
+    reqs += [(shards[0], 0, 0), (shards[1], 0, shards[1].num_bytes), (shards[2], 13, 1000)]
+    out = store.read_ranges(reqs)
+    assert out == expected(Path(root), reqs)
+    assert all(type(b) is bytes for b in out)
+    assert store.stats["requests"] == len(reqs)
+    assert store.stats["bytes_read"] == sum(b - a for _, a, b in reqs)
+    assert store.read_ranges([]) == []
+    with pytest.raises(ValueError, match="invalid byte range"):
+        store.read_ranges([(shards[0], 10, 5)])
+    store.close()
+    assert store.read_ranges(reqs[:2]) == out[:2]  # usable again after close
+
+
+@pytest.mark.parametrize(
+    "fault, error, words",
+    [
+        ("missing_idx", ShardFormatError, ["shard-000001.tar.idx", "not found"]),
+        ("short_idx", ShardFormatError, ["shard-000001.tar.idx", "expected 64"]),
+        ("count_mismatch", ShardFormatError, ["shard-000001.tar.idx", "expected 72"]),
+        ("unordered_idx", ShardFormatError, ["shard-000001.tar.idx", "increasing"]),
+        ("missing_shard", FileNotFoundError, ["shard-000001.tar"]),
+        ("truncated_shard", ShardFormatError, ["shard-000001.tar", "truncated", "offset 10000"]),
+    ],
+)
+def test_local_faults_name_the_file(local_ds, fault, error, words):
+    root, m = local_ds
+    shard = m.splits["train"].shards[1]
+    tar, idx = Path(root) / shard.path, Path(root) / shard.idx_path
+    offsets = np.frombuffer(idx.read_bytes(), dtype="<u8").copy()
+    if fault == "missing_idx":
+        idx.unlink()
+    elif fault == "short_idx":
+        idx.write_bytes(offsets[:-1].tobytes())
+    elif fault == "count_mismatch":
+        shard.num_samples += 1
+    elif fault == "unordered_idx":
+        offsets[[2, 3]] = offsets[[3, 2]]
+        idx.write_bytes(offsets.tobytes())
+    elif fault == "missing_shard":
+        tar.unlink()
+    elif fault == "truncated_shard":
+        tar.write_bytes(tar.read_bytes()[:10000])
+    store = ShardStore(root)
+    with pytest.raises(error) as info:
+        store.read_ranges(sample_ranges(store, [shard]))
+    for word in words:
+        assert word in str(info.value)
+
+
+def test_check_shards_local(local_ds):
+    root, m = local_ds
+    shards = m.splits["train"].shards
+    store = ShardStore(root)
+    store.check_shards(shards)
+    with open(Path(root) / shards[0].path, "ab") as f:
+        f.write(b"x")
+    with pytest.raises(ShardFormatError, match=r"shard-000000\.tar: file has \d+ bytes"):
+        store.check_shards(shards)
+    (Path(root) / shards[0].path).unlink()
+    (Path(root) / shards[2].idx_path).unlink()
+    with pytest.raises(FileNotFoundError, match="2 shard file") as info:
+        store.check_shards(shards)
+    assert info.value.filename.endswith("train/shard-000000.tar")
+    assert "shard-000002.tar.idx" in str(info.value)
+
+
+# -- S3 (moto server on loopback, through s3fs) ---------------------------------------------------
+def test_s3_exact_bytes_split_and_coalesced(s3_bucket):
+    url, opts = s3_bucket
+    root = f"{url}/ds"
+    m = write_dataset(root, {"train": [20, 13, 7]}, storage_options=opts)
+    shards = m.splits["train"].shards
+    fs, base = url_to_fs(root, opts)
+    files = {s.path: fs.cat_file(f"{base}/{s.path}") for s in shards}
+    step = 4096
+    store = ShardStore(root, ReadOptions(storage_options=opts, max_request_bytes=step))
+    store.check_shards(shards)
+    reqs = sample_ranges(store, shards) + [(s, 0, s.num_bytes) for s in shards]
+    reset_stats(store)
+    out = store.read_ranges(reqs)
+    assert out == [files[s.path][a:b] for s, a, b in reqs]
+    # each shard's requests coalesce into one span, fetched in pieces of <= 4096 bytes
+    assert store.stats["requests"] == sum(math.ceil(s.num_bytes / step) for s in shards)
+    assert store.stats["retries"] == 0
+
+    last = shards[2]
+    fs.pipe_file(f"{base}/{last.path}", files[last.path][:5000])
+    with pytest.raises(ShardFormatError, match=r"shard-000002\.tar: truncated.* offset 5000"):
+        store.read_ranges([(last, 4000, 6000)])  # the range straddles the new end
+    with pytest.raises(ShardFormatError, match=r"shard-000002\.tar: truncated.* offset 6000"):
+        store.read_ranges([(last, 6000, 7000)])  # S3 answers 416
+    with pytest.raises(ShardFormatError, match=r"shard-000002\.tar: file has 5000 bytes"):
+        store.check_shards(shards)
+    fs.pipe_file(f"{base}/{last.path}", files[last.path])
+    fs.rm(f"{base}/{shards[1].path}")
+    with pytest.raises(FileNotFoundError) as info:
+        store.check_shards(shards)
+    assert info.value.filename == f"{root}/{shards[1].path}"
+    with pytest.raises(FileNotFoundError) as info:
+        store.read_ranges([(shards[1], 0, 10)])
+    assert info.value.filename == f"{root}/{shards[1].path}"
+    assert store.stats["retries"] == 0
+
+
+# -- HTTP (local threaded server) ------------------------------------------------------------------
+def test_http_exact_bytes_despite_dropped_connections(http_server):
+    root, m, folder = served_dataset(http_server, [40, 25])
+    shards = m.splits["train"].shards
+    store = ShardStore(root, ReadOptions(backoff=0, max_request_bytes=8192, concurrency=4))
+    reqs = sample_ranges(store, shards)
+    reset_stats(store)
+    http_server.faults = Faults(first_gets=4)
+    out = store.read_ranges(reqs)
+    assert out == expected(folder, reqs)
+    assert http_server.drops() == 4
+    assert store.stats["retries"] == 4
+    assert store.stats["requests"] == pieces(reqs, 8192) + 4
+    assert store.stats["bytes_fetched"] == sum(b - a for _, a, b in reqs)
+
+
+def test_http_retry_resumes_at_the_first_missing_byte(http_server):
+    root, m, folder = served_dataset(http_server, [60])
+    shard = m.splits["train"].shards[0]
+    n = shard.num_bytes
+    x = n // 3 + 77  # not aligned to anything
+    http_server.faults = Faults(at_byte=x, at_byte_times=2)
+    store = ShardStore(root, ReadOptions(backoff=0))
+    (data,) = store.read_ranges([(shard, 0, n)])
+    assert data == (folder / shard.path).read_bytes()
+    log = gets(http_server, shard)
+    # dropped after the bytes before x, then at once (x is the first byte of the retry), then ok
+    assert [(r.start, r.stop, r.dropped) for r in log] == [
+        (0, n, True),
+        (x, n, True),
+        (x, n, False),
+    ]
+    assert sum(r.sent for r in log) == n  # no byte was sent twice
+    assert store.stats["retries"] == 2
+
+
+def test_http_gives_up_naming_url_and_offset(http_server):
+    root, m, _ = served_dataset(http_server, [30])
+    shard = m.splits["train"].shards[0]
+    x = 5000
+    http_server.faults = Faults(at_byte=x, at_byte_times=100)
+    store = ShardStore(root, ReadOptions(retries=2, backoff=0.001))
+    with pytest.raises(ShardReadError) as info:
+        store.read_ranges([(shard, 1000, 9000)])
+    assert isinstance(info.value, OSError)
+    assert f"{root}/train/shard-000000.tar" in str(info.value)
+    assert f"byte offset {x} after 2 retries" in str(info.value)
+    assert [(r.start, r.stop) for r in gets(http_server, shard)] == [(1000, 9000), (x, 9000)] + [
+        (x, 9000)
+    ]
+    assert store.stats["retries"] == 2
+
+
+def test_http_missing_or_truncated_shard_is_not_retried(http_server):
+    root, m, folder = served_dataset(http_server, [30, 10])
+    shards = m.splits["train"].shards
+    (folder / shards[0].path).unlink()
+    tar = folder / shards[1].path
+    tar.write_bytes(tar.read_bytes()[:4000])
+    store = ShardStore(root, ReadOptions(backoff=0))
+    with pytest.raises(FileNotFoundError) as info:
+        store.read_ranges([(shards[0], 0, 100)])
+    assert info.value.filename == f"{root}/{shards[0].path}"
+    with pytest.raises(ShardFormatError, match=r"shard-000001\.tar: truncated.*offset 4000"):
+        store.read_ranges([(shards[1], 3000, 5000)])
+    with pytest.raises(ShardFormatError, match=r"shard-000001\.tar: truncated.*offset 4500"):
+        store.read_ranges([(shards[1], 4500, 5000)])  # HTTP 416
+    assert store.stats["retries"] == 0
+    assert len(gets(http_server, shards[0])) == 1
+
+
+def test_http_requests_run_concurrently(http_server):
+    root, m, folder = served_dataset(http_server, [30])
+    shard = m.splits["train"].shards[0]
+    # the server holds each GET until three are in flight at once; a serial reader would time out
+    gate = threading.Barrier(3, timeout=20)
+    http_server.faults = Faults(gate=gate)
+    step = math.ceil(shard.num_bytes / 3)
+    store = ShardStore(root, ReadOptions(max_request_bytes=step, concurrency=3, retries=0))
+    (data,) = store.read_ranges([(shard, 0, shard.num_bytes)])
+    assert data == (folder / shard.path).read_bytes()
+    assert not gate.broken and len(gets(http_server, shard)) == 3
+
+
+def test_http_check_shards_lists_each_folder_once(http_server):
+    root, m, folder = served_dataset(http_server, [3, 3, 3, 3, 3])
+    shards = m.splits["train"].shards
+    store = ShardStore(root)
+    http_server.clear_log()
+    store.check_shards(shards)
+    assert [(r.method, r.path) for r in http_server.requests()] == [("GET", "/ds/train")]
+    (folder / shards[3].path).unlink()
+    with pytest.raises(FileNotFoundError) as info:
+        store.check_shards(shards)
+    assert info.value.filename == f"{root}/{shards[3].path}"
+
+
+# -- cache -----------------------------------------------------------------------------------------
+def test_cache_evicts_lru_within_limit(http_server, tmp_path):
+    root, m, folder = served_dataset(http_server, [40, 30, 40, 20, 40, 35])
+    shards = m.splits["train"].shards
+    biggest = max(s.num_bytes for s in shards)
+    limit = int(2.5 * biggest)
+    cache = tmp_path / "cache"
+    opts = ReadOptions(cache_dir=str(cache), cache_limit_bytes=limit, max_request_bytes=16384)
+    store = ShardStore(root, opts)
+    peak = 0
+    for _ in range(2):
+        for shard in shards:
+            reqs = sample_ranges(store, [shard])
+            assert store.read_ranges(reqs) == expected(folder, reqs)
+            peak = max(peak, folder_bytes(cache))
+    assert peak <= limit + biggest
+    assert store.stats["evictions"] > 0
+    assert store.stats["cache_misses"] == 2 * len(shards)  # the LRU holds 2 of 6: all miss
+    # the most recent shard is served from the cache: no new GET
+    before = len(gets(http_server, shards[-1]))
+    reqs = sample_ranges(store, [shards[-1]])
+    assert store.read_ranges(reqs) == expected(folder, reqs)
+    assert len(gets(http_server, shards[-1])) == before
+    assert store.stats["cache_hits"] == 1
+    assert not [p for p in cache.iterdir() if p.name.startswith(".wds-tmp-")]
+
+
+def test_cache_evicts_the_least_recently_used_and_never_a_shard_in_use(http_server, tmp_path):
+    root, m, folder = served_dataset(http_server, [20, 20, 20])
+    a, b, c = m.splits["train"].shards
+    cache = tmp_path / "cache"
+    limit = int(2.5 * a.num_bytes)
+    store = ShardStore(root, ReadOptions(cache_dir=str(cache), cache_limit_bytes=limit))
+    for shard in (a, b):
+        store.read_ranges([(shard, 0, 512)])
+    cached = {p.name.rsplit("-", 1)[-1]: p for p in cache.iterdir() if p.suffix == ".tar"}
+    os.utime(cached["000000.tar"], (1e9, 1e9))  # a is older than b ...
+    os.utime(cached["000001.tar"], (1.5e9, 1.5e9))  # (both in the past)
+    store.read_ranges([(a, 0, 512)])  # ... until this hit marks it used
+    store.read_ranges([(c, 0, 512)])  # c needs room: b goes
+    assert store.stats["evictions"] == 1
+    assert cached["000000.tar"].exists() and not cached["000001.tar"].exists()
+    assert [len(gets(http_server, s)) for s in (a, b, c)] == [1, 1, 1]
+    # room for one and a half shards: a call reading a (cached) and b keeps a, over the limit
+    small = ShardStore(
+        root, ReadOptions(cache_dir=str(tmp_path / "c2"), cache_limit_bytes=a.num_bytes * 3 // 2)
+    )
+    small.read_ranges([(a, 0, 512)])
+    out = small.read_ranges([(a, 0, 512), (b, 0, 512)])
+    assert out == expected(folder, [(a, 0, 512), (b, 0, 512)])
+    assert small.stats["evictions"] == 0 and small.stats["cache_hits"] == 1
+    assert [len(gets(http_server, s)) for s in (a, b)] == [2, 2]  # one each for this store
+    assert folder_bytes(tmp_path / "c2") == a.num_bytes + b.num_bytes
+
+
+def test_cache_names_differ_for_equal_basenames(http_server, tmp_path):
+    root_a, m_a, folder_a = served_dataset(http_server, [5], name="a")
+    root_b, m_b, folder_b = served_dataset(http_server, [9], name="b")
+    cache = tmp_path / "cache"
+    a = ShardStore(root_a, ReadOptions(cache_dir=str(cache)))
+    b = ShardStore(root_b, ReadOptions(cache_dir=str(cache)))
+    sa, sb = m_a.splits["train"].shards[0], m_b.splits["train"].shards[0]
+    assert sa.path == sb.path
+    assert a.read_ranges([(sa, 0, sa.num_bytes)]) == [(folder_a / sa.path).read_bytes()]
+    assert b.read_ranges([(sb, 0, sb.num_bytes)]) == [(folder_b / sb.path).read_bytes()]
+    assert len([p for p in cache.iterdir() if p.name.endswith(".tar")]) == 2
+
+
+def test_cache_redownloads_a_file_evicted_by_another_process(http_server, tmp_path):
+    root, m, folder = served_dataset(http_server, [20])
+    shard = m.splits["train"].shards[0]
+    cache = tmp_path / "cache"
+    a = ShardStore(root, ReadOptions(cache_dir=str(cache)))
+    whole = [(shard, 0, shard.num_bytes)]
+    assert a.read_ranges(whole) == expected(folder, whole)
+    for p in cache.iterdir():  # what another worker's eviction does
+        p.unlink()
+    assert a.read_ranges(whole) == expected(folder, whole)
+    assert a.stats["cache_misses"] == 2 and len(gets(http_server, shard)) == 2
+    b = ShardStore(root, ReadOptions(cache_dir=str(cache)))  # shares the folder
+    assert b.read_ranges(whole) == expected(folder, whole)
+    assert b.stats["cache_hits"] == 1 and len(gets(http_server, shard)) == 2
+
+
+def test_checksums_catch_a_corrupt_shard(http_server, tmp_path):
+    root, m, folder = served_dataset(http_server, [10, 10])
+    good, bad = m.splits["train"].shards
+    tar = folder / bad.path
+    raw = bytearray(tar.read_bytes())
+    raw[len(raw) // 2] ^= 0x01
+    tar.write_bytes(bytes(raw))
+    cache = tmp_path / "cache"
+    store = ShardStore(root, ReadOptions(cache_dir=str(cache), verify_checksum=True))
+    assert store.read_ranges([(good, 0, 512)]) == expected(folder, [(good, 0, 512)])
+    with pytest.raises(ShardFormatError, match=r"ds/train/shard-000001\.tar: sha256 mismatch"):
+        store.read_ranges([(bad, 0, 512)])
+    (cached,) = [p for p in cache.iterdir() if p.name.endswith(".tar")]  # the bad one is not
+    damaged = bytearray(cached.read_bytes())
+    damaged[100] ^= 0x01
+    cached.write_bytes(bytes(damaged))  # a cached copy damaged on disk is caught when opened
+    fresh = ShardStore(root, ReadOptions(cache_dir=str(cache), verify_checksum=True))
+    with pytest.raises(ShardFormatError, match=r"shard-000000\.tar: sha256 mismatch"):
+        fresh.read_ranges([(good, 0, 512)])
+    assert not cached.exists()  # removed, so the next read downloads it again
+    assert fresh.read_ranges([(good, 0, 512)]) == expected(folder, [(good, 0, 512)])
+    uncached = ShardStore(root, ReadOptions(verify_checksum=True, max_request_bytes=4096))
+    with pytest.raises(ShardFormatError, match="sha256 mismatch"):
+        uncached.read_ranges([(bad, 0, 512)])
+    local = ShardStore(str(folder))
+    local.verify(good)
+    with pytest.raises(ShardFormatError, match=rf"{tar}: sha256 mismatch"):
+        local.verify(bad)
+    plain = ShardStore(root)  # without verify_checksum the bytes come back as stored
+    assert plain.read_ranges([(bad, 0, len(raw))]) == [bytes(raw)]
+    with pytest.raises(ShardFormatError, match="sha256 mismatch"):
+        plain.verify(bad)
+
+
+# -- pickling into worker processes ----------------------------------------------------------------
+def read_in_child(store: ShardStore, reqs: list[Req]) -> tuple[list[bytes], int]:
+    """Run in a worker process: read with an unpickled store."""
+    return store.read_ranges(reqs), os.getpid()
+
+
+def _forked_reader(store: ShardStore, reqs: list[Req], conn) -> None:
+    conn.send((store.read_ranges(reqs), store.stats["requests"]))
+    conn.close()
+
+
+def test_store_pickles_without_runtime_state(http_server):
+    root, m, folder = served_dataset(http_server, [10, 10])
+    store = ShardStore(root, ReadOptions(concurrency=2, max_request_bytes=4096))
+    reqs = sample_ranges(store, m.splits["train"].shards)
+    store.read_ranges(reqs)
+    assert store._pool is not None and store._fs is not None
+    clone = pickle.loads(pickle.dumps(store))
+    assert clone._fs is None and clone._pool is None and not clone._indexes
+    assert clone.stats["requests"] == 0
+    assert clone.read_ranges(reqs) == expected(folder, reqs)
+
+
+def test_store_works_in_a_spawned_worker(s3_bucket):
+    url, opts = s3_bucket
+    m = write_dataset(f"{url}/ds", {"train": [6, 4]}, storage_options=opts)
+    store = ShardStore(f"{url}/ds", ReadOptions(storage_options=opts))
+    reqs = sample_ranges(store, m.splits["train"].shards)
+    want = store.read_ranges(reqs)
+    with multiprocessing.get_context("spawn").Pool(1) as pool:
+        got, pid = pool.apply(read_in_child, (store, reqs))
+    assert got == want and pid != os.getpid()
+
+
+def test_store_used_before_fork_works_in_the_child(http_server):
+    root, m, folder = served_dataset(http_server, [10, 10])
+    store = ShardStore(root, ReadOptions(concurrency=2, max_request_bytes=4096))
+    reqs = sample_ranges(store, m.splits["train"].shards)
+    store.read_ranges(reqs)  # the parent's loop, session and threads exist now
+    ctx = multiprocessing.get_context("fork")
+    parent_conn, child_conn = ctx.Pipe()
+    proc = ctx.Process(target=_forked_reader, args=(store, reqs, child_conn), daemon=True)
+    proc.start()
+    try:
+        assert parent_conn.poll(30), "the forked reader sent nothing"
+        got, requests = parent_conn.recv()
+        proc.join(30)
+        assert proc.exitcode == 0
+    finally:
+        if proc.is_alive():
+            proc.kill()
+    assert got == expected(folder, reqs)
+    assert requests == pieces(reqs, 4096)  # counted by the child's own fresh stats

@@ -1,0 +1,255 @@
+"""A local folder of whole copies of remote shard files, shared by processes, with LRU eviction.
+
+Cached files are named by a hash of the full URL (with the shard's size and checksum), so equal
+basenames from different roots never collide. Files appear only complete, so processes may share
+the folder; a file evicted by another process is downloaded again. Beyond the size limit the least
+recently used files (by mtime, touched on use) are evicted, never files a read is using.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import posixpath
+import re
+import time
+import uuid
+from collections import OrderedDict
+from collections.abc import Callable
+
+from wdsloader.format import ShardInfo
+
+logger = logging.getLogger(__name__)
+
+_CACHE_NAME = re.compile(r"^wds-[0-9a-f]{24}-")
+_TMP_PREFIX = ".wds-tmp-"
+_STALE_TMP_S = 3600.0
+_HASH_CHUNK = 8 << 20
+
+
+class OpenFiles:
+    """Read-only descriptors of local files by path; beyond ``limit`` the least recently used
+    are closed."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self._fds: OrderedDict[str, int] = OrderedDict()
+
+    def get(self, path: str) -> int | None:
+        """The descriptor held for ``path`` (now the most recently used), or None."""
+        fd = self._fds.get(path)
+        if fd is not None:
+            self._fds.move_to_end(path)
+        return fd
+
+    def __getitem__(self, path: str) -> int:
+        return self._fds[path]
+
+    def put(self, path: str, fd: int) -> None:
+        """Hold ``fd`` for ``path``, closing any descriptor held for it before."""
+        self.forget(path)
+        self._fds[path] = fd
+        while len(self._fds) > self.limit:
+            close_quietly(self._fds.popitem(last=False)[1])
+
+    def forget(self, path: str) -> None:
+        """Close the descriptor held for ``path``, if any."""
+        fd = self._fds.pop(path, None)
+        if fd is not None:
+            close_quietly(fd)
+
+    def close_all(self) -> None:
+        """Close every descriptor held."""
+        while self._fds:
+            close_quietly(self._fds.popitem()[1])
+
+
+class ShardCache:
+    """Whole copies of remote files in ``cache_dir``, at most ``limit_bytes`` in all (None: no
+    limit).
+
+    Descriptors on cached files are held in ``files``; ``count(name, n)`` receives the
+    ``cache_hits``, ``cache_misses`` and ``evictions`` counters. Downloads call ``fill`` to write
+    the whole of each shard into its (temporary) file descriptor, then ``check(shard, path, fd)``,
+    which may reject a downloaded file by raising.
+    """
+
+    def __init__(
+        self,
+        cache_dir: str,
+        limit_bytes: int | None,
+        *,
+        files: OpenFiles,
+        count: Callable[[str, int], None],
+        fill: Callable[[list[tuple[ShardInfo, int]]], None],
+        check: Callable[[ShardInfo, str, int], None],
+    ) -> None:
+        self.cache_dir = cache_dir
+        self.limit_bytes = limit_bytes
+        self._files = files
+        self._count = count
+        self._fill = fill
+        self._check = check
+
+    def path(self, url: str, shard: ShardInfo) -> str:
+        """Cache path of the file at ``url`` (``shard`` itself or its index)."""
+        key = f"{url}\0{shard.num_bytes}\0{shard.sha256 or ''}"
+        digest = hashlib.sha256(key.encode()).hexdigest()[:24]
+        return os.path.join(self.cache_dir, f"wds-{digest}-{posixpath.basename(url)}")
+
+    # -- small files read whole (indexes) ---------------------------------------------------------
+    def read(self, cpath: str) -> bytes | None:
+        """The content of a cached file, marked recently used, or None if it is not cached."""
+        try:
+            with open(cpath, "rb") as f:
+                data = f.read()
+            os.utime(cpath)
+        except FileNotFoundError:
+            return None
+        return data
+
+    def write(self, cpath: str, data: bytes) -> None:
+        """Put ``data`` in the cache as ``cpath``, evicting older files if needed."""
+        self.make_room(len(data), set())
+        fd, tmp = self._temp_file()
+        try:
+            pwrite_all(fd, data, 0)
+            os.replace(tmp, cpath)
+        finally:
+            os.close(fd)
+            unlink_quietly(tmp)
+
+    # -- shards read through descriptors ----------------------------------------------------------
+    def ensure(self, shards: list[ShardInfo], paths: dict[str, str], pinned: set[str]) -> None:
+        """Hold descriptors on the cached copies (``paths[shard.path]``) of ``shards``,
+        downloading those not cached; files in ``pinned`` are not evicted."""
+        missing = [s for s in shards if not self.lookup(paths[s.path])]
+        self._count("cache_hits", len(shards) - len(missing))
+        if missing:
+            self.download([(s, paths[s.path]) for s in missing], pinned)
+
+    def lookup(self, cpath: str) -> bool:
+        """Whether a complete copy is cached; if so, its descriptor is held and it is marked
+        recently used."""
+        try:
+            os.utime(cpath)
+            st = os.stat(cpath)
+        except FileNotFoundError:  # never cached, or evicted by another process
+            self._files.forget(cpath)
+            return False
+        fd = self._files.get(cpath)
+        if fd is not None:
+            held = os.fstat(fd)
+            if (held.st_ino, held.st_dev) == (st.st_ino, st.st_dev):
+                return True
+            self._files.forget(cpath)  # replaced by another process: let the old inode go
+        try:
+            self._files.put(cpath, os.open(cpath, os.O_RDONLY))
+        except FileNotFoundError:
+            return False
+        return True
+
+    def download(self, items: list[tuple[ShardInfo, str]], pinned: set[str]) -> None:
+        """Download whole shards into their cache paths (``(shard, path)`` items) and hold
+        descriptors on them; files in ``pinned`` are not evicted."""
+        self.make_room(sum(s.num_bytes for s, _ in items), pinned)
+        temps: list[tuple[ShardInfo, str, int, str]] = []
+        try:
+            for shard, cpath in items:
+                temps.append((shard, cpath, *self._temp_file()))
+            self._fill([(shard, fd) for shard, _, fd, _ in temps])
+            while temps:
+                shard, cpath, fd, tmp = temps[0]
+                self._check(shard, cpath, fd)
+                os.fsync(fd)
+                os.replace(tmp, cpath)
+                temps.pop(0)
+                self._files.put(cpath, fd)
+                self._count("cache_misses", 1)
+        finally:
+            for _, _, fd, tmp in temps:
+                close_quietly(fd)
+                unlink_quietly(tmp)
+
+    def discard(self, cpath: str) -> None:
+        """Remove a cached file (a corrupt copy), so the next use downloads it again."""
+        self._files.forget(cpath)
+        unlink_quietly(cpath)
+
+    # -- eviction ----------------------------------------------------------------------------------
+    def make_room(self, incoming: int, pinned: set[str]) -> None:
+        """Evict least recently used cached files, except ``pinned`` ones, until ``incoming``
+        more bytes fit the limit."""
+        limit, cache_dir = self.limit_bytes, self.cache_dir
+        if limit is None or not os.path.isdir(cache_dir):
+            return
+        total = 0
+        candidates: list[tuple[int, int, str]] = []
+        now = time.time()
+        with os.scandir(cache_dir) as it:
+            for entry in it:
+                ours, temp = _CACHE_NAME.match(entry.name), entry.name.startswith(_TMP_PREFIX)
+                if not (ours or temp):
+                    continue  # never touch files that are not ours
+                try:
+                    st = entry.stat(follow_symlinks=False)
+                except FileNotFoundError:
+                    continue
+                if temp and now - st.st_mtime > _STALE_TMP_S:  # left by a crashed process
+                    unlink_quietly(entry.path)
+                    continue
+                total += st.st_size  # other processes' downloads in progress count too
+                if ours and entry.path not in pinned:
+                    candidates.append((st.st_mtime_ns, st.st_size, entry.path))
+        for _, size, path in sorted(candidates):
+            if total + incoming <= limit:
+                break
+            self._files.forget(path)
+            total -= size
+            try:
+                os.unlink(path)
+            except FileNotFoundError:
+                continue  # another process evicted it first
+            self._count("evictions", 1)
+            logger.debug("evicted %s (%d bytes) from the shard cache", path, size)
+
+    def _temp_file(self) -> tuple[int, str]:
+        os.makedirs(self.cache_dir, exist_ok=True)
+        name = f"{_TMP_PREFIX}{os.getpid()}-{uuid.uuid4().hex[:16]}"
+        tmp = os.path.join(self.cache_dir, name)
+        return os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644), tmp
+
+
+def hash_fd(fd: int) -> str:
+    """Hex sha256 of the whole file open as ``fd``."""
+    sha = hashlib.sha256()
+    pos = 0
+    while chunk := os.pread(fd, _HASH_CHUNK, pos):
+        sha.update(chunk)
+        pos += len(chunk)
+    return sha.hexdigest()
+
+
+def pwrite_all(fd: int, data: bytes, offset: int) -> None:
+    """Write all of ``data`` to ``fd`` at ``offset``."""
+    view = memoryview(data)
+    while view:
+        n = os.pwrite(fd, view, offset)
+        view, offset = view[n:], offset + n
+
+
+def close_quietly(fd: int) -> None:
+    """Close ``fd``, ignoring errors."""
+    try:
+        os.close(fd)
+    except OSError:
+        pass
+
+
+def unlink_quietly(path: str) -> None:
+    """Remove ``path`` if it exists."""
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass

@@ -36,9 +36,8 @@ from wdsloader.format import (
     encode_index,
     field_of_ext,
     index_path,
-    iter_members,
+    iter_samples,
     padded,
-    split_name,
 )
 from wdsloader.storage import is_local, join, url_to_fs, write_atomic
 
@@ -120,13 +119,10 @@ def _scan_view(view: memoryview, *, path: str, source: str) -> ShardScan:
     npy_cache: dict[bytes, tuple[str, tuple[int, ...]]] = {}
     npy: dict[str, Any] = {}
     layout: dict[str, list[int]] | None = None
-    key: str | None = None
-    start = 0
-    fields: dict[str, tuple[int, int]] = {}
     end = 0
-
-    def close_sample() -> None:
-        nonlocal layout
+    # a sample starts at its first member's header chain (PAX / GNU long name included)
+    for key, start, fields in iter_samples(view, source=source):
+        offsets.append(start)
         exts = tuple(fields)
         seen = scan.ext_sets.get(exts)
         if seen is None:
@@ -139,28 +135,11 @@ def _scan_view(view: memoryview, *, path: str, source: str) -> ShardScan:
         else:
             layout = {k: v for k, v in layout.items() if here.get(k) == v}
         for ext, (off, size) in fields.items():
+            end = max(end, off + padded(size))
             if ext == "npy" or ext.endswith(".npy"):
                 where = f"{source}: sample {key!r} field {ext!r}"
                 info = _npy_header(view, off, size, npy_cache, where)
                 npy[ext] = _merge_info(npy.get(ext, info), info)
-
-    for member in iter_members(view, source=source):
-        parts = split_name(member.name)
-        if parts is None:
-            continue
-        mkey, ext = parts
-        if mkey != key:
-            if key is not None:
-                close_sample()
-            # header_offset is where the member's header chain (PAX / GNU long name) starts
-            key, start, fields = mkey, member.header_offset, {}
-            offsets.append(start)
-        if ext in fields:
-            raise ShardFormatError(f"{source}: sample {key!r} has the extension {ext!r} twice")
-        fields[ext] = (member.data_offset, member.size)
-        end = member.data_offset + padded(member.size)
-    if key is not None:
-        close_sample()
     offsets.append(end)
     scan.offsets = np.asarray(offsets, dtype=np.int64)
     scan.npy = npy

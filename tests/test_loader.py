@@ -88,6 +88,9 @@ def test_ranks_get_equal_batches_and_disjoint_samples(ds):
     assert {len(o) for o in outs} == {len(loaders[0])} == {n // (world * bs)}
     keys = [k for o in outs for k in keys_of(o)]
     assert len(keys) == len(set(keys)) and n - len(keys) < world * bs
+    assert loaders[0].dropped == n - len(keys) == 173 % 24 and loaders[0].padding == 0
+    padded = create_loader(ds, "train", batch_size=bs, rank=0, world_size=world, drop_last=False)
+    assert padded.padding == world * -(-n // world) - n == 1 and padded.dropped == 0
 
 
 @pytest.mark.parametrize("workers", [0, 2])

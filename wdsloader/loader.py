@@ -38,7 +38,8 @@ class WdsDataLoader(DataLoader):
     """
 
     def __init__(self, dataset: ShardStreamDataset, **kwargs: Any) -> None:
-        super().__init__(dataset, batch_size=None, **kwargs)
+        # batches are collated inside the workers; torch's default_convert would walk them again
+        super().__init__(dataset, batch_size=None, collate_fn=_as_is, **kwargs)
         self.dataset_obj = dataset
         self.sampler_obj = None
         self._pending: tuple[int, plan.Resume] | None = None  # loaded, not yet started
@@ -88,9 +89,23 @@ class WdsDataLoader(DataLoader):
         self._started_from, self._yielded = None, 0
 
     @property
+    def padding(self) -> int:
+        """Samples repeated this epoch so every rank gets the same batches (drop_last=False)."""
+        return plan.epoch_padding(self.dataset_obj.config, epoch=self.dataset_obj.epoch)
+
+    @property
+    def dropped(self) -> int:
+        """Samples left out this epoch so every batch is full (drop_last=True)."""
+        return plan.epoch_dropped(self.dataset_obj.config, epoch=self.dataset_obj.epoch)
+
+    @property
     def stats(self) -> dict[str, int]:
         """Counters summed over workers: samples, batches, skipped_samples, skipped_batches."""
         return self.dataset_obj.control.counters()
+
+
+def _as_is(batch: Any) -> Any:
+    return batch
 
 
 def set_epoch(loader: WdsDataLoader, epoch: int) -> None:
@@ -230,7 +245,19 @@ def create_loader(
         kwargs["multiprocessing_context"] = multiprocessing_context
     elif persistent_workers or prefetch_factor:
         raise ValueError("persistent_workers and prefetch_factor need num_workers > 0")
-    return WdsDataLoader(dataset, **kwargs)
+    loader = WdsDataLoader(dataset, **kwargs)
+    log.info(
+        "%s/%s rank %d/%d: %d batches of %d per epoch, %d samples repeated, %d left out",
+        root,
+        split,
+        r,
+        world,
+        len(loader),
+        batch_size,
+        loader.padding,
+        loader.dropped,
+    )
+    return loader
 
 
 class DevicePrefetcher:

@@ -8,7 +8,9 @@ from typing import BinaryIO
 
 from wdsloader.format.index import encode_index
 from wdsloader.format.keys import validate_key
-from wdsloader.format.tar import END_OF_ARCHIVE, encode_header, member_size, padded
+from wdsloader.format.tar import BLOCK, END_OF_ARCHIVE, encode_header, member_size, padded
+
+_ZEROS = bytes(BLOCK)
 
 
 class TarStreamWriter:
@@ -45,17 +47,20 @@ class TarStreamWriter:
         validate_key(key)
         if not members:
             raise ValueError(f"sample {key!r} has no fields")
-        start = self.offset
-        self.offsets.append(start)
+        parts: list[bytes] = []
         layout: dict[str, list[int]] = {}
+        pos = 0
         for ext, data in members:
-            header = encode_header(f"{key}.{ext}", len(data))
-            self._write(header)
-            layout[ext] = [self.offset - start, len(data)]
-            self._write(data)
-            pad = padded(len(data)) - len(data)
+            size = len(data)
+            parts.append(encode_header(f"{key}.{ext}", size))
+            layout[ext] = [pos + BLOCK, size]
+            parts.append(data)
+            pad = padded(size) - size
             if pad:
-                self._write(b"\0" * pad)
+                parts.append(_ZEROS[:pad])
+            pos += BLOCK + size + pad
+        self.offsets.append(self.offset)
+        self._write(b"".join(parts))
         if self.layout is None:
             self.layout = layout
         else:

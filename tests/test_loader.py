@@ -246,3 +246,15 @@ def test_default_shuffle_quality_on_100k_samples_in_50_shards(tmp_path):
     rho = spearmanr(stream, np.arange(len(stream))).statistic
     assert abs(rho) < 0.05
     assert np.abs(np.diff(stream)).mean() / n > 0.25  # neighbours come from far apart
+
+
+def test_unreadable_or_newer_manifest_is_reported_at_startup(tmp_path):
+    root = tmp_path / "m"
+    write_dataset(str(root), {"train": [3]})
+    good = (root / "manifest.json").read_text()
+    (root / "manifest.json").write_text(good[:40])
+    with pytest.raises(ManifestError, match=r"m/manifest.json: manifest is not valid JSON"):
+        create_loader(str(root), "train", batch_size=2)
+    (root / "manifest.json").write_text(good.replace('"version": "1.0"', '"version": "7.2"'))
+    with pytest.raises(ManifestError, match="format version 7.2 is newer"):
+        create_loader(str(root), "train", batch_size=2)

@@ -134,14 +134,17 @@ def _rank_and_world(distributed: bool, rank: int | None, world_size: int | None)
     return (rank or 0), (world_size or 1)
 
 
-def _default_span_window(manifest: Manifest, split: str, batch_size: int) -> tuple[int, int]:
-    info = manifest.split(split)
-    avg = max(1, info.num_bytes // max(1, info.num_samples))
-    # at least MIN_SPANS spans when the split allows it: the shuffle's rank correlation between
-    # source and stream order shrinks like 1 / sqrt(number of spans)
-    span = max(1, min(4096, round(SPAN_BYTES / avg), info.num_samples // MIN_SPANS))
+def default_span_window(num_samples: int, num_bytes: int, batch_size: int) -> tuple[int, int]:
+    """The ``span`` and ``shuffle_window`` (a whole number of batches) used when not given.
+
+    A span holds about ``SPAN_BYTES`` of samples, but the split keeps at least ``MIN_SPANS``
+    spans when it can (the rank correlation between source and stream order shrinks like one
+    over the square root of the number of spans); a window holds about ``WINDOW_BYTES``.
+    """
+    avg = max(1, num_bytes // max(1, num_samples))
+    span = max(1, min(4096, round(SPAN_BYTES / avg), num_samples // MIN_SPANS))
     window = max(batch_size, min(MAX_WINDOW, WINDOW_BYTES // avg))
-    return span, window
+    return span, -(-window // batch_size) * batch_size
 
 
 def create_loader(
@@ -206,10 +209,10 @@ def create_loader(
         store.check_shards(split_info.shards)
     is_train = split == "train"
     r, world = _rank_and_world(distributed, rank, world_size)
-    auto_span, auto_window = _default_span_window(manifest, split, batch_size)
+    auto_span, auto_window = default_span_window(
+        split_info.num_samples, split_info.num_bytes, batch_size
+    )
     window = shuffle_window if shuffle_window is not None else auto_window
-    if window > batch_size:
-        window = -(-window // batch_size) * batch_size  # whole batches per read-ahead group
     config = plan.PlanConfig(
         counts=tuple(s.num_samples for s in split_info.shards),
         batch_size=batch_size,

@@ -69,9 +69,6 @@ class Control:
         totals = self._counters.sum(dim=0).tolist()
         return dict(zip(COUNTERS, totals, strict=True))
 
-    def reset_counters(self) -> None:
-        self._counters.zero_()
-
     # -- workers -------------------------------------------------------------------------------
     def resume(self) -> dict[str, Any] | None:
         """The published resume point, or None."""

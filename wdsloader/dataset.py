@@ -113,16 +113,17 @@ class ShardStreamDataset(IterableDataset):
     ) -> Iterator[Any]:
         if not batches:
             return
+        # the first batch is read on its own so it arrives quickly; then a window at a time
         group = self.readahead_batches
-        groups = [batches[i : i + group] for i in range(0, len(batches), group)]
+        groups = [batches[:1]] + [batches[i : i + group] for i in range(1, len(batches), group)]
         with ThreadPoolExecutor(max_workers=1, thread_name_prefix="wdsloader-read") as pool:
             pending: Future = pool.submit(self._read_group, groups[0])
             for g in range(len(groups)):
                 samples_by_batch = pending.result()
                 if g + 1 < len(groups):
                     pending = pool.submit(self._read_group, groups[g + 1])
-                for ids, raw_samples in zip(groups[g], samples_by_batch, strict=True):
-                    batch = self._decode_batch(ids, raw_samples, worker, epoch)
+                for raw_samples in samples_by_batch:
+                    batch = self._decode_batch(raw_samples, worker, epoch)
                     if batch is not None:
                         yield batch
 
@@ -166,9 +167,7 @@ class ShardStreamDataset(IterableDataset):
             pos += len(batch)
         return out
 
-    def _decode_batch(
-        self, ids: np.ndarray, raw_samples: list[Any], worker: int, epoch: int
-    ) -> Any:
+    def _decode_batch(self, raw_samples: list[Any], worker: int, epoch: int) -> Any:
         samples: list[dict[str, Any]] = []
         for data, start, stop, run, local_index in raw_samples:
             shard = self.shards[run.shard]

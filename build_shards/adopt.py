@@ -11,7 +11,6 @@ Energon count it. A reader that starts there sees the member's full name; webdat
 from __future__ import annotations
 
 import hashlib
-import io
 import logging
 import mmap
 import os
@@ -26,6 +25,7 @@ from typing import Any
 
 import numpy as np
 
+from wdsloader.decode import read_npy_header
 from wdsloader.errors import ManifestError, ShardFormatError
 from wdsloader.format import (
     MANIFEST_NAME,
@@ -76,29 +76,14 @@ class ShardScan:
 
 
 # -- scanning one tar ----------------------------------------------------------------------------
-def _npy_header(view: memoryview, off: int, size: int, cache: dict, where: str):
-    """``(dtype, shape)`` from the header of an ``.npy`` member (cached by header bytes)."""
-    head = bytes(view[off : off + min(size, 12)])
-    if len(head) < 10 or head[:6] != b"\x93NUMPY":
-        raise ShardFormatError(f"{where}: member is not a .npy array")
-    start, hlen = (10, int.from_bytes(head[8:10], "little"))
-    if head[6] >= 2:
-        start, hlen = (12, int.from_bytes(head[8:12], "little"))
-    raw = bytes(view[off : off + min(size, start + hlen)])
-    hit = cache.get(raw)
-    if hit is None:
-        f = io.BytesIO(raw)
-        version = np.lib.format.read_magic(f)
-        try:
-            if version == (1, 0):
-                shape, _, dtype = np.lib.format.read_array_header_1_0(f)
-            else:
-                shape, _, dtype = np.lib.format.read_array_header_2_0(f)
-        except ValueError as exc:
-            raise ShardFormatError(f"{where}: bad .npy header ({exc})") from None
-        native = dtype.byteorder in "=|" and not dtype.fields
-        hit = cache[raw] = (dtype.name if native else dtype.str, tuple(int(d) for d in shape))
-    return hit
+def _npy_info(view: memoryview, off: int, size: int, where: str) -> NpyInfo:
+    """``(dtype, shape)`` from the header of an ``.npy`` member."""
+    try:
+        dtype, shape, _, _ = read_npy_header(view[off : off + size])
+    except ValueError as exc:
+        raise ShardFormatError(f"{where}: bad .npy member ({exc})") from None
+    native = dtype.byteorder in "=|" and not dtype.fields
+    return (dtype.name if native else dtype.str, tuple(shape))
 
 
 def scan_buffer(buf: bytes | memoryview | mmap.mmap, *, path: str, source: str) -> ShardScan:
@@ -116,7 +101,6 @@ def scan_buffer(buf: bytes | memoryview | mmap.mmap, *, path: str, source: str) 
 def _scan_view(view: memoryview, *, path: str, source: str) -> ShardScan:
     offsets: list[int] = []
     scan = ShardScan(path=path, offsets=np.zeros(1, np.int64), num_bytes=len(view), sha256="")
-    npy_cache: dict[bytes, tuple[str, tuple[int, ...]]] = {}
     npy: dict[str, Any] = {}
     layout: dict[str, list[int]] | None = None
     end = 0
@@ -138,7 +122,7 @@ def _scan_view(view: memoryview, *, path: str, source: str) -> ShardScan:
             end = max(end, off + padded(size))
             if ext == "npy" or ext.endswith(".npy"):
                 where = f"{source}: sample {key!r} field {ext!r}"
-                info = _npy_header(view, off, size, npy_cache, where)
+                info = _npy_info(view, off, size, where)
                 npy[ext] = _merge_info(npy.get(ext, info), info)
     offsets.append(end)
     scan.offsets = np.asarray(offsets, dtype=np.int64)

@@ -8,15 +8,15 @@ and exit with status 2, after removing whatever this run wrote; anything else is
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import re
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import Any, NoReturn
 
 from wdsloader.errors import WdsLoaderError
+from wdsloader.storage import parse_storage_options
 
 PROG = "build-shards"
 USER_ERRORS: tuple[type[BaseException], ...] = (WdsLoaderError, OSError, ValueError)
@@ -127,28 +127,6 @@ def _int(text: str) -> int:
         return int(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-
-
-def parse_storage_options(pairs: Sequence[str]) -> dict[str, Any]:
-    """fsspec options from ``KEY=VALUE`` pairs; dotted keys nest (``client_kwargs.endpoint_url``),
-    values are JSON when they parse as JSON (``true``, ``3``), else strings."""
-    out: dict[str, Any] = {}
-    for pair in pairs:
-        key, eq, raw = pair.partition("=")
-        if not eq or not key:
-            raise CliError(f"invalid --storage-option {pair!r}: use KEY=VALUE")
-        try:
-            value: Any = json.loads(raw)
-        except json.JSONDecodeError:
-            value = raw
-        node = out
-        *parents, leaf = key.split(".")
-        for p in parents:
-            node = node.setdefault(p, {})
-            if not isinstance(node, dict):
-                raise CliError(f"invalid --storage-option {pair!r}: {p!r} is already a value")
-        node[leaf] = value
-    return out
 
 
 # -- parser --------------------------------------------------------------------------------------

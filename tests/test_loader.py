@@ -258,3 +258,16 @@ def test_unreadable_or_newer_manifest_is_reported_at_startup(tmp_path):
     (root / "manifest.json").write_text(good.replace('"version": "1.0"', '"version": "7.2"'))
     with pytest.raises(ManifestError, match="format version 7.2 is newer"):
         create_loader(str(root), "train", batch_size=2)
+
+
+def test_loader_caches_remote_shards_locally(s3_bucket, tmp_path):
+    url, options = s3_bucket
+    write_dataset(f"{url}/cached", {"train": [9, 8]}, storage_options=options)
+    cache = tmp_path / "cache"
+    kw = dict(batch_size=4, drop_last=False, storage_options=options, cache_dir=str(cache))
+    first = keys_of(run(create_loader(f"{url}/cached", "train", **kw)))
+    cached = sorted(p.name for p in cache.iterdir() if p.name.endswith(".tar"))
+    assert len(cached) == 2 and all(
+        n.endswith(("shard-000000.tar", "shard-000001.tar")) for n in cached
+    )
+    assert sorted(first) == [f"train{i:07d}" for i in range(17)]

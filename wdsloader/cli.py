@@ -5,7 +5,8 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from typing import Any
+
+from wdsloader.storage import parse_storage_options
 
 EPILOG = """examples:
   wdsloader info ./my_dataset
@@ -14,23 +15,10 @@ EPILOG = """examples:
 """
 
 
-def _storage_options(pairs: list[str]) -> dict[str, Any]:
-    options: dict[str, Any] = {}
-    for pair in pairs:
-        key, sep, value = pair.partition("=")
-        if not sep:
-            raise ValueError(f"--storage-option expects KEY=VALUE, got {pair!r}")
-        try:
-            options[key] = json.loads(value)
-        except json.JSONDecodeError:
-            options[key] = value
-    return options
-
-
 def _info(args: argparse.Namespace) -> int:
     from wdsloader.format import Manifest
 
-    m = Manifest.load(args.dataset, _storage_options(args.storage_option))
+    m = Manifest.load(args.dataset, parse_storage_options(args.storage_option))
     print(
         f"{args.dataset}: format {m.format} {m.version}, {m.num_samples} samples, "
         f"{m.num_bytes / 1e6:.1f} MB"
@@ -60,7 +48,7 @@ def _head(args: argparse.Namespace) -> int:
         args.split,
         batch_size=1,
         shuffle=False,
-        storage_options=_storage_options(args.storage_option),
+        storage_options=parse_storage_options(args.storage_option),
     )
     for i, batch in enumerate(loader):
         if i == args.n:

@@ -1,7 +1,7 @@
 """A small block of shared memory through which the main process steers its DataLoader workers.
 
 Persistent workers keep the copy of the dataset they were started with, so anything that changes
-between epochs (the epoch, a resume point, a forced curriculum variant) travels through a tensor
+between epochs (the epoch, a resume point) travels through a tensor
 in shared memory instead of an attribute. Workers read it when an iteration starts; they write
 only their own row of counters. The memory is released with the last reference (no named
 segment that could leak after a crash).
@@ -15,8 +15,8 @@ from typing import Any
 import torch
 
 # control slots
-_EPOCH, _FORCED, _RESUME_LEN = range(3)  # _FORCED: index of a forced variant + 1 (0 = none)
-_NSLOTS = 4
+_EPOCH, _RESUME_LEN = range(2)
+_NSLOTS = 2
 RESUME_CAPACITY = 1 << 16  # bytes of JSON for a resume chain
 
 # per-worker counters
@@ -54,15 +54,6 @@ class Control:
             raise ValueError(f"resume state too large ({len(data)} bytes)")
         self._resume[: len(data)] = torch.frombuffer(bytearray(data), dtype=torch.uint8)
         self._slots[_RESUME_LEN] = len(data)
-
-    @property
-    def forced(self) -> int:
-        """Index of the forced variant, or -1."""
-        return int(self._slots[_FORCED]) - 1
-
-    @forced.setter
-    def forced(self, index: int) -> None:
-        self._slots[_FORCED] = index + 1
 
     def counters(self) -> dict[str, int]:
         """Counters summed over workers."""

@@ -54,7 +54,6 @@ class ShardStreamDataset(IterableDataset):
         collate_fn: Callable[[list[dict[str, Any]]], Any],
         on_error: str = "raise",
         readahead_batches: int = 1,
-        sample_transform: Callable[[dict[str, Any], int], dict[str, Any]] | None = None,
     ) -> None:
         super().__init__()
         if on_error not in ON_ERROR:
@@ -71,7 +70,6 @@ class ShardStreamDataset(IterableDataset):
         self.collate_fn = collate_fn
         self.on_error = on_error
         self.readahead_batches = max(1, readahead_batches)
-        self.sample_transform = sample_transform
         self.control = Control(config.num_workers)
 
     # -- epoch / resume ------------------------------------------------------------------------
@@ -104,13 +102,12 @@ class ShardStreamDataset(IterableDataset):
                 f"the DataLoader has {info.num_workers} workers but the plan was made for "
                 f"{self.config.num_workers}; build loaders with create_loader"
             )
-        epoch = self.control.epoch
-        batches = plan.worker_batches(self.config, epoch, self.rank, worker, self.resume_point())
-        yield from self._iter_batches(batches, worker, epoch)
+        batches = plan.worker_batches(
+            self.config, self.control.epoch, self.rank, worker, self.resume_point()
+        )
+        yield from self._iter_batches(batches, worker)
 
-    def _iter_batches(
-        self, batches: Sequence[np.ndarray], worker: int, epoch: int
-    ) -> Iterator[Any]:
+    def _iter_batches(self, batches: Sequence[np.ndarray], worker: int) -> Iterator[Any]:
         if not batches:
             return
         # the first batch is read on its own so it arrives quickly; then a window at a time
@@ -123,7 +120,7 @@ class ShardStreamDataset(IterableDataset):
                 if g + 1 < len(groups):
                     pending = pool.submit(self._read_group, groups[g + 1])
                 for raw_samples in samples_by_batch:
-                    batch = self._decode_batch(raw_samples, worker, epoch)
+                    batch = self._decode_batch(raw_samples, worker)
                     if batch is not None:
                         yield batch
 
@@ -167,7 +164,7 @@ class ShardStreamDataset(IterableDataset):
             pos += len(batch)
         return out
 
-    def _decode_batch(self, raw_samples: list[Any], worker: int, epoch: int) -> Any:
+    def _decode_batch(self, raw_samples: list[Any], worker: int) -> Any:
         samples: list[dict[str, Any]] = []
         for data, start, stop, run, local_index in raw_samples:
             shard = self.shards[run.shard]
@@ -179,8 +176,6 @@ class ShardStreamDataset(IterableDataset):
                     data, int(start), int(stop), base_offset=run.start, source=source
                 )
                 sample = self.decoder(raw, key, source)
-                if self.sample_transform is not None:
-                    sample = self.sample_transform(sample, epoch)
             except WdsLoaderError as exc:
                 if self.on_error == "raise":
                     raise type(exc)(f"{exc} (sample #{local_index} of {source})") from exc
@@ -214,11 +209,10 @@ def _coalesce(
     run_of = np.empty(len(order), dtype=np.int64)
     run_of[order] = run_id_sorted
     firsts = np.flatnonzero(new)
-    lasts = np.append(firsts[1:], len(order)) - 1
     # a run ends at the largest stop among its members (repeats do not extend it)
     run_stops = np.maximum.reduceat(s_stop, firsts) if len(order) else s_stop
     runs = [
-        _Run(int(s_shard[f]), int(s_start[f]), int(run_stops[i]))
-        for i, (f, _last) in enumerate(zip(firsts, lasts, strict=True))
+        _Run(int(s_shard[f]), int(s_start[f]), int(stop))
+        for f, stop in zip(firsts, run_stops, strict=True)
     ]
     return runs, run_of

@@ -200,11 +200,10 @@ def _npy_header(header: bytes, major: int) -> tuple[np.dtype, tuple[int, ...], b
     return parsed
 
 
-def decode_npy(buf: Buffer) -> np.ndarray:
-    """A ``.npy`` member as a writable array that owns its memory; never unpickles.
+def read_npy_header(buf: Buffer) -> tuple[np.dtype, tuple[int, ...], bool, int]:
+    """``(dtype, shape, fortran_order, data_offset)`` of the ``.npy`` bytes in ``buf``.
 
-    The header is parsed here (and cached by its bytes) instead of by ``np.load``, which costs
-    tens of microseconds per call. An object dtype raises :class:`PickleNotAllowedError`.
+    Raises ValueError on a bad magic, version or header. Parses are cached by header bytes.
     """
     view = buf if isinstance(buf, memoryview) else memoryview(buf)
     if len(view) < 10 or view[:6] != _NPY_MAGIC:
@@ -218,13 +217,24 @@ def decode_npy(buf: Buffer) -> np.ndarray:
         hlen = int.from_bytes(view[8:12], "little")
     else:
         raise ValueError(f"unsupported .npy format version {major}.{view[7]}")
-    dtype, shape, fortran, count = _npy_header(bytes(view[hstart : hstart + hlen]), major)
+    dtype, shape, fortran, _ = _npy_header(bytes(view[hstart : hstart + hlen]), major)
+    return dtype, shape, fortran, hstart + hlen
+
+
+def decode_npy(buf: Buffer) -> np.ndarray:
+    """A ``.npy`` member as a writable array that owns its memory; never unpickles.
+
+    The header is parsed here (and cached by its bytes) instead of by ``np.load``, which costs
+    tens of microseconds per call. An object dtype raises :class:`PickleNotAllowedError`.
+    """
+    view = buf if isinstance(buf, memoryview) else memoryview(buf)
+    dtype, shape, fortran, offset = read_npy_header(view)
     if dtype.hasobject:
         raise PickleNotAllowedError(
             f"the .npy array has dtype {dtype} (Python objects), which needs pickle to load; "
             + _PICKLE_HINT
         )
-    offset = hstart + hlen
+    count = math.prod(shape)
     need = count * dtype.itemsize
     if len(view) - offset < need:
         raise ValueError(

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import json
 import os
 import posixpath
 import uuid
+from collections.abc import Sequence
 from typing import Any
 
 import fsspec
@@ -45,3 +47,28 @@ def write_atomic(fs: fsspec.AbstractFileSystem, path: str, data: bytes) -> None:
         os.replace(tmp, path)
     else:
         fs.pipe_file(path, data)
+
+
+def parse_storage_options(pairs: Sequence[str]) -> dict[str, Any]:
+    """fsspec options from command-line ``KEY=VALUE`` pairs.
+
+    Dotted keys nest (``client_kwargs.endpoint_url=...``); values are JSON when they parse as
+    JSON (``true``, ``3``), else strings. A malformed pair is a ValueError naming it.
+    """
+    out: dict[str, Any] = {}
+    for pair in pairs:
+        key, eq, raw = pair.partition("=")
+        if not eq or not key:
+            raise ValueError(f"invalid --storage-option {pair!r}: use KEY=VALUE")
+        try:
+            value: Any = json.loads(raw)
+        except json.JSONDecodeError:
+            value = raw
+        node = out
+        *parents, leaf = key.split(".")
+        for p in parents:
+            node = node.setdefault(p, {})
+            if not isinstance(node, dict):
+                raise ValueError(f"invalid --storage-option {pair!r}: {p!r} is already a value")
+        node[leaf] = value
+    return out

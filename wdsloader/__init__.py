@@ -16,6 +16,8 @@ _EXPORTS = {
     "get_collator": "wdsloader.collate",
     "list_collators": "wdsloader.collate",
     "register_collator": "wdsloader.collate",
+    "Curriculum": "wdsloader.curriculum",
+    "Schedule": "wdsloader.curriculum",
     "ShardStreamDataset": "wdsloader.dataset",
     "SampleDecoder": "wdsloader.decode",
     "get_decoder": "wdsloader.decode",
@@ -39,9 +41,16 @@ _EXPORTS = {
     "set_epoch": "wdsloader.loader",
     "PlanConfig": "wdsloader.plan",
     "Resume": "wdsloader.plan",
+    "BatchValidationError": "wdsloader.validate",
+    "ValidationReport": "wdsloader.validate",
+    "validate_batch": "wdsloader.validate",
+    "validate_dataset": "wdsloader.validate",
+    "validate_first_batch": "wdsloader.validate",
 }
 
 __all__ = [
+    "BatchValidationError",
+    "Curriculum",
     "DecodeError",
     "DevicePrefetcher",
     "FieldSpec",
@@ -51,6 +60,7 @@ __all__ = [
     "PlanConfig",
     "ReadOptions",
     "Resume",
+    "Schedule",
     "SampleDecoder",
     "SchemaError",
     "ShardFormatError",
@@ -58,6 +68,7 @@ __all__ = [
     "ShardStore",
     "ShardStreamDataset",
     "SplitInfo",
+    "ValidationReport",
     "WdsDataLoader",
     "WdsLoaderError",
     "create_loader",
@@ -68,6 +79,9 @@ __all__ = [
     "register_collator",
     "register_decoder",
     "set_epoch",
+    "validate_batch",
+    "validate_dataset",
+    "validate_first_batch",
 ]
 
 
@@ -86,6 +100,7 @@ def __dir__() -> list[str]:
 
 if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs
     from wdsloader.collate import get_collator, list_collators, register_collator
+    from wdsloader.curriculum import Curriculum, Schedule
     from wdsloader.dataset import ShardStreamDataset
     from wdsloader.decode import SampleDecoder, get_decoder, parse_sample, register_decoder
     from wdsloader.errors import (
@@ -100,3 +115,10 @@ if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs
     from wdsloader.format import FieldSpec, Manifest, ShardInfo, SplitInfo
     from wdsloader.loader import DevicePrefetcher, WdsDataLoader, create_loader, set_epoch
     from wdsloader.plan import PlanConfig, Resume
+    from wdsloader.validate import (
+        BatchValidationError,
+        ValidationReport,
+        validate_batch,
+        validate_dataset,
+        validate_first_batch,
+    )

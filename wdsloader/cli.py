@@ -12,6 +12,9 @@ EPILOG = """examples:
   wdsloader info ./my_dataset
   wdsloader info s3://bucket/prefix --storage-option anon=true
   wdsloader head ./my_dataset --split val -n 3
+  wdsloader validate ./my_dataset                 # files, sizes, indexes, sha256
+  wdsloader validate ./my_dataset --split val --deep   # also decode and check every sample
+  wdsloader bench ./my_dataset --num-workers 8 --batch-size 256 --max-batches 200
 """
 
 
@@ -60,6 +63,33 @@ def _head(args: argparse.Namespace) -> int:
     return 0
 
 
+def _validate(args: argparse.Namespace) -> int:
+    from wdsloader.validate import validate_dataset
+
+    report = validate_dataset(
+        args.dataset,
+        args.split,
+        deep=args.deep,
+        storage_options=parse_storage_options(args.storage_option),
+        progress=True,
+    )
+    for line in report.problems:
+        print(line)
+    checked = f"{report.shards_checked} shards, {report.samples_checked} samples checked"
+    mode = " (deep)" if args.deep else ""
+    if report.ok:
+        print(f"OK: {checked}{mode}")
+        return 0
+    print(f"{len(report.problems)} problems in {args.dataset}: {checked}{mode}")
+    return 1
+
+
+def _bench(args: argparse.Namespace) -> int:
+    from wdsloader.benchmark import run_cli
+
+    return run_cli(args)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="wdsloader",
@@ -71,18 +101,35 @@ def main(argv: list[str] | None = None) -> int:
     for name, helptext in (
         ("info", "print the manifest summary"),
         ("head", "print the first samples of a split"),
+        ("validate", "check shards, indexes and checksums (--deep: every sample too)"),
+        ("bench", "measure the loader's throughput on a split"),
     ):
-        p = sub.add_parser(name, help=helptext)
+        p = sub.add_parser(name, help=helptext, description=helptext)
         p.add_argument("dataset", help="dataset folder or fsspec URL")
         p.add_argument("--storage-option", action="append", default=[], metavar="KEY=VALUE")
         if name == "head":
             p.add_argument("--split", default="train")
             p.add_argument("-n", type=int, default=5)
+        elif name == "validate":
+            p.add_argument("--split", default=None, help="only this split (default: all)")
+            p.add_argument(
+                "--deep",
+                action="store_true",
+                help="also read, decode and check every sample (dtypes, shapes, NaN/Inf, ranges)",
+            )
+        elif name == "bench":
+            p.add_argument("--split", default="train")
+            p.add_argument("--num-workers", type=int, default=4)
+            p.add_argument("--batch-size", type=int, default=256)
+            p.add_argument(
+                "--max-batches", type=int, default=None, help="stop after K batches (default: all)"
+            )
     args = parser.parse_args(argv)
     from wdsloader.errors import WdsLoaderError
 
+    commands = {"info": _info, "head": _head, "validate": _validate, "bench": _bench}
     try:
-        return {"info": _info, "head": _head}[args.command](args)
+        return commands[args.command](args)
     except (WdsLoaderError, ValueError, FileNotFoundError) as exc:
         print(f"wdsloader: error: {exc}", file=sys.stderr)
         return 2

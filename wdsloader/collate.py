@@ -221,7 +221,22 @@ def default_collator() -> CollateFn:
         names = _check_batch(samples)
         return {n: _collate_field(n, [s[n] for s in samples], samples) for n in names}
 
+    collate.collate_columns = _collate_columns  # type: ignore[attr-defined]
     return collate
+
+
+def _collate_columns(columns: dict[str, Any]) -> dict[str, Any]:
+    """The default collator over a batch already held as columns (``field -> (n, ...) array``
+    for fields gathered for the whole batch, ``field -> list`` for the others)."""
+    keys = columns.get("__key__")
+    samples = [{"__key__": k} for k in keys] if keys is not None else []
+    out: dict[str, Any] = {}
+    for name, values in columns.items():
+        if isinstance(values, np.ndarray) and values.dtype.kind in "biufc":
+            out[name] = torch.from_numpy(values)
+        else:
+            out[name] = _collate_field(name, list(values), samples)
+    return out
 
 
 # ------------------------------------------------------------------------------------------------

@@ -1,7 +1,7 @@
 """A small block of shared memory through which the main process steers its DataLoader workers.
 
 Persistent workers keep the copy of the dataset they were started with, so anything that changes
-between epochs (the epoch, a resume point) travels through a tensor
+between epochs (the epoch, a forced curriculum variant, a resume point) travels through a tensor
 in shared memory instead of an attribute. Workers read it when an iteration starts; they write
 only their own row of counters. The memory is released with the last reference (no named
 segment that could leak after a crash).
@@ -15,16 +15,16 @@ from typing import Any
 import torch
 
 # control slots
-_EPOCH, _RESUME_LEN = range(2)
-_NSLOTS = 2
+_EPOCH, _RESUME_LEN, _FORCED = range(3)
+_NSLOTS = 3
 RESUME_CAPACITY = 1 << 16  # bytes of JSON for a resume chain
 
 # per-worker counters
-COUNTERS = ("samples", "batches", "skipped_samples", "skipped_batches")
+COUNTERS = ("samples", "batches", "skipped_samples", "skipped_batches", "gathered_batches")
 
 
 class Control:
-    """Epoch, resume point and counters shared between the main process and its workers."""
+    """Epoch, forced curriculum variant, resume point and counters shared with the workers."""
 
     def __init__(self, max_workers: int) -> None:
         self._slots = torch.zeros(_NSLOTS, dtype=torch.int64).share_memory_()
@@ -43,6 +43,16 @@ class Control:
         if value < 0:
             raise ValueError(f"epoch must be >= 0, got {value}")
         self._slots[_EPOCH] = int(value)
+
+    @property
+    def forced(self) -> int | None:
+        """The index of the curriculum variant every sample gets, or None (the schedule)."""
+        value = int(self._slots[_FORCED])
+        return None if value == 0 else value - 1
+
+    @forced.setter
+    def forced(self, index: int | None) -> None:
+        self._slots[_FORCED] = 0 if index is None else int(index) + 1
 
     def set_resume(self, resume: dict[str, Any] | None) -> None:
         """Publish a resume point (a JSON-able dict) for the next iteration, or clear it."""

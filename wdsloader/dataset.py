@@ -6,7 +6,7 @@ import logging
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from torch.utils.data import IterableDataset, get_worker_info
@@ -16,8 +16,12 @@ from wdsloader.control import Control
 from wdsloader.decode import SampleDecoder, parse_sample
 from wdsloader.errors import WdsLoaderError
 from wdsloader.fetch import ShardStore
-from wdsloader.format import Manifest, ShardInfo
+from wdsloader.format import FieldSpec, Manifest, ShardInfo
+from wdsloader.gather import field_tables, prefix_end, resolve_shape, sample_keys
 from wdsloader.state import resume_from_dict, resume_to_dict
+
+if TYPE_CHECKING:
+    from wdsloader.curriculum import Curriculum
 
 log = logging.getLogger(__name__)
 
@@ -33,13 +37,34 @@ class _Run:
     stop: int
 
 
+@dataclass(slots=True)
+class _RawBatch:
+    """The read bytes of one batch: sample ``j`` is ``data[j][start[j]:stop[j]]`` of shard
+    ``shard[j]`` (its ``local[j]``-th sample); ``base[j]`` turns a position in ``data[j]`` into a
+    byte offset in the shard. ``buf`` is the one buffer all samples lie in (None when a read
+    failed and ``data`` holds exceptions)."""
+
+    buf: np.ndarray | None
+    data: list[Any]
+    start: np.ndarray
+    stop: np.ndarray
+    base: np.ndarray
+    shard: np.ndarray
+    local: np.ndarray
+
+
+class _Fallback(Exception):
+    """The whole-batch path cannot handle this batch; parse it sample by sample."""
+
+
 class ShardStreamDataset(IterableDataset):
     """An IterableDataset that yields whole batches of one split, planned by :mod:`wdsloader.plan`.
 
     Each DataLoader worker computes its own list of batches from the plan (no coordination),
-    reads the byte ranges those samples occupy (coalesced, one group of batches ahead),
-    decodes only the requested fields and collates inside the worker. ``len()`` is the number
-    of batches this rank yields in a full epoch.
+    reads the byte ranges those samples occupy (coalesced, one group of batches ahead), gathers
+    fixed-size fields for the whole batch from the shard layout (falling back to parsing each
+    sample), decodes only the requested fields, applies the curriculum and collates inside the
+    worker. ``len()`` is the number of batches this rank yields in a full epoch.
     """
 
     def __init__(
@@ -54,6 +79,8 @@ class ShardStreamDataset(IterableDataset):
         collate_fn: Callable[[list[dict[str, Any]]], Any],
         on_error: str = "raise",
         readahead_batches: int = 1,
+        curriculum: Curriculum | None = None,
+        gather: bool = True,
     ) -> None:
         super().__init__()
         if on_error not in ON_ERROR:
@@ -70,9 +97,51 @@ class ShardStreamDataset(IterableDataset):
         self.collate_fn = collate_fn
         self.on_error = on_error
         self.readahead_batches = max(1, readahead_batches)
+        self.curriculum = curriculum
         self.control = Control(config.num_workers)
+        schema = manifest.schema
+        if decoder.fields is not None:
+            self.fields: tuple[str, ...] | None = decoder.fields
+        elif decoder.schema is not None:
+            self.fields = tuple(decoder.schema)
+        else:
+            self.fields = None  # schema-less: whatever the samples hold
+        self._zero: np.ndarray | None = None
+        self._curriculum_specs: dict[str, FieldSpec] = {}
+        if curriculum is not None:
+            if not schema or self.fields is None:
+                raise ValueError("a curriculum needs a dataset schema (the manifest has none)")
+            clash = [f for f in curriculum.fields if f in self.fields]
+            if clash:
+                raise ValueError(
+                    f"fields {clash} are variants of the curriculum output "
+                    f"{curriculum.output!r}; request {curriculum.output!r} instead"
+                )
+            self._curriculum_specs = curriculum.output_specs(schema, manifest.dims)
+            spec = self._curriculum_specs[curriculum.output]
+            shape = resolve_shape(spec.shape or [], manifest.dims)
+            if shape is None:
+                raise ValueError(
+                    f"curriculum output {curriculum.output!r}: shape {spec.shape} has a dim "
+                    f"not bound in the manifest's dims {manifest.dims}"
+                )
+            self._zero = np.zeros(shape, dtype=np.dtype(spec.dtype))
+        self._tables = {}
+        if gather and schema and self.fields is not None:
+            wanted = [*self.fields, *(curriculum.fields if curriculum else ())]
+            self._tables = field_tables(schema, wanted, manifest.dims, self.shards)
+        # per shard: where parsing starts for the fields that are not gathered
+        others = [schema[f].ext.lower() for f in (self.fields or ()) if f not in self._tables]
+        self._parse_from = np.array(
+            [
+                0 if any(e in (s.layout or {}) for e in others) else prefix_end(s.layout)
+                for s in self.shards
+            ],
+            dtype=np.int64,
+        )
+        self._others = [f for f in (self.fields or ()) if f not in self._tables]
 
-    # -- epoch / resume ------------------------------------------------------------------------
+    # -- epoch / resume / curriculum -----------------------------------------------------------
     @property
     def epoch(self) -> int:
         return self.control.epoch
@@ -80,6 +149,26 @@ class ShardStreamDataset(IterableDataset):
     def set_epoch(self, epoch: int) -> None:
         """Select the epoch the next iteration plays (also inside persistent workers)."""
         self.control.epoch = epoch
+
+    def force_steering(self, variant: str | None) -> None:
+        """Give every sample the curriculum variant ``variant`` (e.g. for validation); None
+        restores the schedule. Reaches persistent workers."""
+        if self.curriculum is None:
+            raise ValueError("this loader has no curriculum (pass curriculum= to create_loader)")
+        self.control.forced = None if variant is None else self.curriculum.index(variant)
+
+    @property
+    def forced_steering(self) -> str | None:
+        """The variant forced by :meth:`force_steering`, or None."""
+        index = self.control.forced
+        return None if index is None or self.curriculum is None else self.curriculum.names[index]
+
+    def output_schema(self) -> dict[str, FieldSpec]:
+        """The :class:`FieldSpec` of every field a batch holds (before collation)."""
+        schema = self.manifest.schema
+        out = {f: schema[f] for f in (self.fields or ()) if f in schema}
+        out.update(self._curriculum_specs)
+        return out
 
     def __len__(self) -> int:
         return plan.num_batches(self.config)
@@ -107,27 +196,39 @@ class ShardStreamDataset(IterableDataset):
         )
         yield from self._iter_batches(batches, worker)
 
+    def peek_batch(self) -> Any:
+        """The first batch the next iteration yields, made in this process; what the loader
+        yields afterwards, its counters and its state do not change."""
+        epoch, resume = self.control.epoch, self.resume_point()
+        for worker in range(self.config.num_workers):
+            batches = plan.worker_batches(self.config, epoch, self.rank, worker, resume)
+            if batches:
+                (raw,) = self._read_group(batches[:1])
+                return self._make_batch(raw, worker, epoch, self.control.forced, count=False)
+        raise ValueError(f"split {self.split!r} yields no batch on rank {self.rank}")
+
     def _iter_batches(self, batches: Sequence[np.ndarray], worker: int) -> Iterator[Any]:
         if not batches:
             return
+        epoch, forced = self.control.epoch, self.control.forced
         # the first batch is read on its own so it arrives quickly; then a window at a time
         group = self.readahead_batches
         groups = [batches[:1]] + [batches[i : i + group] for i in range(1, len(batches), group)]
         with ThreadPoolExecutor(max_workers=1, thread_name_prefix="wdsloader-read") as pool:
             pending: Future = pool.submit(self._read_group, groups[0])
             for g in range(len(groups)):
-                samples_by_batch = pending.result()
+                raw_batches = pending.result()
                 if g + 1 < len(groups):
                     pending = pool.submit(self._read_group, groups[g + 1])
-                for raw_samples in samples_by_batch:
-                    batch = self._decode_batch(raw_samples, worker)
+                for raw in raw_batches:
+                    batch = self._make_batch(raw, worker, epoch, forced)
                     if batch is not None:
                         yield batch
 
     # -- reading -------------------------------------------------------------------------------
-    def _read_group(self, batches: Sequence[np.ndarray]) -> list[list[Any]]:
-        """Raw samples of a group of batches: per batch, per sample (bytes, start, stop, shard,
-        local index) or an exception when the read failed and on_error is skip."""
+    def _read_group(self, batches: Sequence[np.ndarray]) -> list[_RawBatch]:
+        """Read the samples of a group of batches (coalesced ranges, one buffer when all reads
+        succeed; with on_error=skip a failed range leaves its exception in place of bytes)."""
         ids = np.concatenate(batches) if len(batches) > 1 else batches[0]
         shard_idx, local = plan.shard_of(ids, self.config.counts)
         starts = np.empty(len(ids), dtype=np.int64)
@@ -139,56 +240,189 @@ class ShardStreamDataset(IterableDataset):
             stops[mask] = offsets[local[mask] + 1]
         runs, run_of = _coalesce(shard_idx, starts, stops)
         requests = [(self.shards[r.shard], r.start, r.stop) for r in runs]
+        run_start = np.array([r.start for r in runs], dtype=np.int64)
+        buf: np.ndarray | None = None
         try:
-            datas: list[Any] = self.store.read_ranges(requests)
+            joined, run_pos = self.store.read_joined(requests)
+            buf = np.frombuffer(joined, dtype=np.uint8)
+            data: list[Any] = [joined] * len(ids)
+            base = (run_start - np.asarray(run_pos, dtype=np.int64))[run_of]
         except (WdsLoaderError, OSError):
             if self.on_error == "raise":
                 raise
-            datas = []
+            datas: list[Any] = []
             for req in requests:
                 try:
                     datas.extend(self.store.read_ranges([req]))
                 except (WdsLoaderError, OSError) as exc:
                     log.warning("skipping unreadable range: %s", exc)
                     datas.append(exc)
-        out: list[list[Any]] = []
+            data = [datas[r] for r in run_of]
+            base = run_start[run_of]
+        rel_start, rel_stop = starts - base, stops - base
+        out: list[_RawBatch] = []
         pos = 0
         for batch in batches:
-            items = []
-            for j in range(pos, pos + len(batch)):
-                run = runs[run_of[j]]
-                items.append(
-                    (datas[run_of[j]], starts[j] - run.start, stops[j] - run.start, run, local[j])
+            sl = slice(pos, pos + len(batch))
+            out.append(
+                _RawBatch(
+                    buf, data[sl], rel_start[sl], rel_stop[sl], base[sl], shard_idx[sl], local[sl]
                 )
-            out.append(items)
+            )
             pos += len(batch)
         return out
 
-    def _decode_batch(self, raw_samples: list[Any], worker: int) -> Any:
+    # -- decoding ------------------------------------------------------------------------------
+    def _make_batch(
+        self, raw: _RawBatch, worker: int, epoch: int, forced: int | None, count: bool = True
+    ) -> Any:
+        """Decode and collate one batch (None when every sample was skipped)."""
+        columns = None
+        if self._tables and raw.buf is not None:
+            try:
+                columns = self._gather_columns(raw, epoch, forced)
+            except _Fallback:
+                columns = None
+        if columns is not None:
+            n = len(raw.start)
+            if count:
+                self.control.add(worker, "samples", n)
+                self.control.add(worker, "batches")
+                self.control.add(worker, "gathered_batches")
+            return _collate_columns(self.collate_fn, columns, n)
+        samples = self._decode_samples(raw, worker, epoch, forced, count)
+        if count:
+            self.control.add(worker, "samples", len(samples))
+            self.control.add(worker, "skipped_batches" if not samples else "batches")
+        return self.collate_fn(samples) if samples else None
+
+    def _variants(self, keys: Sequence[str], epoch: int, forced: int | None) -> np.ndarray:
+        assert self.curriculum is not None
+        if forced is not None:
+            return np.full(len(keys), forced, dtype=np.int64)
+        seed = self.curriculum.seed if self.curriculum.seed is not None else self.config.seed
+        return self.curriculum.draw(keys, epoch, seed)
+
+    def _gather_columns(
+        self, raw: _RawBatch, epoch: int, forced: int | None
+    ) -> dict[str, Any] | None:
+        """The batch as columns (``field -> (n, ...) array or list``), fixed-size fields gathered
+        for all samples at once. Raises :class:`_Fallback` when that is not possible."""
+        buf = raw.buf
+        assert buf is not None
+        keys = sample_keys(buf, raw.start)
+        if keys is None:
+            raise _Fallback
+        others = self._decode_others(raw, keys) if self._others else {}
+        columns: dict[str, Any] = {"__key__": keys}
+        for name in self.fields or ():
+            if name in others:
+                columns[name] = others[name]
+            else:
+                columns[name] = self._gather(name, buf, raw.start, raw.shard)
+        if self.curriculum is not None:
+            variants = self._variants(keys, epoch, forced)
+            assert self._zero is not None
+            out = np.zeros((len(keys), *self._zero.shape), dtype=self._zero.dtype)
+            for j in range(len(self.curriculum.names)):
+                name = self.curriculum.field_of(j)
+                mask = variants == j
+                if name is None or not mask.any():
+                    continue
+                out[mask] = self._gather(name, buf, raw.start[mask], raw.shard[mask])
+            columns[self.curriculum.output] = out
+            if self.curriculum.index_output:
+                columns[self.curriculum.index_output] = variants
+        return columns
+
+    def _gather(self, name: str, buf: np.ndarray, starts: np.ndarray, shards: np.ndarray) -> Any:
+        table = self._tables.get(name)
+        if table is None:
+            raise _Fallback
+        positions = table.positions(starts, shards)
+        values = None if positions is None else table.gather(buf, positions)
+        if values is None:
+            raise _Fallback
+        return values
+
+    def _decode_others(self, raw: _RawBatch, keys: list[str]) -> dict[str, list[Any]]:
+        """Decode the fields that are not gathered, parsing only the variable members."""
+        lists: list[list[Any]] = [[] for _ in self._others]
+        parse_from = self._parse_from[raw.shard]
+        joined = raw.data[0]
+        for j, key in enumerate(keys):
+            start, stop = int(raw.start[j]), int(raw.stop[j])
+            source = self.store.url(self.shards[raw.shard[j]])
+            try:
+                got, members = parse_sample(
+                    joined,
+                    start + int(parse_from[j]),
+                    stop,
+                    base_offset=int(raw.base[j]),
+                    source=source,
+                )
+                if got != key:
+                    raise _Fallback
+                for out, field in zip(lists, self._others, strict=True):
+                    out.append(self.decoder.decode_field(members, key, source, field))
+            except WdsLoaderError:
+                raise _Fallback from None
+        return dict(zip(self._others, lists, strict=True))
+
+    def _decode_samples(
+        self, raw: _RawBatch, worker: int, epoch: int, forced: int | None, count: bool
+    ) -> list[dict[str, Any]]:
+        """Parse and decode each sample on its own (any tar flavour; errors name the sample)."""
         samples: list[dict[str, Any]] = []
-        for data, start, stop, run, local_index in raw_samples:
-            shard = self.shards[run.shard]
+        keys: list[str] = []
+        for j in range(len(raw.start)):
+            data = raw.data[j]
+            shard = self.shards[raw.shard[j]]
             source = self.store.url(shard)
+            local_index = int(raw.local[j])
             try:
                 if isinstance(data, Exception):
                     raise data
-                key, raw = parse_sample(
-                    data, int(start), int(stop), base_offset=run.start, source=source
+                key, members = parse_sample(
+                    data,
+                    int(raw.start[j]),
+                    int(raw.stop[j]),
+                    base_offset=int(raw.base[j]),
+                    source=source,
                 )
-                sample = self.decoder(raw, key, source)
+                sample = self.decoder(members, key, source)
+                if self.curriculum is not None:
+                    variant = int(self._variants([key], epoch, forced)[0])
+                    name = self.curriculum.field_of(variant)
+                    value = (
+                        self._zero.copy()  # type: ignore[union-attr]
+                        if name is None
+                        else self.decoder.decode_field(members, key, source, name)
+                    )
+                    sample[self.curriculum.output] = value
+                    if self.curriculum.index_output:
+                        sample[self.curriculum.index_output] = np.int64(variant)
             except WdsLoaderError as exc:
                 if self.on_error == "raise":
                     raise type(exc)(f"{exc} (sample #{local_index} of {source})") from exc
                 log.warning("skipping sample #%d of %s: %s", local_index, source, exc)
-                self.control.add(worker, "skipped_samples")
+                if count:
+                    self.control.add(worker, "skipped_samples")
                 continue
             samples.append(sample)
-        self.control.add(worker, "samples", len(samples))
-        if not samples:
-            self.control.add(worker, "skipped_batches")
-            return None
-        self.control.add(worker, "batches")
-        return self.collate_fn(samples)
+            keys.append(key)
+        return samples
+
+
+def _collate_columns(collate_fn: Callable[..., Any], columns: dict[str, Any], n: int) -> Any:
+    """Collate a batch held as columns: by the collator's column method when it has one,
+    otherwise one dict per sample (rows of the gathered arrays are views)."""
+    by_columns = getattr(collate_fn, "collate_columns", None)
+    if by_columns is not None:
+        return by_columns(columns)
+    names = list(columns)
+    cols = [columns[k] for k in names]
+    return collate_fn([dict(zip(names, row, strict=True)) for row in zip(*cols, strict=True)])
 
 
 def _coalesce(

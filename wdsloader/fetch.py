@@ -238,6 +238,28 @@ class ShardStore:
         self._count("bytes_read", sum(len(b) for b in out))
         return out
 
+    def read_joined(self, requests: Sequence[Request]) -> tuple[bytes | np.ndarray, list[int]]:
+        """The ranges of :meth:`read_ranges` back to back in one buffer, and where each starts.
+
+        Local files (and cached copies) are read straight into the buffer (no second copy).
+        """
+        reqs = [(shard, int(start), int(stop)) for shard, start, stop in requests]
+        positions, total = [], 0
+        for shard, start, stop in reqs:
+            if start < 0 or stop < start:
+                raise ValueError(f"{self.url(shard)}: invalid byte range [{start}, {stop})")
+            positions.append(total)
+            total += stop - start
+        self._ensure_process()
+        if not (self.is_local or self._cache is not None):
+            parts = self.read_ranges(reqs)
+            return (parts[0] if len(parts) == 1 else b"".join(parts)), positions
+        buf = np.empty(total, dtype=np.uint8)  # not zero-filled: every byte is read into
+        with self._lock:
+            self._read_files(reqs, memoryview(buf), positions)
+        self._count("bytes_read", total)
+        return buf, positions
+
     def _read_remote(self, reqs: list[Request]) -> list[bytes]:
         fs = self._filesystem()
         if self.options.verify_checksum:
@@ -268,8 +290,14 @@ class ShardStore:
                 out[i] = buf if whole else bytes(view[start - seg_start : stop - seg_start])
         return out
 
-    def _read_files(self, reqs: list[Request]) -> list[bytes]:
-        """Preads from local files: the shards of a local root, or their cached copies."""
+    def _read_files(
+        self,
+        reqs: list[Request],
+        sink: memoryview | None = None,
+        positions: Sequence[int] = (),
+    ) -> list[bytes]:
+        """Preads from local files: the shards of a local root, or their cached copies (into
+        ``sink`` at ``positions`` when given; then nothing is returned)."""
         shards = _unique_shards(reqs)
         if self._cache is None:  # a local root
             paths = {rel: join(self._local_base, rel) for rel in shards}
@@ -279,6 +307,11 @@ class ShardStore:
         for rel, shard in shards.items():
             self._verify_once(shard, paths[rel])
         pinned = set(paths.values())
+        if sink is not None:
+            for (shard, start, stop), pos in zip(reqs, positions, strict=True):
+                fd = self._fd(shard, paths[shard.path], pinned)
+                self._pread_into(fd, sink[pos : pos + stop - start], start, self.url(shard))
+            return []
         return [
             self._pread(self._fd(shard, paths[shard.path], pinned), start, stop, self.url(shard))
             for shard, start, stop in reqs
@@ -310,6 +343,15 @@ class ShardStore:
                 raise _truncated(url, start + len(data))
             data += more
         return data
+
+    def _pread_into(self, fd: int, out: memoryview, start: int, url: str) -> None:
+        self._count("requests")
+        done = 0
+        while done < len(out):
+            n = os.preadv(fd, [out[done:]], start + done)
+            if not n:
+                raise _truncated(url, start + done)
+            done += n
 
     def _download_into(self, files: list[tuple[ShardInfo, int]]) -> None:
         """Write the whole of each shard into its descriptor, in parallel ranges."""

@@ -5,8 +5,8 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
-from collections.abc import Callable, Iterator, Sequence
-from typing import Any
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch.utils.data import DataLoader
@@ -18,6 +18,9 @@ from wdsloader.decode import SampleDecoder
 from wdsloader.fetch import ReadOptions, ShardStore
 from wdsloader.format import Manifest
 from wdsloader.state import check_state, make_state, resume_from_dict
+
+if TYPE_CHECKING:
+    from wdsloader.curriculum import Curriculum
 
 log = logging.getLogger(__name__)
 
@@ -119,6 +122,28 @@ def set_epoch(loader: WdsDataLoader, epoch: int) -> None:
     ds.set_epoch(epoch)
 
 
+def _resolve_curriculum(
+    curriculum: Curriculum | Mapping[str, Any] | bool | None, manifest: Manifest
+) -> Curriculum | None:
+    """The curriculum in force: the argument, else the manifest's default."""
+    from wdsloader.curriculum import Curriculum
+
+    if curriculum is False:
+        return None
+    if curriculum is None or curriculum is True:
+        stored = manifest.loader_defaults.get("curriculum")
+        if stored is None:
+            if curriculum is True:
+                raise ValueError("curriculum=True but the manifest stores no curriculum")
+            return None
+        return Curriculum.from_dict(stored)
+    if isinstance(curriculum, Curriculum):
+        return curriculum
+    if isinstance(curriculum, Mapping):
+        return Curriculum.from_dict(curriculum)
+    raise TypeError(f"curriculum must be a Curriculum, a dict, a bool or None, got {curriculum!r}")
+
+
 def _rank_and_world(distributed: bool, rank: int | None, world_size: int | None) -> tuple[int, int]:
     if distributed:
         import torch.distributed as dist
@@ -176,6 +201,8 @@ def create_loader(
     world_size: int | None = None,
     read_options: ReadOptions | None = None,
     multiprocessing_context: Any = None,
+    curriculum: Curriculum | Mapping[str, Any] | bool | None = None,
+    gather: bool = True,
 ) -> WdsDataLoader:
     """A DataLoader over ``split`` of the dataset at ``dataset_dir`` (a path or fsspec URL).
 
@@ -190,6 +217,11 @@ def create_loader(
     name of a registered collator (default: the manifest's ``loader_defaults["collate"]`` or
     ``"default"``). ``distributed=True`` takes rank and world size from ``torch.distributed``;
     ``rank``/``world_size`` set them explicitly. ``pin_memory`` takes effect only with CUDA.
+
+    ``curriculum`` (a :class:`~wdsloader.curriculum.Curriculum` or its dict) replaces the stored
+    variant fields by one output field drawn per sample and epoch; None uses the manifest's
+    default (``loader_defaults["curriculum"]``), False none. ``gather=False`` turns off the
+    whole-batch read of fixed-size fields (every sample is then parsed on its own).
     """
     if batch_size < 1:
         raise ValueError(f"batch_size must be >= 1, got {batch_size}")
@@ -226,16 +258,30 @@ def create_loader(
     )
     collate_name = collate_fn if collate_fn is not None else manifest.loader_defaults.get("collate")
     collate = collate_name if callable(collate_name) else get_collator(collate_name)
+    curr = _resolve_curriculum(curriculum, manifest)
+    if isinstance(fields, str):
+        raise TypeError(f"fields must be a sequence of field names, not the string {fields!r}")
+    plain = None if fields is None else list(fields)
+    if curr is not None:
+        outputs = {curr.output, curr.index_output} - {None}
+        if plain is None:
+            plain = [f for f in manifest.schema if f not in curr.fields]
+        elif curr.output in plain:
+            plain = [f for f in plain if f not in outputs]
+        else:
+            curr = None  # the caller did not ask for the curriculum output
     dataset = ShardStreamDataset(
         manifest=manifest,
         split=split,
         store=store,
         config=config,
         rank=r,
-        decoder=SampleDecoder(manifest.schema or None, fields, allow_pickle=allow_pickle),
+        decoder=SampleDecoder(manifest.schema or None, plain, allow_pickle=allow_pickle),
         collate_fn=collate,
         on_error=on_error,
         readahead_batches=max(1, window // batch_size),
+        curriculum=curr,
+        gather=gather,
     )
     dataset.set_epoch(epoch)
     kwargs: dict[str, Any] = {

@@ -55,16 +55,37 @@ _HEADER_TEMPLATE[337:345] = _octal(0, 8)
 _TEMPLATE_SUM = sum(_HEADER_TEMPLATE) + 8 * 32  # checksum field counts as spaces
 
 
-def encode_header(name: str, size: int) -> bytes:
-    """A ustar header for a regular file ``name`` of ``size`` bytes."""
+def member_name_bytes(name: str) -> bytes:
+    """``name`` as UTF-8, or a ValueError unless it is 1 to 100 bytes long."""
     raw = name.encode("utf-8")
     if not raw or len(raw) > MAX_NAME_BYTES:
         raise ValueError(f"tar member name must be 1..{MAX_NAME_BYTES} bytes, got {name!r}")
+    return raw
+
+
+def header_template(name: bytes, size: int) -> tuple[bytearray, int]:
+    """A ustar header for the raw ``name`` and ``size`` with its checksum field left to fill,
+    and the checksum of that header.
+
+    ``name`` may hold NUL bytes as placeholders (they add nothing to the checksum): writing
+    bytes over them later adds their sum to the checksum. :class:`TarStreamWriter` uses this to
+    build one template per sample shape and drop each key in.
+    """
     header = bytearray(_HEADER_TEMPLATE)
-    header[0 : len(raw)] = raw
+    header[0 : len(name)] = name
     header[124:136] = _octal(size, 12)
-    checksum = _TEMPLATE_SUM + sum(raw) + sum(header[124:136])
-    header[148:156] = b"%06o\0 " % checksum
+    return header, _TEMPLATE_SUM + sum(name) + sum(header[124:136])
+
+
+def set_checksum(header: bytearray, checksum: int, at: int = 0) -> None:
+    """Fill the checksum field of the header starting at ``header[at]``."""
+    header[at + 148 : at + 156] = b"%06o\0 " % checksum
+
+
+def encode_header(name: str, size: int) -> bytes:
+    """A ustar header for a regular file ``name`` of ``size`` bytes."""
+    header, checksum = header_template(member_name_bytes(name), size)
+    set_checksum(header, checksum)
     return bytes(header)
 
 

@@ -4,13 +4,57 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import BinaryIO
 
 from wdsloader.format.index import encode_index
 from wdsloader.format.keys import validate_key
-from wdsloader.format.tar import BLOCK, END_OF_ARCHIVE, encode_header, member_size, padded
+from wdsloader.format.tar import (
+    BLOCK,
+    END_OF_ARCHIVE,
+    member_name_bytes,
+    header_template,
+    padded,
+    set_checksum,
+)
 
-_ZEROS = bytes(BLOCK)
+_FRAME_CACHE_MAX = 256  # sample shapes kept per writer (one is the common case)
+
+Shape = tuple[object, ...]  # (key length, (ext, size), (ext, size), ...)
+
+
+@dataclass(slots=True, frozen=True)
+class _Frame:
+    """The bytes of every sample of one shape (key length, member extensions and sizes), keys
+    and data left blank, and where they go.
+
+    ``slots`` has one ``(header_offset, checksum_without_key, data_start, data_end)`` per member:
+    a sample is the template with the key written at each header offset, each checksum plus the
+    key's byte sum filled in, and each member's data copied to its span.
+    """
+
+    template: bytes
+    slots: tuple[tuple[int, int, int, int], ...]
+    layout: dict[str, list[int]]
+
+
+def _build_frame(key: str, members: Sequence[tuple[str, bytes]]) -> _Frame:
+    keylen = len(key.encode("utf-8"))
+    blank = bytes(keylen)
+    parts: list[bytes] = []
+    slots: list[tuple[int, int, int, int]] = []
+    layout: dict[str, list[int]] = {}
+    pos = 0
+    for ext, data in members:
+        size = len(data)
+        name = blank + member_name_bytes(f"{key}.{ext}")[keylen:]  # validates the real name's length
+        header, checksum = header_template(name, size)
+        parts.append(header)
+        slots.append((pos, checksum, pos + BLOCK, pos + BLOCK + size))
+        layout[ext] = [pos + BLOCK, size]
+        parts.append(bytes(padded(size)))
+        pos += BLOCK + padded(size)
+    return _Frame(b"".join(parts), tuple(slots), layout)
 
 
 class TarStreamWriter:
@@ -20,6 +64,9 @@ class TarStreamWriter:
     caller fixes the member order (the same in every sample). ``layout`` holds, for every
     extension whose data sits at the same offset from the sample start with the same size in
     every sample so far, ``[offset, size]``.
+
+    A sample costs one copy into a per-shape template (headers built once per shape), one
+    ``write`` and one hash update.
     """
 
     def __init__(self, fileobj: BinaryIO) -> None:
@@ -29,6 +76,8 @@ class TarStreamWriter:
         self.offsets: list[int] = []
         self.layout: dict[str, list[int]] | None = None
         self.closed = False
+        self._frames: dict[Shape, _Frame] = {}
+        self._last_frame: _Frame | None = None
 
     @property
     def num_samples(self) -> int:
@@ -36,33 +85,45 @@ class TarStreamWriter:
 
     def projected_size(self, members: Sequence[tuple[str, bytes]]) -> int:
         """File size after adding this sample and closing."""
-        return self.offset + sum(member_size(len(d)) for _, d in members) + len(END_OF_ARCHIVE)
+        # a member takes its 512-byte header plus its data padded to 512 bytes
+        blocks = sum([(len(data) + 2 * BLOCK - 1) // BLOCK for _, data in members])
+        return self.offset + blocks * BLOCK + len(END_OF_ARCHIVE)
 
-    def _write(self, data: bytes) -> None:
+    def _write(self, data: bytes | bytearray) -> None:
         self._f.write(data)
         self._sha.update(data)
         self.offset += len(data)
+
+    def _frame(self, key: str, raw_key: bytes, members: Sequence[tuple[str, bytes]]) -> _Frame:
+        shape: Shape = (len(raw_key), *[(ext, len(data)) for ext, data in members])
+        frame = self._frames.get(shape)
+        if frame is None:
+            if len(self._frames) >= _FRAME_CACHE_MAX:
+                self._frames.clear()
+            frame = self._frames[shape] = _build_frame(key, members)
+        return frame
 
     def write_sample(self, key: str, members: Sequence[tuple[str, bytes]]) -> None:
         validate_key(key)
         if not members:
             raise ValueError(f"sample {key!r} has no fields")
-        parts: list[bytes] = []
-        layout: dict[str, list[int]] = {}
-        pos = 0
-        for ext, data in members:
-            size = len(data)
-            parts.append(encode_header(f"{key}.{ext}", size))
-            layout[ext] = [pos + BLOCK, size]
-            parts.append(data)
-            pad = padded(size) - size
-            if pad:
-                parts.append(_ZEROS[:pad])
-            pos += BLOCK + size + pad
+        raw_key = key.encode("utf-8")
+        frame = self._frame(key, raw_key, members)
+        buf = bytearray(frame.template)
+        keylen, keysum = len(raw_key), sum(raw_key)
+        for (at, checksum, start, end), (_, data) in zip(frame.slots, members, strict=True):
+            buf[at : at + keylen] = raw_key
+            set_checksum(buf, checksum + keysum, at)
+            buf[start:end] = data
         self.offsets.append(self.offset)
-        self._write(b"".join(parts))
+        self._write(buf)
+        if frame is not self._last_frame:
+            self._last_frame = frame
+            self._merge_layout(frame.layout)
+
+    def _merge_layout(self, layout: dict[str, list[int]]) -> None:
         if self.layout is None:
-            self.layout = layout
+            self.layout = {ext: list(span) for ext, span in layout.items()}
         else:
             self.layout = {k: v for k, v in self.layout.items() if layout.get(k) == v}
 

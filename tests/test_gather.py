@@ -1,0 +1,171 @@
+"""The whole-batch read of fixed-size fields gives exactly what parsing every sample gives, and
+falls back to that parse whenever the shard layout cannot be trusted."""
+
+from __future__ import annotations
+
+import io
+import tarfile
+
+import numpy as np
+import pytest
+import torch
+
+from build_shards import build_shards
+from tests.dataset_factory import write_dataset
+from wdsloader import create_loader
+from wdsloader.errors import DecodeError
+from wdsloader.format import BLOCK, Manifest
+from wdsloader.gather import gather_rows, prefix_end, sample_keys
+
+COUNTS = [37, 50, 13]
+
+
+@pytest.fixture(scope="module")
+def ds(tmp_path_factory):
+    root = tmp_path_factory.mktemp("gather") / "ds"
+    write_dataset(str(root), {"train": COUNTS})
+    return str(root)
+
+
+def passes(loader):
+    return [b for b in loader]
+
+
+def assert_same(a, b):
+    assert len(a) == len(b)
+    for x, y in zip(a, b, strict=True):
+        assert list(x) == list(y)  # same fields, same order
+        for name in x:
+            if isinstance(x[name], torch.Tensor):
+                assert x[name].dtype == y[name].dtype and torch.equal(x[name], y[name]), name
+            else:
+                assert x[name] == y[name], name
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        {},
+        {"fields": ["vec"]},
+        {"fields": ["meta", "vec"]},
+        {"drop_last": False, "batch_size": 16},  # padding repeats samples
+        {"num_workers": 2},
+    ],
+)
+def test_gathered_batches_equal_parsed_batches(ds, kwargs):
+    opts = {"batch_size": 8, "seed": 3, **kwargs}
+    fast = create_loader(ds, "train", **opts)
+    slow = create_loader(ds, "train", gather=False, **opts)
+    a, b = passes(fast), passes(slow)
+    assert_same(a, b)
+    assert fast.stats["gathered_batches"] == len(a) and slow.stats["gathered_batches"] == 0
+
+
+def test_a_custom_collator_gets_one_dict_per_sample(ds):
+    seen = []
+
+    def collate(samples):
+        seen.append(samples)
+        return len(samples)
+
+    loader = create_loader(ds, "train", batch_size=10, collate_fn=collate, shuffle=False)
+    assert passes(loader)[0] == 10
+    first = seen[0][0]
+    assert first["__key__"] == "train0000000" and first["meta"] == {"i": 0, "shard": 0}
+    assert np.array_equal(first["vec"], np.arange(4, dtype=np.float32))
+    assert loader.stats["gathered_batches"] > 0
+
+
+def test_builder_output_is_gathered(tmp_path):
+    rng = np.random.default_rng(0)
+    rows = [
+        {
+            "__key__": f"s{i:05d}",
+            "emb": rng.normal(size=8).astype(np.float32),
+            "neg": rng.normal(size=(2, 8)).astype(np.float32),
+            "label": i % 3,
+            "text": "x" * (i % 7),
+        }
+        for i in range(120)
+    ]
+    build_shards(rows, str(tmp_path / "b"), shard_max_count=50)
+    fast = create_loader(str(tmp_path / "b"), "train", batch_size=16, drop_last=False)
+    slow = create_loader(str(tmp_path / "b"), "train", batch_size=16, drop_last=False, gather=False)
+    assert_same(passes(fast), passes(slow))
+    assert fast.stats["gathered_batches"] > 0
+
+
+def test_a_stale_layout_falls_back_and_the_parse_names_the_sample(tmp_path):
+    root = tmp_path / "ds"
+    write_dataset(str(root), {"train": [20]})
+    # break the .npy header of one sample in place (same size): the batch is parsed instead
+    m = Manifest.load(str(root))
+    shard = m.split("train").shards[0]
+    offset, _ = shard.layout["vec.npy"]
+    path = root / shard.path
+    data = bytearray(path.read_bytes())
+    idx = np.fromfile(str(root / shard.idx_path), dtype="<u8")
+    at = int(idx[5]) + offset
+    assert data[at : at + 6] == b"\x93NUMPY"
+    data[at + 1 : at + 6] = b"NOPE!"
+    path.write_bytes(bytes(data))
+    loader = create_loader(str(root), "train", batch_size=20, shuffle=False, check_shards=False)
+    with pytest.raises(DecodeError, match=r"train0000005.*'vec'"):
+        passes(loader)
+    skipping = create_loader(
+        str(root), "train", batch_size=20, shuffle=False, check_shards=False, on_error="skip"
+    )
+    (batch,) = passes(skipping)
+    assert len(batch["__key__"]) == 19 and "train0000005" not in batch["__key__"]
+    assert skipping.stats["gathered_batches"] == 0
+
+
+def test_shards_without_layout_are_parsed(ds, tmp_path):
+    m = Manifest.load(ds)
+    for shard in m.split("train").shards:
+        shard.layout = None
+    copy = tmp_path / "nolayout"
+    copy.mkdir()
+    import shutil
+
+    shutil.copytree(ds, copy, dirs_exist_ok=True)
+    m.save(str(copy))
+    a = passes(create_loader(str(copy), "train", batch_size=8, seed=1))
+    b = passes(create_loader(ds, "train", batch_size=8, seed=1))
+    assert_same(a, b)
+
+
+# -- the pure functions ----------------------------------------------------------------------
+
+
+def test_prefix_end_walks_the_constant_members():
+    # header 512 + 128 bytes data -> next header at 1024; then 512 + 10 -> 1024 + 1024
+    layout = {"a.npy": [512, 128], "b.cls": [1536, 10]}
+    assert prefix_end(layout) == 2048
+    # a member after a variable one is not part of the prefix
+    assert prefix_end({"a.npy": [512, 128], "z.npy": [9000, 4]}) == 1024
+    assert prefix_end(None) == 0 and prefix_end({}) == 0
+
+
+def test_gather_rows_refuses_rows_past_the_buffer():
+    buf = np.arange(100, dtype=np.uint8)
+    assert gather_rows(buf, np.array([0, 50]), 10).tolist()[1] == list(range(50, 60))
+    assert gather_rows(buf, np.array([95]), 10) is None
+
+
+def test_sample_keys_only_for_plain_headers():
+    out = io.BytesIO()
+    with tarfile.open(fileobj=out, mode="w", format=tarfile.USTAR_FORMAT) as tar:
+        for name in ("abc.txt", "dir/def.txt"):
+            info = tarfile.TarInfo(name)
+            info.size = 1
+            tar.addfile(info, io.BytesIO(b"x"))
+    buf = np.frombuffer(out.getvalue(), dtype=np.uint8)
+    assert sample_keys(buf, np.array([0])) == ["abc"]
+    assert sample_keys(buf, np.array([0, 2 * BLOCK])) is None  # a directory part: parse instead
+    pax = io.BytesIO()
+    with tarfile.open(fileobj=pax, mode="w", format=tarfile.PAX_FORMAT) as tar:
+        info = tarfile.TarInfo("k" * 120 + ".txt")
+        info.size = 1
+        tar.addfile(info, io.BytesIO(b"x"))
+    assert sample_keys(np.frombuffer(pax.getvalue(), dtype=np.uint8), np.array([0])) is None

@@ -56,6 +56,7 @@ def build_shards(
     overwrite: bool = False,
     storage_options: dict[str, Any] | None = None,
     loader_defaults: Mapping[str, Any] | None = None,
+    curriculum: Any = None,
     progress: Progress = False,
 ) -> Manifest:
     """Write ``source`` as WebDataset tar shards with ``.tar.idx`` files and ``manifest.json``.
@@ -87,6 +88,10 @@ def build_shards(
     dataset is refused unless ``overwrite`` (which also restarts an unfinished build). A user
     error (BuildError, SchemaError) removes what the unfinished build wrote.
 
+    ``curriculum`` (a :class:`wdsloader.Curriculum` or its dict) is stored as the loader's
+    default (``loader_defaults["curriculum"]``) after checking its variant fields against the
+    schema (ValueError before anything is written).
+
     ``progress``: True for a tqdm bar, or a callable ``(items_done, items_total_or_0)``.
     """
     _check_options(shard_max_count, shard_max_bytes, block_size, workers, key_field)
@@ -117,6 +122,9 @@ def build_shards(
     full_schema, all_dims = build_schema(key, sample, schema, dims)
     encoder = SampleEncoder(full_schema, all_dims, allow_nan=allow_nan)
     encoder.encode(key, sample)  # the first sample must pass its own schema (NaN, ranges)
+    defaults = dict(loader_defaults or {})
+    if curriculum is not None:
+        defaults["curriculum"] = _curriculum_dict(curriculum, full_schema, all_dims)
 
     options = {
         "format_version": FORMAT_VERSION,
@@ -156,7 +164,7 @@ def build_shards(
             log.warning("%d samples hold NaN or Inf values (allow_nan=True)", total_nan)
         manifest.schema = dict(full_schema)
         manifest.dims = dict(all_dims)
-        manifest.loader_defaults = dict(loader_defaults or {})
+        manifest.loader_defaults = defaults
         manifest.build = {
             "builder": "build_shards",
             "seed": seed,
@@ -189,6 +197,20 @@ def build_shards(
 # ------------------------------------------------------------------------------------------------
 # Steps
 # ------------------------------------------------------------------------------------------------
+
+
+def _curriculum_dict(
+    curriculum: Any, schema: Mapping[str, FieldSpec], dims: Mapping[str, int]
+) -> dict[str, Any]:
+    """The curriculum as stored in the manifest, checked against the dataset's schema."""
+    from wdsloader.curriculum import Curriculum
+
+    if isinstance(curriculum, Mapping):
+        curriculum = Curriculum.from_dict(curriculum)
+    if not isinstance(curriculum, Curriculum):
+        raise TypeError(f"curriculum must be a wdsloader.Curriculum or a dict, got {curriculum!r}")
+    curriculum.output_specs(schema, dims)
+    return curriculum.to_dict()
 
 
 def _check_options(

@@ -224,3 +224,34 @@ def test_frequencies_follow_the_schedule_over_20000_samples(tmp_path):
         assert sum(counts.values()) == 20000
         freq = np.array([counts[v] / 20000 for v in range(4)])
         assert np.abs(freq - CURR.probabilities(epoch)).max() < 0.02, (epoch, freq)
+
+
+def test_build_shards_stores_the_curriculum_as_the_default(tmp_path):
+    from build_shards import build_shards
+
+    rows = [
+        {
+            "__key__": f"q{i:04d}",
+            "q": np.full(D, i, np.float32),
+            "steer_a": variant_value(i, 1),
+            "steer_b": variant_value(i, 2),
+            "steer_c": variant_value(i, 3),
+            "i": i,
+        }
+        for i in range(40)
+    ]
+    out = build_shards(rows, str(tmp_path / "built"), curriculum=CURR, shard_max_count=16)
+    assert out.loader_defaults["curriculum"] == CURR.to_dict()
+    assert Manifest.load(str(tmp_path / "built")).loader_defaults["curriculum"]["seed"] == 7
+    samples = {}
+    for b in create_loader(str(tmp_path / "built"), "train", batch_size=8, drop_last=False):
+        for key, v, row, i in zip(
+            b["__key__"], b["steering_variant"], b["steering"], b["i"], strict=True
+        ):
+            samples[key] = (int(v), row.clone(), int(i))
+    assert len(samples) == 40
+    check_consistent(samples)
+    wrong = Curriculum({"zero": None, "a": "steer_a", "x": "missing_field"})
+    with pytest.raises(ValueError, match="missing_field"):
+        build_shards(rows, str(tmp_path / "wrong"), curriculum=wrong)
+    assert not (tmp_path / "wrong" / "manifest.json").exists()

@@ -384,11 +384,11 @@ def test_deep_finds_nan_and_out_of_range_values_in_place(built):
     )
     assert (
         f"{rel5}: sample 's0007', field 'label', rule range: outside [0, 4]: min offending "
-        "value 9, max 9" in lines
+        "value 9, max offending value 9" in lines
     )
     assert (
         f"{rel6}: sample 's0020', field 'score', rule range: outside [0, 1]: min offending value "
-        "7.5, max 7.5" in lines
+        "7.5, max offending value 7.5" in lines
     )
     assert sum("rule sha256" in line for line in lines) == len({rel, rel5, rel6})
     assert len(lines) == 3 + len({rel, rel5, rel6})

@@ -204,6 +204,10 @@ def _list_out_of_range(values: Sequence[Any], low: float, high: float) -> dict[i
     return out
 
 
+def _range_text(low: float, high: float, lo: Any, hi: Any) -> str:
+    return f"outside [{low}, {high}]: min offending value {lo}, max offending value {hi}"
+
+
 def _keys_text(keys: Sequence[str]) -> str:
     if not keys:
         return "(none named)"
@@ -335,23 +339,12 @@ def validate_batch(
             bad = _out_of_range(value, low, high)
             if bad is not None:
                 rows = _rows_of(bad)
-                lo, hi = _min_max(value, bad)
-                raise b.error(
-                    name,
-                    "range",
-                    f"{len(rows)} sample(s) outside [{low}, {high}]: min offending value {lo}, "
-                    f"max offending value {hi}",
-                    rows,
-                )
+                text = _range_text(low, high, *_min_max(value, bad))
+                raise b.error(name, "range", f"{len(rows)} sample(s) {text}", rows)
         elif isinstance(value, list | tuple) and (found := _list_out_of_range(value, low, high)):
-            offending = [v for vals in found.values() for v in vals]
-            raise b.error(
-                name,
-                "range",
-                f"{len(found)} sample(s) outside [{low}, {high}]: min offending value "
-                f"{min(offending)}, max offending value {max(offending)}",
-                sorted(found),
-            )
+            vals = [v for row_vals in found.values() for v in row_vals]
+            text = _range_text(low, high, min(vals), max(vals))
+            raise b.error(name, "range", f"{len(found)} sample(s) {text}", sorted(found))
     return True
 
 
@@ -399,11 +392,7 @@ def validate_first_batch(loader: Any) -> bool:
 
 
 # -- datasets -----------------------------------------------------------------------------------
-def _line(rel: str, rule: str, detail: str, key: str | None = None, fld: str | None = None) -> str:
-    where = [f"sample {key!r}"] if key is not None else []
-    where += [f"field {fld!r}"] if fld is not None else []
-    where.append(f"rule {rule}")
-    return f"{rel}: {', '.join(where)}: {detail}"
+Detail = str | Callable[[int], str]  # a problem's wording, or row -> wording
 
 
 class _DatasetChecker:
@@ -412,44 +401,68 @@ class _DatasetChecker:
     def __init__(
         self, manifest: Manifest, fs: Any, base: str, store: ShardStore, report: ValidationReport
     ) -> None:
-        self.manifest = manifest
         self.schema = manifest.schema
-        self.fs = fs
-        self.base = base
-        self.store = store
-        self.report = report
+        self.fs, self.base, self.store, self.report = fs, base, store, report
         self.decoder = SampleDecoder(manifest.schema or None)
         self.exts = {spec.ext.lower() for spec in manifest.schema.values()}
         self.bound = {d: (int(n), MANIFEST_DIMS) for d, n in manifest.dims.items()}
+        self.rel = ""  # the shard being checked
         self._listings: dict[str, dict[str, int | None] | None] = {}
         self._counts: dict[tuple[str | None, str], int] = {}
 
-    def add(self, line: str) -> None:
-        self.report.problems.append(line)
+    def add(
+        self, rule: str, detail: str, key: str | None = None, fld: str | None = None, rel: str = ""
+    ) -> None:
+        """A problem line: ``REL: sample KEY, field FIELD, rule RULE: DETAIL``."""
+        where = [f"sample {key!r}"] if key is not None else []
+        where += [f"field {fld!r}"] if fld is not None else []
+        self.report.problems.append(
+            f"{rel or self.rel}: {', '.join([*where, f'rule {rule}'])}: {detail}"
+        )
+
+    def note(
+        self,
+        rule: str,
+        detail: Detail,
+        key: str | None = None,
+        fld: str | None = None,
+        row: int = -1,
+    ) -> None:
+        """A per-sample problem; past MAX_LINES_PER_RULE per shard, field and rule, only counted
+        (a callable ``detail`` is called only for the lines kept)."""
+        n = self._counts[(fld, rule)] = self._counts.get((fld, rule), 0) + 1
+        if n <= MAX_LINES_PER_RULE:
+            self.add(rule, detail(row) if callable(detail) else detail, key, fld)
+
+    def note_rows(
+        self, rule: str, fld: str, keys: Sequence[str], rows: Iterable[int], detail: Detail
+    ) -> None:
+        for row in rows:
+            self.note(rule, detail, keys[int(row)], fld, int(row))
 
     # -- files ----------------------------------------------------------------------------------
-    def _listing(self, folder: str) -> dict[str, int | None] | None:
-        """``{basename: size}`` of a folder's files, or None when it cannot be listed."""
+    def _size(self, rel: str) -> tuple[bool, int | None]:
+        """``(exists, size or None when unknown)`` of a file, from one listing per folder (files
+        a listing does not show are probed one by one)."""
+        folder, name = posixpath.split(rel)
         if folder not in self._listings:
             path = join(self.base, folder) if folder else self.base
             try:
                 self.fs.invalidate_cache(path)
                 entries = self.fs.ls(path, detail=True)
-            except Exception as exc:  # a listing only saves requests; files are then probed
+            except Exception as exc:  # a listing only saves requests
                 log.debug("%s: no listing (%r); probing files one by one", path, exc)
-                self._listings[folder] = None
-            else:
-                self._listings[folder] = {
+                entries = None
+            self._listings[folder] = (
+                None
+                if entries is None
+                else {
                     posixpath.basename(str(e["name"]).rstrip("/")): e.get("size")
                     for e in entries
                     if e.get("type", "file") == "file"
                 }
-        return self._listings[folder]
-
-    def _size(self, rel: str) -> tuple[bool, int | None]:
-        """``(exists, size or None when unknown)`` of a file under the root."""
-        listing = self._listing(posixpath.dirname(rel))
-        name = posixpath.basename(rel)
+            )
+        listing = self._listings[folder]
         if listing is not None and name in listing:
             size = listing[name]
         else:
@@ -468,127 +481,99 @@ class _DatasetChecker:
 
     # -- one shard ------------------------------------------------------------------------------
     def check_shard(self, shard: ShardInfo, deep: bool, bar: Any) -> None:
-        rel = shard.path
-        start = len(self.report.problems)
+        self.rel = shard.path
         done = 0
         try:
-            exists, size = self._size(rel)
+            exists, size = self._size(shard.path)
             if not exists:
-                self.add(_line(rel, "missing", "shard file not found"))
+                self.add("missing", "shard file not found")
             elif size is not None and size != shard.num_bytes:
                 self.add(
-                    _line(
-                        rel,
-                        "size",
-                        f"file has {size} bytes, the manifest says {shard.num_bytes} "
-                        "(truncated or changed after the build)",
-                    )
+                    "size",
+                    f"file has {size} bytes, the manifest says {shard.num_bytes} (truncated or "
+                    "changed after the build)",
                 )
             offsets = self._check_index(shard)
             if exists and (size is None or size == shard.num_bytes):
-                if shard.sha256:
-                    digest = self._sha256(rel)
-                    if digest != shard.sha256:
-                        self.add(
-                            _line(
-                                rel,
-                                "sha256",
-                                f"file hashes to {digest}, the manifest says {shard.sha256} "
-                                "(corrupt or changed after the build)",
-                            )
-                        )
-                else:
-                    log.warning("%s: no sha256 in the manifest, checksum not verified", rel)
+                if not shard.sha256:
+                    log.warning("%s: no sha256 in the manifest, checksum not verified", self.rel)
+                elif (digest := self._sha256(shard.path)) != shard.sha256:
+                    self.add(
+                        "sha256",
+                        f"file hashes to {digest}, the manifest says {shard.sha256} (corrupt or "
+                        "changed after the build)",
+                    )
             if deep and exists and offsets is not None:
                 done = self._check_samples(shard, offsets, size, bar)
         except (WdsLoaderError, OSError, ValueError) as exc:
-            self.add(_line(rel, "read", f"{type(exc).__name__}: {exc}"))
+            self.add("read", f"{type(exc).__name__}: {exc}")
         self.report.shards_checked += 1
-        if deep:
-            self.report.samples_checked += done
-            bar.update(shard.num_samples - done)
-        else:
-            self.report.samples_checked += shard.num_samples
-            bar.update(1)
+        self.report.samples_checked += done if deep else shard.num_samples
+        bar.update(shard.num_samples - done if deep else 1)
         for (fld, rule), n in sorted(self._counts.items(), key=str):
             if n > MAX_LINES_PER_RULE:
-                more = n - MAX_LINES_PER_RULE
-                self.add(_line(rel, rule, f"{more} more sample(s) with this problem", fld=fld))
+                self.add(
+                    rule, f"{n - MAX_LINES_PER_RULE} more sample(s) with this problem", fld=fld
+                )
         self._counts.clear()
-        if len(self.report.problems) > start:
-            log.info("%s: %d problem(s)", rel, len(self.report.problems) - start)
 
     def _check_index(self, shard: ShardInfo) -> np.ndarray | None:
         """The shard's sample offsets when its index is sound, else None (problems added)."""
-        rel, n = shard.idx_path, shard.num_samples
+        rel, n, size = shard.idx_path, shard.num_samples, shard.num_bytes
         try:
             data = self.fs.cat_file(join(self.base, rel))
         except FileNotFoundError:
-            self.add(_line(rel, "index", f"index file not found (shard {shard.path})"))
+            self.add("index", f"index file not found (shard {shard.path})", rel=rel)
             return None
-        expected = (n + 1) * 8
-        if len(data) != expected:
-            self.add(
-                _line(
-                    rel,
-                    "index",
-                    f"index has {len(data)} bytes, expected {expected} "
-                    f"({n} samples + 1 end offset)",
-                )
+        if len(data) != (n + 1) * 8:
+            detail = (
+                f"index has {len(data)} bytes, expected {(n + 1) * 8} ({n} samples + 1 end offset)"
             )
+            self.add("index", detail, rel=rel)
             return None
         raw = np.frombuffer(data, dtype=INDEX_DTYPE)
-        offsets = raw.astype(np.int64)
         problems = []
-        if raw[0] > shard.num_bytes:
-            problems.append(f"first offset {raw[0]} lies past the shard's {shard.num_bytes} bytes")
-        unaligned = np.flatnonzero(raw % BLOCK)
-        if unaligned.size:
+        if raw[0] > size:
+            problems.append(f"first offset {raw[0]} lies past the shard's {size} bytes")
+        if (unaligned := np.flatnonzero(raw % BLOCK)).size:
             i = int(unaligned[0])
             problems.append(
                 f"offset #{i} ({raw[i]}) is not on a {BLOCK}-byte tar block boundary "
                 f"({unaligned.size} such)"
             )
-        steps = np.flatnonzero(raw[1:] <= raw[:-1])
-        if steps.size:
+        if (steps := np.flatnonzero(raw[1:] <= raw[:-1])).size:
             i = int(steps[0])
             problems.append(
                 f"offsets are not strictly increasing: #{i} is {raw[i]}, #{i + 1} is {raw[i + 1]}"
             )
-        if raw[-1] > shard.num_bytes:
-            problems.append(
-                f"end offset {raw[-1]} lies past the end of the shard's {shard.num_bytes} bytes"
-            )
+        if raw[-1] > size:
+            problems.append(f"end offset {raw[-1]} lies past the end of the shard's {size} bytes")
         for p in problems:
-            self.add(_line(rel, "index", p))
-        return None if problems else offsets
+            self.add("index", p, rel=rel)
+        return None if problems else raw.astype(np.int64)
 
     # -- samples (deep) -------------------------------------------------------------------------
     def _check_samples(
         self, shard: ShardInfo, offsets: np.ndarray, size: int | None, bar: Any
     ) -> int:
         """Read, parse, decode and check every sample of a shard; the number read."""
-        rel, n = shard.path, shard.num_samples
+        n = shard.num_samples
         limit = shard.num_bytes if size is None else min(size, shard.num_bytes)
         readable = int(np.searchsorted(offsets[1:], limit, side="right"))
         if readable < n:
             self.add(
-                _line(
-                    rel,
-                    "truncated",
-                    f"samples #{readable}..#{n - 1} end past the file's {limit} bytes; not read",
-                )
+                "truncated",
+                f"samples #{readable}..#{n - 1} end past the file's {limit} bytes; not read",
             )
         seen: set[str] = set()
         i = 0
         while i < readable:
-            j = min(readable, i + CHUNK_SAMPLES)
             by_bytes = int(np.searchsorted(offsets, offsets[i] + CHUNK_BYTES, side="right")) - 1
-            j = max(i + 1, min(j, by_bytes))
+            j = max(i + 1, min(readable, i + CHUNK_SAMPLES, by_bytes))
             try:
                 (data,) = self.store.read_ranges([(shard, int(offsets[i]), int(offsets[j]))])
             except (WdsLoaderError, OSError) as exc:
-                self.add(_line(rel, "read", f"samples #{i}..#{j - 1} unreadable: {exc}"))
+                self.add("read", f"samples #{i}..#{j - 1} unreadable: {exc}")
             else:
                 self._check_chunk(shard, data, offsets[i : j + 1], i, seen)
             bar.update(j - i)
@@ -599,95 +584,49 @@ class _DatasetChecker:
         self, shard: ShardInfo, data: bytes, offsets: np.ndarray, first: int, seen: set[str]
     ) -> None:
         """Check the samples of one chunk read from a shard (``offsets`` relative to the file)."""
-        rel = shard.path
-        base = int(offsets[0])
+        rel, base, view = self.rel, int(offsets[0]), memoryview(data)
         keys: list[str] = []
         values: dict[str, list[tuple[int, Any]]] = {}
-        layout = shard.layout or {}
-        view = memoryview(data)
         for k in range(len(offsets) - 1):
             start, stop = int(offsets[k]) - base, int(offsets[k + 1]) - base
             try:
                 key, raw = parse_sample(data, start, stop, base_offset=base, source=rel)
             except WdsLoaderError as exc:
-                detail = str(exc).removeprefix(f"{rel} ")
-                self._note(rel, "parse", f"sample #{first + k}: {detail}")
+                self.note("parse", f"sample #{first + k}: {str(exc).removeprefix(rel + ' ')}")
                 continue
             if key in seen:
-                self._note(rel, "duplicate key", "an earlier sample has this key", key)
+                self.note("duplicate key", "an earlier sample has this key", key)
             seen.add(key)
-            row = len(keys)
             keys.append(key)
-            if self.schema:
-                extra = sorted(set(raw) - self.exts)
-                if extra:
-                    self._note(rel, "members", f"members not in the schema: {extra}", key)
-            for ext, (off, length) in layout.items():
+            if self.schema and (extra := sorted(set(raw) - self.exts)):
+                self.note("members", f"members not in the schema: {extra}", key)
+            for ext, (off, length) in (shard.layout or {}).items():
                 member = raw.get(ext)
                 if member is not None and member != view[start + off : start + off + length]:
-                    self._note(
-                        rel,
-                        "layout",
-                        f"member {ext!r} is not at offset {off} with {length} bytes as the "
-                        "manifest's layout says",
-                        key,
-                    )
+                    where = f"at offset {off} with {length} bytes"
+                    self.note("layout", f"member {ext!r} is not {where} as the layout says", key)
             if not self.schema:
                 try:
                     self.decoder(raw, key, rel)
                 except WdsLoaderError as exc:
-                    self._note(rel, "decode", str(exc).removeprefix(f"{rel}: "), key)
+                    self.note("decode", str(exc).removeprefix(f"{rel}: "), key)
                 continue
             for fld in self.schema:
                 try:
                     value = self.decoder.decode_field(raw, key, rel, fld)
                 except WdsLoaderError as exc:
                     detail = str(exc).removeprefix(f"{rel}: sample {key!r}, field {fld!r} ")
-                    self._note(rel, "decode", detail, key, fld)
+                    self.note("decode", detail, key, fld)
                     continue
-                values.setdefault(fld, []).append((row, value))
+                values.setdefault(fld, []).append((len(keys) - 1, value))
         for fld, items in values.items():
-            self._check_values(rel, fld, self.schema[fld], keys, items)
-
-    def _emit(
-        self,
-        rel: str,
-        fld: str,
-        rule: str,
-        keys: Sequence[str],
-        rows: Iterable[int],
-        detail: str | Callable[[int], str],
-    ) -> None:
-        """One line per offending sample (``detail`` a string or ``row -> str``)."""
-        for row in rows:
-            self._note(rel, rule, detail, keys[int(row)], fld, int(row))
-
-    def _note(
-        self,
-        rel: str,
-        rule: str,
-        detail: str | Callable[[int], str],
-        key: str | None = None,
-        fld: str | None = None,
-        row: int = -1,
-    ) -> None:
-        """A per-sample problem line; past MAX_LINES_PER_RULE per shard, field and rule, only
-        counted (``detail`` is only worded for the lines kept)."""
-        n = self._counts.get((fld, rule), 0)
-        self._counts[(fld, rule)] = n + 1
-        if n < MAX_LINES_PER_RULE:
-            text = detail(row) if callable(detail) else detail
-            self.add(_line(rel, rule, text, key, fld))
+            self._check_values(fld, self.schema[fld], keys, items)
 
     def _check_values(
-        self,
-        rel: str,
-        fld: str,
-        spec: FieldSpec,
-        keys: Sequence[str],
-        items: list[tuple[int, Any]],
+        self, fld: str, spec: FieldSpec, keys: Sequence[str], items: list[tuple[int, Any]]
     ) -> None:
-        """dtype, shape (symbolic dims), finiteness and range of one field's decoded values."""
+        """dtype, shape (symbolic dims), finiteness and range of one field's decoded values;
+        arrays are checked per group of equal dtype and shape."""
         kind, _ = _kind(spec.encoding, spec.dtype)
         arrays: dict[tuple[str, tuple[int, ...]], list[tuple[int, np.ndarray]]] = {}
         numbers: list[tuple[int, Any]] = []
@@ -699,85 +638,62 @@ class _DatasetChecker:
                 numbers.append((row, value))
             else:
                 others.append((row, value))
-        tail = _expected_tail(spec)
+        tail = _expected_tail(spec) if spec.encoding == "npy" else None
         for (dtype_str, shape), group in arrays.items():
             rows = [r for r, _ in group]
             dtype = np.dtype(dtype_str)
             if kind == _TENSOR and spec.encoding == "npy" and dtype != np.dtype(spec.dtype):
-                self._emit(
-                    rel, fld, "dtype", keys, rows, f"dtype {dtype}, schema says {spec.dtype}"
-                )
+                self.note_rows("dtype", fld, keys, rows, f"dtype {dtype}, schema says {spec.dtype}")
                 continue
-            if spec.encoding == "npy" and tail is not None:
-                label = f"field {fld!r} of sample {keys[rows[0]]!r} in {rel}"
-                problem = _shape_problem(tail, shape, self.bound, label)
-                if problem is not None:
-                    self._emit(rel, fld, "shape", keys, rows, problem)
+            if tail is not None:
+                label = f"field {fld!r} of sample {keys[rows[0]]!r} in {self.rel}"
+                if (problem := _shape_problem(tail, shape, self.bound, label)) is not None:
+                    self.note_rows("shape", fld, keys, rows, problem)
                     continue
             if dtype.kind in "biufc":
-                stacked = torch.from_numpy(np.stack([v for _, v in group]))
-                self._check_numeric(rel, fld, spec, keys, rows, stacked)
+                x = torch.from_numpy(np.stack([v for _, v in group]))
+                self._check_numeric(fld, spec, keys, rows, x)
         if numbers:
-            rows = [r for r, _ in numbers]
             try:
                 x = torch.from_numpy(np.asarray([v for _, v in numbers]))
-            except TypeError:  # ints beyond int64: a decode problem reported elsewhere
-                x = None
-            if x is not None:
-                self._check_numeric(rel, fld, spec, keys, rows, x)
+            except TypeError:  # ints beyond int64 (the decoder casts declared int dtypes)
+                pass
+            else:
+                self._check_numeric(fld, spec, keys, [r for r, _ in numbers], x)
         if others and spec.range is not None:
             low, high = spec.range
             found = _list_out_of_range([v for _, v in others], low, high)
             by_row = {others[i][0]: vals for i, vals in found.items()}
-            self._emit(
-                rel,
-                fld,
+            self.note_rows(
                 "range",
+                fld,
                 keys,
-                list(by_row),
-                lambda row: (
-                    f"outside [{low}, {high}]: min offending value {min(by_row[row])}, "
-                    f"max {max(by_row[row])}"
-                ),
+                by_row,
+                lambda r: _range_text(low, high, min(by_row[r]), max(by_row[r])),
             )
 
     def _check_numeric(
-        self,
-        rel: str,
-        fld: str,
-        spec: FieldSpec,
-        keys: Sequence[str],
-        rows: Sequence[int],
-        x: torch.Tensor,
+        self, fld: str, spec: FieldSpec, keys: Sequence[str], rows: list[int], x: torch.Tensor
     ) -> None:
         """Finiteness and range of stacked values ``x`` (row i is sample ``rows[i]``)."""
-        bad = _nonfinite(x)
-        if bad is not None:
-            hit = _rows_of(bad)
-            self._emit(
-                rel,
-                fld,
-                "finite",
-                keys,
-                [rows[i] for i in hit],
-                lambda row: (
-                    f"NaN/Inf, first offending value "
-                    f"{_first_value(x[rows.index(row)], bad[rows.index(row)])}"
-                ),
-            )
-        if spec.range is None:
-            return
-        low, high = spec.range
-        bad = _out_of_range(x, low, high)
-        if bad is not None:
-            hit = _rows_of(bad)
+        if (bad := _nonfinite(x)) is not None:
+            hit = [rows[i] for i in _rows_of(bad)]
 
-            def detail(row: int) -> str:
+            def nonfinite(row: int) -> str:
                 i = rows.index(row)
-                lo, hi = _min_max(x[i], bad[i])
-                return f"outside [{low}, {high}]: min offending value {lo}, max {hi}"
+                return f"NaN/Inf, first offending value {_first_value(x[i], bad[i])}"
 
-            self._emit(rel, fld, "range", keys, [rows[i] for i in hit], detail)
+            self.note_rows("finite", fld, keys, hit, nonfinite)
+        if spec.range is not None:
+            low, high = spec.range
+            if (out := _out_of_range(x, low, high)) is not None:
+                hit = [rows[i] for i in _rows_of(out)]
+
+                def outside(row: int) -> str:
+                    i = rows.index(row)
+                    return _range_text(low, high, *_min_max(x[i], out[i]))
+
+                self.note_rows("range", fld, keys, hit, outside)
 
 
 def validate_dataset(

@@ -17,7 +17,7 @@ from wdsloader.decode import SampleDecoder, parse_sample
 from wdsloader.errors import WdsLoaderError
 from wdsloader.fetch import ShardStore
 from wdsloader.format import FieldSpec, Manifest, ShardInfo
-from wdsloader.gather import field_tables, prefix_end, resolve_shape, sample_keys
+from wdsloader.gather import field_tables, prefix_end, resolve_shape, sample_keys, walk_members
 from wdsloader.state import resume_from_dict, resume_to_dict
 
 if TYPE_CHECKING:
@@ -346,7 +346,30 @@ class ShardStreamDataset(IterableDataset):
         return values
 
     def _decode_others(self, raw: _RawBatch, keys: list[str]) -> dict[str, list[Any]]:
-        """Decode the fields that are not gathered, parsing only the variable members."""
+        """Decode the fields that are not gathered: their members are found for the whole batch
+        at once (parsing only the headers after the constant-offset prefix), else per sample."""
+        assert raw.buf is not None
+        members = walk_members(raw.buf, raw.start + self._parse_from[raw.shard], raw.stop, keys)
+        if members is None:
+            return self._parse_others(raw, keys)
+        view = memoryview(raw.buf)  # type: ignore[arg-type]
+        out: dict[str, list[Any]] = {}
+        for field in self._others:
+            ext, fn = self.decoder.field_decoder(field)
+            found = members.get(ext)
+            if found is None:
+                raise _Fallback
+            try:
+                out[field] = [
+                    fn(view[p : p + n])
+                    for p, n in zip(found[0].tolist(), found[1].tolist(), strict=True)
+                ]
+            except Exception:  # the per-sample path words the error
+                raise _Fallback from None
+        return out
+
+    def _parse_others(self, raw: _RawBatch, keys: list[str]) -> dict[str, list[Any]]:
+        """:meth:`_decode_others` one sample at a time."""
         lists: list[list[Any]] = [[] for _ in self._others]
         parse_from = self._parse_from[raw.shard]
         joined = raw.data[0]

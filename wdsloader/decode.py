@@ -273,8 +273,12 @@ def decode_npz(buf: Buffer) -> dict[str, np.ndarray]:
 
 
 def decode_json(buf: Buffer) -> Any:
-    """A JSON member (``json.loads``)."""
-    return json.loads(bytes(buf))
+    """A JSON member (``json.loads``; UTF-8, or UTF-16/32 as JSON allows)."""
+    try:
+        text = str(buf, "utf-8")
+    except UnicodeDecodeError:
+        return json.loads(bytes(buf))
+    return json.loads(text)
 
 
 def decode_text(buf: Buffer) -> str:
@@ -574,6 +578,18 @@ class SampleDecoder:
         except Exception as exc:
             raise self._error(exc, raw, key, source, field, ext) from exc
         return out
+
+    def field_decoder(self, field: str) -> tuple[str, Callable[[Any], Any]]:
+        """``(member extension, decode function)`` of schema field ``field``, the function
+        including the schema checks (errors are not put in context: see :meth:`decode_field`)."""
+        if self.schema is None or field not in self.schema:
+            raise ValueError(
+                f"unknown field {field!r}; the schema has: {sorted(self.schema or {})}"
+            )
+        _, ext, fn, post = self._schema_step(field)
+        if post is None:
+            return ext, fn
+        return ext, lambda buf: post(fn(buf))
 
     def decode_field(self, raw: Mapping[str, Any], key: str, source: str, field: str) -> Any:
         """Decode one field of a sample (for callers that pick fields per sample)."""

@@ -73,6 +73,82 @@ def sample_keys(buf: np.ndarray, starts: np.ndarray) -> list[str] | None:
     ]
 
 
+_SIZE = slice(124, 136)
+_OCTAL = 8 ** np.arange(10, -1, -1, dtype=np.int64)
+MAX_MEMBERS = 64
+
+
+def member_sizes(headers: np.ndarray) -> np.ndarray | None:
+    """The size fields of ``(n, 512)`` tar headers, when all are 11 octal digits and a NUL or
+    space (what our writer and GNU tar write); else None."""
+    field = headers[:, _SIZE]
+    digits = field[:, :11].astype(np.int64) - 48
+    if ((digits < 0) | (digits > 7)).any() or not (
+        (field[:, 11] == 0) | (field[:, 11] == 32)
+    ).all():
+        return None
+    return digits @ _OCTAL
+
+
+def walk_members(
+    buf: np.ndarray, starts: np.ndarray, stops: np.ndarray, keys: Sequence[str]
+) -> dict[str, tuple[np.ndarray, np.ndarray]] | None:
+    """The members lying in ``buf[starts[j]:stops[j]]`` for every sample ``j`` at once:
+    ``{ext: (data positions, sizes)}``.
+
+    Every sample must hold the same extensions in the same order, in plain ustar headers named
+    ``KEY.EXT`` with the sample's own key; otherwise None (the caller parses sample by sample).
+    """
+    out: dict[str, tuple[np.ndarray, np.ndarray]] = {}
+    pos = np.asarray(starts, dtype=np.int64).copy()
+    encoded = [k.encode("utf-8", "surrogateescape") + b"." for k in keys]
+    for _ in range(MAX_MEMBERS):
+        active = pos < stops
+        if not active.any():
+            return out
+        if not active.all():
+            return None  # samples with different numbers of members
+        headers = gather_rows(buf, pos, BLOCK)
+        if headers is None:
+            return None
+        flags = headers[:, _TYPEFLAG]
+        if not ((flags == 0x30) | (flags == 0) | (flags == 0x37)).all():
+            return None
+        if (headers[:, _PREFIX] != 0).any():
+            return None
+        sizes = member_sizes(headers)
+        if sizes is None:
+            return None
+        ext = _common_ext(headers[:, :_NAME], encoded)
+        if ext is None or ext in out:
+            return None
+        data = pos + BLOCK
+        out[ext] = (data, sizes)
+        pos = data + (sizes + BLOCK - 1) // BLOCK * BLOCK
+        if (pos > stops).any():
+            return None
+    return None
+
+
+def _common_ext(names: np.ndarray, prefixes: Sequence[bytes]) -> str | None:
+    """The extension shared by ``names`` (rows of ustar name fields), each of which must be its
+    sample's ``KEY.`` followed by it; else None."""
+    width = names.shape[1]
+    blob = names.tobytes()
+    first = blob[:width].split(b"\0", 1)[0]
+    if not first.startswith(prefixes[0]):
+        return None
+    ext_bytes = first[len(prefixes[0]) :]
+    if not ext_bytes:
+        return None
+    for i, prefix in enumerate(prefixes):
+        name = prefix + ext_bytes
+        at = i * width
+        if blob[at : at + len(name)] != name or (len(name) < width and blob[at + len(name)]):
+            return None
+    return ext_bytes.decode("utf-8", "surrogateescape").lower()
+
+
 def prefix_end(layout: Mapping[str, Sequence[int]] | None) -> int:
     """Offset of the first member header that follows the members at constant offsets.
 

@@ -42,9 +42,9 @@ _EXPORTS = {
     "PlanConfig": "wdsloader.plan",
     "Resume": "wdsloader.plan",
     "BatchValidationError": "wdsloader.validate",
-    "ValidationReport": "wdsloader.validate",
+    "ValidationReport": "wdsloader.dataset_check",
     "validate_batch": "wdsloader.validate",
-    "validate_dataset": "wdsloader.validate",
+    "validate_dataset": "wdsloader.dataset_check",
     "validate_first_batch": "wdsloader.validate",
 }
 
@@ -102,6 +102,7 @@ if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs
     from wdsloader.collate import get_collator, list_collators, register_collator
     from wdsloader.curriculum import Curriculum, Schedule
     from wdsloader.dataset import ShardStreamDataset
+    from wdsloader.dataset_check import ValidationReport, validate_dataset
     from wdsloader.decode import SampleDecoder, get_decoder, parse_sample, register_decoder
     from wdsloader.errors import (
         DecodeError,
@@ -115,10 +116,4 @@ if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs
     from wdsloader.format import FieldSpec, Manifest, ShardInfo, SplitInfo
     from wdsloader.loader import DevicePrefetcher, WdsDataLoader, create_loader, set_epoch
     from wdsloader.plan import PlanConfig, Resume
-    from wdsloader.validate import (
-        BatchValidationError,
-        ValidationReport,
-        validate_batch,
-        validate_dataset,
-        validate_first_batch,
-    )
+    from wdsloader.validate import BatchValidationError, validate_batch, validate_first_batch

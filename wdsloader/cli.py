@@ -64,7 +64,7 @@ def _head(args: argparse.Namespace) -> int:
 
 
 def _validate(args: argparse.Namespace) -> int:
-    from wdsloader.validate import validate_dataset
+    from wdsloader.dataset_check import validate_dataset
 
     report = validate_dataset(
         args.dataset,

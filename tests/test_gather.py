@@ -202,3 +202,17 @@ def test_walk_members_finds_every_member_of_every_sample():
     buf2, starts2, end2 = _tar([("k1.a", b"x"), ("k1.b", b"y"), ("k2.a", b"z"), ("k2.c", b"w")])
     stops2 = np.array([starts2[1], end2])
     assert walk_members(buf2, np.array(starts2), stops2, ["k1", "k2"]) is None
+
+
+def test_read_buffers_are_reused_only_when_nothing_refers_to_them(ds, monkeypatch):
+    from wdsloader import decode
+
+    loader = create_loader(ds, "train", batch_size=4, shuffle_window=8, drop_last=False)
+    expected = {k: m for b in passes(loader) for k, m in zip(b["__key__"], b["meta"], strict=True)}
+    # a decoder that returns views into the read buffer (no copy): buffers must not be reused
+    monkeypatch.setitem(decode._REGISTRY, "json", lambda buf: buf)
+    viewing = create_loader(ds, "train", batch_size=4, shuffle_window=8, drop_last=False)
+    kept = [(k, m) for b in passes(viewing) for k, m in zip(b["__key__"], b["meta"], strict=True)]
+    import json
+
+    assert {k: json.loads(bytes(m)) for k, m in kept} == expected

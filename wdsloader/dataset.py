@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import sys
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
@@ -51,6 +52,7 @@ class _RawBatch:
     base: np.ndarray
     shard: np.ndarray
     local: np.ndarray
+    owner: np.ndarray | None = None  # the array ``buf`` was read into, when it can be reused
 
 
 class _Fallback(Exception):
@@ -214,21 +216,35 @@ class ShardStreamDataset(IterableDataset):
         # the first batch is read on its own so it arrives quickly; then a window at a time
         group = self.readahead_batches
         groups = [batches[:1]] + [batches[i : i + group] for i in range(1, len(batches), group)]
+        spare: list[np.ndarray] = []  # read buffers nothing refers to any more, for reuse
         with ThreadPoolExecutor(max_workers=1, thread_name_prefix="wdsloader-read") as pool:
             pending: Future = pool.submit(self._read_group, groups[0])
             for g in range(len(groups)):
                 raw_batches = pending.result()
                 if g + 1 < len(groups):
-                    pending = pool.submit(self._read_group, groups[g + 1])
+                    out = spare.pop() if spare else None
+                    pending = pool.submit(self._read_group, groups[g + 1], out)
+                owner = raw_batches[0].owner if raw_batches else None
+                raw = batch = None
                 for raw in raw_batches:
                     batch = self._make_batch(raw, worker, epoch, forced)
                     if batch is not None:
                         yield batch
+                    del batch
+                del raw_batches, raw
+                # reuse the buffer unless a decoded value still refers to it (a custom decoder
+                # may return views): the only references left are ``owner`` and the argument
+                if owner is not None and sys.getrefcount(owner) == 2:
+                    spare.append(owner)
+                owner = None
 
     # -- reading -------------------------------------------------------------------------------
-    def _read_group(self, batches: Sequence[np.ndarray]) -> list[_RawBatch]:
+    def _read_group(
+        self, batches: Sequence[np.ndarray], out: np.ndarray | None = None
+    ) -> list[_RawBatch]:
         """Read the samples of a group of batches (coalesced ranges, one buffer when all reads
-        succeed; with on_error=skip a failed range leaves its exception in place of bytes)."""
+        succeed, reusing ``out`` when it is large enough; with on_error=skip a failed range
+        leaves its exception in place of bytes)."""
         ids = np.concatenate(batches) if len(batches) > 1 else batches[0]
         shard_idx, local = plan.shard_of(ids, self.config.counts)
         starts = np.empty(len(ids), dtype=np.int64)
@@ -242,9 +258,12 @@ class ShardStreamDataset(IterableDataset):
         requests = [(self.shards[r.shard], r.start, r.stop) for r in runs]
         run_start = np.array([r.start for r in runs], dtype=np.int64)
         buf: np.ndarray | None = None
+        owner: np.ndarray | None = None
         try:
-            joined, run_pos = self.store.read_joined(requests)
+            joined, run_pos = self.store.read_joined(requests, out)
             buf = np.frombuffer(joined, dtype=np.uint8)
+            if isinstance(joined, np.ndarray):
+                owner = out if out is not None and joined.base is out else joined
             data: list[Any] = [joined] * len(ids)
             base = (run_start - np.asarray(run_pos, dtype=np.int64))[run_of]
         except (WdsLoaderError, OSError):
@@ -266,7 +285,14 @@ class ShardStreamDataset(IterableDataset):
             sl = slice(pos, pos + len(batch))
             out.append(
                 _RawBatch(
-                    buf, data[sl], rel_start[sl], rel_stop[sl], base[sl], shard_idx[sl], local[sl]
+                    buf,
+                    data[sl],
+                    rel_start[sl],
+                    rel_stop[sl],
+                    base[sl],
+                    shard_idx[sl],
+                    local[sl],
+                    owner,
                 )
             )
             pos += len(batch)

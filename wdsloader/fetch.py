@@ -238,10 +238,13 @@ class ShardStore:
         self._count("bytes_read", sum(len(b) for b in out))
         return out
 
-    def read_joined(self, requests: Sequence[Request]) -> tuple[bytes | np.ndarray, list[int]]:
+    def read_joined(
+        self, requests: Sequence[Request], out: np.ndarray | None = None
+    ) -> tuple[bytes | np.ndarray, list[int]]:
         """The ranges of :meth:`read_ranges` back to back in one buffer, and where each starts.
 
-        Local files (and cached copies) are read straight into the buffer (no second copy).
+        Local files (and cached copies) are read straight into the buffer (no second copy): the
+        start of ``out`` (a uint8 array) when it is large enough, else a new array.
         """
         reqs = [(shard, int(start), int(stop)) for shard, start, stop in requests]
         positions, total = [], 0
@@ -254,7 +257,10 @@ class ShardStore:
         if not (self.is_local or self._cache is not None):
             parts = self.read_ranges(reqs)
             return (parts[0] if len(parts) == 1 else b"".join(parts)), positions
-        buf = np.empty(total, dtype=np.uint8)  # not zero-filled: every byte is read into
+        if out is not None and out.dtype == np.uint8 and out.ndim == 1 and len(out) >= total:
+            buf = out[:total]
+        else:
+            buf = np.empty(total, dtype=np.uint8)  # not zero-filled: every byte is read into
         with self._lock:
             self._read_files(reqs, memoryview(buf), positions)
         self._count("bytes_read", total)

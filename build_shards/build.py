@@ -25,7 +25,7 @@ from build_shards.errors import BuildError
 from build_shards.sources import Source, open_source
 from build_shards.splits import make_splitter
 from build_shards.state import OutputState
-from build_shards.writer import BlockJob, init_worker, prepare, run_block, worker_block
+from build_shards.writer import BlockJob, init_worker, prepare, run_block, spool_items, worker_block
 from wdsloader.errors import WdsLoaderError
 from wdsloader.format import FORMAT_VERSION, FieldSpec, Manifest, ShardInfo, SplitInfo
 from wdsloader.storage import url_to_fs
@@ -343,7 +343,7 @@ def _run_blocks(
         for nxt in itertools.chain(blocks, [None]):
             if nxt is not None:
                 b, start, stop, items = nxt
-                payload = list(items) if items is not None else None
+                payload = spool_items(items, fs, root) if items is not None else None
                 try:
                     inflight[pool.submit(worker_block, b, start, stop, payload)] = b
                 except (pickle.PicklingError, AttributeError, TypeError) as exc:

@@ -28,6 +28,7 @@ from __future__ import annotations
 import dataclasses
 import io
 import json
+import math
 import re
 import sys
 from collections.abc import Callable, Mapping
@@ -42,6 +43,7 @@ IMAGE_FORMATS = {"png": "PNG", "jpg": "JPEG", "jpeg": "JPEG", "webp": "WEBP"}
 _ENC_RE = re.compile(r"^[a-z0-9]+$")
 _SPEC_KEYS = {"ext", "encoding", "dtype", "shape", "range"}
 _HEADER_CACHE_MAX = 256
+_NAMES_CACHE_MAX = 64  # sets of sample names already checked against the schema
 
 Encoder = Callable[[str, Any], tuple[bytes, bool]]
 
@@ -254,6 +256,26 @@ def _nan_error(key: str, field: str) -> SchemaError:
     )
 
 
+def _is_plain(dt: np.dtype) -> bool:
+    """True for dtypes stored as they are: no objects, no void records, not big-endian."""
+    return not dt.hasobject and dt.kind != "V" and dt.byteorder != ">"
+
+
+def all_finite(value: np.ndarray) -> bool:
+    """True when no element of ``value`` is NaN or ±Inf.
+
+    Real float arrays first get one BLAS dot product of the values with themselves: NaN and Inf
+    propagate into it and nothing cancels them (every term is >= 0), so a finite result proves
+    every value finite. A non-finite result (or an overflow of large finite values) falls back to
+    the exact element-wise check.
+    """
+    if value.dtype.kind == "f" and value.dtype.itemsize >= 4:
+        flat = value.reshape(-1)
+        if math.isfinite(flat.dot(flat)):
+            return True
+    return bool(np.isfinite(value).all())
+
+
 def _npy_encoder(field: str, spec: FieldSpec, dims: Mapping[str, int], allow_nan: bool) -> Encoder:
     want_dtype = np.dtype(spec.dtype) if spec.dtype is not None else None
     want_shape = (
@@ -261,9 +283,13 @@ def _npy_encoder(field: str, spec: FieldSpec, dims: Mapping[str, int], allow_nan
         if spec.shape is None
         else tuple(dims[d] if isinstance(d, str) else d for d in spec.shape)
     )
-    headers: dict[tuple[str, tuple[int, ...]], bytes] = {}
+    # ndarrays of the schema's dtype (when stored as it is) skip conversion and dtype checks
+    fast = want_dtype is not None and _is_plain(want_dtype)
+    floats = want_dtype is None or want_dtype.kind in "fc"  # values that may be NaN or Inf
+    headers: dict[Any, bytes] = {}
 
-    def encode(key: str, value: Any) -> tuple[bytes, bool]:
+    def as_array(key: str, value: Any) -> np.ndarray:
+        """``value`` as a little-endian ndarray of the schema's dtype and shape, or SchemaError."""
         if _is_tensor(value):
             value = _tensor_to_numpy(key, field, value)
         elif not isinstance(value, np.ndarray):
@@ -291,18 +317,21 @@ def _npy_encoder(field: str, spec: FieldSpec, dims: Mapping[str, int], allow_nan
                 f"sample {key!r}: field {field!r}: shape {_fmt_shape(value.shape)} differs from "
                 f"the schema's {_fmt_shape(spec.shape or [])} = {_fmt_shape(want_shape)}"
             )
-        nonfinite = False
-        if dt.kind in "fc" and not np.isfinite(value).all():
-            if not allow_nan:
-                raise _nan_error(key, field)
-            nonfinite = True
-        if spec.range is not None and value.size:
-            vals = value[np.isfinite(value)] if nonfinite else value
-            if vals.size:
-                lo, hi = vals.min(), vals.max()
-                if lo < spec.range[0] or hi > spec.range[1]:
-                    raise _range_error(key, field, spec, lo, hi)
-        hkey = (dt.str, value.shape)
+        return value
+
+    def check_range(key: str, value: np.ndarray, nonfinite: bool) -> None:
+        if spec.range is None or not value.size:
+            return
+        vals = value[np.isfinite(value)] if nonfinite else value
+        if vals.size:
+            lo, hi = vals.min(), vals.max()
+            if lo < spec.range[0] or hi > spec.range[1]:
+                raise _range_error(key, field, spec, lo, hi)
+
+    def to_npy(value: np.ndarray) -> bytes:
+        """The ``.npy`` bytes (C order): the header is made once per (dtype, shape)."""
+        # once checked, the dtype is the schema's when it names one
+        hkey = value.shape if want_dtype is not None else (value.dtype.str, value.shape)
         header = headers.get(hkey)
         if header is None:
             buf = io.BytesIO()
@@ -310,8 +339,24 @@ def _npy_encoder(field: str, spec: FieldSpec, dims: Mapping[str, int], allow_nan
             full = buf.getvalue()
             if len(headers) < _HEADER_CACHE_MAX:
                 headers[hkey] = full[: len(full) - value.nbytes]
-            return full, nonfinite
-        return header + value.tobytes(), nonfinite
+            return full
+        if value.flags.c_contiguous:
+            return b"".join((header, value))  # one copy of the data
+        return header + value.tobytes()
+
+    def encode(key: str, value: Any) -> tuple[bytes, bool]:
+        if not (
+            fast
+            and type(value) is np.ndarray
+            and value.dtype == want_dtype
+            and (want_shape is None or value.shape == want_shape)
+        ):
+            value = as_array(key, value)
+        nonfinite = floats and value.dtype.kind in "fc" and not all_finite(value)
+        if nonfinite and not allow_nan:
+            raise _nan_error(key, field)
+        check_range(key, value, nonfinite)
+        return to_npy(value), nonfinite
 
     return encode
 
@@ -347,31 +392,34 @@ def _json_default(value: Any) -> Any:
     raise TypeError(f"{type(value).__qualname__} is not JSON serializable")
 
 
+def _json_text_encoder(allow_nan: bool) -> json.JSONEncoder:
+    """The encoder ``json.dumps(value, ensure_ascii=False, separators=(",", ":"), ...)`` makes,
+    built once (``dumps`` with options builds one per call)."""
+    return json.JSONEncoder(
+        ensure_ascii=False, separators=(",", ":"), allow_nan=allow_nan, default=_json_default
+    )
+
+
 def _json_encoder(field: str, spec: FieldSpec, allow_nan: bool) -> Encoder:
+    strict, lenient = _json_text_encoder(False), _json_text_encoder(True)
+
     def encode(key: str, value: Any) -> tuple[bytes, bool]:
         if isinstance(value, np.generic):
             value = value.item()
         try:
-            text = json.dumps(
-                value,
-                ensure_ascii=False,
-                separators=(",", ":"),
-                allow_nan=False,
-                default=_json_default,
-            )
+            text = strict.encode(value)
             nonfinite = False
         except ValueError as exc:
             if "Out of range float" not in str(exc):
                 raise SchemaError(f"sample {key!r}: field {field!r}: {exc}") from None
             if not allow_nan:
                 raise _nan_error(key, field) from None
-            text = json.dumps(
-                value, ensure_ascii=False, separators=(",", ":"), default=_json_default
-            )
+            text = lenient.encode(value)
             nonfinite = True
         except TypeError as exc:
             raise SchemaError(f"sample {key!r}: field {field!r}: {exc}") from None
-        _check_number_range(key, field, spec, value)
+        if spec.range is not None:
+            _check_number_range(key, field, spec, value)
         return text.encode("utf-8"), nonfinite
 
     return encode
@@ -442,6 +490,7 @@ class SampleEncoder:
             make_encoder(f, self.schema[f], self.dims, self.allow_nan) for f in self.order
         ]
         self._names: dict[str, tuple[str, str | None]] = {}
+        self._orders: dict[tuple[str, ...], tuple[str, ...]] = {}
 
     def __getstate__(self) -> dict[str, Any]:
         return {
@@ -461,11 +510,11 @@ class SampleEncoder:
             got = self._names[name] = parse_name(name)
         return got
 
-    def encode(self, key: str, sample: Mapping[str, Any]) -> tuple[list[tuple[str, bytes]], bool]:
-        """``(members, nonfinite)`` for one sample; ``nonfinite`` is True when a float held NaN
-        or Inf (only possible with ``allow_nan``)."""
-        values: dict[str, Any] = {}
-        for name, value in sample.items():
+    def _check_names(self, key: str, names: tuple[str, ...]) -> tuple[str, ...]:
+        """The sample's names in member order, or SchemaError when they do not fit the schema
+        (an explicit extension other than the schema's, a field twice, missing or extra)."""
+        by_field: dict[str, str] = {}
+        for name in names:
             field, explicit = self._parse(name)
             spec = self.schema.get(field)
             if spec is not None and explicit is not None and explicit != spec.encoding:
@@ -473,20 +522,31 @@ class SampleEncoder:
                     f"sample {key!r}: field {field!r}: stored as .{explicit} here but as "
                     f".{spec.encoding} in the schema"
                 )
-            if field in values:
+            if field in by_field:
                 raise SchemaError(f"sample {key!r}: field {field!r} appears twice")
-            values[field] = value
-        if len(values) != len(self.order) or any(f not in values for f in self.order):
-            missing = sorted(f for f in self.order if f not in values)
-            extra = sorted(f for f in values if f not in self.schema)
+            by_field[field] = name
+        if len(by_field) != len(self.order) or any(f not in by_field for f in self.order):
+            missing = sorted(f for f in self.order if f not in by_field)
+            extra = sorted(f for f in by_field if f not in self.schema)
             raise SchemaError(
                 f"sample {key!r}: fields differ from the schema: missing {missing}, "
                 f"unexpected {extra}"
             )
+        return tuple(by_field[f] for f in self.order)
+
+    def encode(self, key: str, sample: Mapping[str, Any]) -> tuple[list[tuple[str, bytes]], bool]:
+        """``(members, nonfinite)`` for one sample; ``nonfinite`` is True when a float held NaN
+        or Inf (only possible with ``allow_nan``)."""
+        names = tuple(sample)
+        ordered = self._orders.get(names)
+        if ordered is None:  # the names are checked once per set (and order) of names
+            ordered = self._check_names(key, names)
+            if len(self._orders) < _NAMES_CACHE_MAX:
+                self._orders[names] = ordered
         members: list[tuple[str, bytes]] = []
         nonfinite = False
-        for field, ext, enc in zip(self.order, self._exts, self._encoders, strict=True):
-            data, bad = enc(key, values[field])
+        for name, ext, enc in zip(ordered, self._exts, self._encoders, strict=True):
+            data, bad = enc(key, sample[name])
             members.append((ext, data))
             nonfinite = nonfinite or bad
         return members, nonfinite

@@ -4,22 +4,33 @@ A block is a run of consecutive source indices. Each block writes its own shards
 ``{split}/shard-BBBBB-PPP.tar`` (B the block, P the part within the block) plus the ``.tar.idx``
 beside each, bounded by ``shard_max_count`` samples and ``shard_max_bytes`` real file bytes. A
 shard is written under a temporary name (local: in its own folder; remote: in a local temp folder)
-and becomes visible complete: ``os.replace`` locally, one ``put_file`` on object stores. When all
-of a block's shards are written, its record ``_build/block-BBBBB.json`` is written atomically: that
-record is what makes a rerun skip the block.
+and becomes visible complete: ``os.replace`` locally, one ``put_file`` on object stores. That
+commit (fsync, rename or upload, index) runs on a background thread while the next shard is
+encoded. When all of a block's shards are committed, its record ``_build/block-BBBBB.json`` is
+written atomically: that record is what makes a rerun skip the block.
+
+Blocks the parent reads (in-memory and sequential sources) reach worker processes as
+:class:`SpooledItems`: their array fields go through a file the worker maps, not through pickle.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import math
+import mmap
 import os
 import shutil
 import tempfile
 import uuid
-from collections.abc import Callable, Iterable, Mapping
+import weakref
+from collections import deque
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, BinaryIO
+
+import numpy as np
 
 from build_shards.encode import SampleEncoder
 from build_shards.errors import BuildError
@@ -32,6 +43,7 @@ log = logging.getLogger("build_shards")
 BUILD_DIR = "_build"
 TMP_MARK = ".tmp-"
 _CHECK_EVERY = 64  # items between checks of the abort flag and progress reports
+_MAX_UNCOMMITTED = 2  # finished shards waiting for fsync + rename (or upload: local temp space)
 
 
 def shard_name(block: int, part: int) -> str:
@@ -66,7 +78,7 @@ def prepare(job: BlockJob, index: int, raw: Any) -> tuple[str, str, dict[str, An
     sees it under ``key_field`` and may change it; a ``map`` returning None drops the sample.
     """
     sample = job.decoder(raw) if job.decoder is not None else raw
-    if not isinstance(sample, Mapping):
+    if type(sample) is not dict and not isinstance(sample, Mapping):
         raise BuildError(
             f"source item {index} is a {type(sample).__qualname__}, not a dict of fields"
         )
@@ -102,6 +114,42 @@ def prepare(job: BlockJob, index: int, raw: Any) -> tuple[str, str, dict[str, An
     return key, split, sample
 
 
+class Committer:
+    """Makes finished shards durable and visible on one background thread (fsync, close, rename
+    or upload, index), so the next shard is encoded while the disk catches up.
+
+    At most ``_MAX_UNCOMMITTED`` shards wait; :meth:`submit` blocks on the oldest beyond that.
+    A failed commit raises in the thread that calls :meth:`submit` or :meth:`wait`.
+    """
+
+    def __init__(self) -> None:
+        self._pool: ThreadPoolExecutor | None = None
+        self._pending: deque[Future[None]] = deque()
+
+    def submit(self, commit: Callable[[], None]) -> None:
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(1, thread_name_prefix="build-shards-commit")
+        while len(self._pending) >= _MAX_UNCOMMITTED:
+            self._pending.popleft().result()
+        self._pending.append(self._pool.submit(commit))
+
+    def wait(self, *, raise_errors: bool = True) -> None:
+        """Block until every submitted commit is done; re-raise the first failure."""
+        first: BaseException | None = None
+        while self._pending:
+            exc = self._pending.popleft().exception()
+            first = first or exc
+        if first is not None and raise_errors:
+            raise first
+
+    def close(self) -> None:
+        """Wait for the commits (errors ignored: :meth:`wait` reports them) and end the thread."""
+        self.wait(raise_errors=False)
+        if self._pool is not None:
+            self._pool.shutdown(wait=True)
+            self._pool = None
+
+
 class ShardSink:
     """The shards of one (block, split): rolls over at the count and byte bounds."""
 
@@ -115,11 +163,13 @@ class ShardSink:
         max_count: int,
         max_bytes: int,
         tmpdir: str | None,
+        committer: Committer | None = None,
     ) -> None:
         self.fs, self.root, self.split, self.block = fs, root, split, block
         self.max_count, self.max_bytes = max_count, max_bytes
         self.local = is_local(fs)
         self.tmpdir = tmpdir
+        self.committer = committer
         self.infos: list[ShardInfo] = []
         self.written: list[str] = []
         self._file: BinaryIO | None = None
@@ -160,30 +210,19 @@ class ShardSink:
         else:
             assert self.tmpdir is not None
             self._tmp = os.path.join(self.tmpdir, f"{self.split}-{name}")
-        self._file = open(self._tmp, "wb", buffering=1 << 20)  # noqa: SIM115 (closed in _finish)
+        self._file = open(self._tmp, "wb", buffering=1 << 20)  # noqa: SIM115 (closed in _commit)
         self._writer = TarStreamWriter(self._file)
         return self._writer
 
     def _finish(self) -> None:
+        """Close the open shard, record its info, and commit it (in the background when there
+        is a committer)."""
         w, f, tmp = self._writer, self._file, self._tmp
         assert w is not None and f is not None and tmp is not None
         idx, sha = w.close()
         f.flush()
-        if self.local:
-            os.fsync(f.fileno())
-        f.close()
-        self._writer = self._file = None
+        self._writer = self._file = self._tmp = None
         rel = f"{self.split}/{shard_name(self.block, len(self.infos))}"
-        final = join(self.root, rel)
-        if self.local:
-            os.replace(tmp, final)
-        else:
-            self.fs.put_file(tmp, final)
-            os.remove(tmp)
-        self._tmp = None
-        self.written.append(final)
-        write_atomic(self.fs, join(self.root, index_path(rel)), idx)
-        self.written.append(join(self.root, index_path(rel)))
         self.infos.append(
             ShardInfo(
                 path=rel,
@@ -194,15 +233,42 @@ class ShardSink:
                 layout=w.layout,
             )
         )
+        if self.committer is None:
+            self._commit(f, tmp, rel, idx)
+        else:
+            self.committer.submit(lambda: self._commit(f, tmp, rel, idx))
+
+    def _commit(self, f: BinaryIO, tmp: str, rel: str, idx: bytes) -> None:
+        """Make a finished shard durable and visible under its final name, then its index."""
+        final = join(self.root, rel)
+        try:
+            if self.local:
+                os.fsync(f.fileno())
+            f.close()
+            if self.local:
+                os.replace(tmp, final)
+            else:
+                self.fs.put_file(tmp, final)
+                os.remove(tmp)
+        except BaseException:
+            f.close()
+            if os.path.exists(tmp):
+                os.remove(tmp)
+            raise
+        self.written.append(final)
+        write_atomic(self.fs, join(self.root, index_path(rel)), idx)
+        self.written.append(join(self.root, index_path(rel)))
 
     def close(self) -> list[ShardInfo]:
-        """Finish the open shard; the shards written, in order."""
+        """Finish the open shard; the shards written, in order (committed once the committer
+        is waited for)."""
         if self._writer is not None:
             self._finish()
         return self.infos
 
     def discard(self) -> None:
-        """Remove the temporary file and every shard this sink made visible."""
+        """Remove the temporary file and every shard this sink made visible (close the
+        committer first, so that no commit is under way)."""
         if self._file is not None:
             self._file.close()
             self._file = None
@@ -241,6 +307,7 @@ def run_block(
     keys: dict[str, list[str]] = {}
     seen: dict[str, set[str]] = {}
     tmpdir = None if is_local(fs) else tempfile.mkdtemp(prefix="build-shards-")
+    committer = Committer()
     num_items = skipped = nan_samples = 0
     nan_keys: list[str] = []
     pending_items = pending_bytes = 0
@@ -263,6 +330,7 @@ def run_block(
                         max_count=job.shard_max_count,
                         max_bytes=job.shard_max_bytes,
                         tmpdir=tmpdir,
+                        committer=committer,
                     )
                     keys[split], seen[split] = [], set()
                 if key in seen[split]:
@@ -282,6 +350,7 @@ def run_block(
                     report(pending_items, pending_bytes)
                 pending_items = pending_bytes = 0
         shards = {split: [_info_dict(i) for i in sink.close()] for split, sink in sinks.items()}
+        committer.wait()
         record = {
             "block": block,
             "start": start,
@@ -297,10 +366,12 @@ def run_block(
         }
         write_atomic(fs, record_path(root, block), json.dumps(record).encode())
     except BaseException:
+        committer.close()
         for sink in sinks.values():
             sink.discard()
         raise
     finally:
+        committer.close()
         if tmpdir is not None:
             shutil.rmtree(tmpdir, ignore_errors=True)
     if report is not None and (pending_items or pending_bytes):
@@ -323,6 +394,144 @@ def _info_dict(info: ShardInfo) -> dict[str, Any]:
 # Worker processes
 # ------------------------------------------------------------------------------------------------
 
+_SPOOL_ALIGN = 64  # byte alignment of each array column in a spool file
+
+
+@dataclass(frozen=True, slots=True)
+class _Column:
+    """Where one stacked array field lies in a spool file."""
+
+    offset: int
+    dtype: np.dtype[Any]  # the dtype itself: it pickles exactly (byte order, record fields)
+    shape: tuple[int, ...]
+
+
+def _remove_quietly(path: str) -> None:
+    try:
+        os.remove(path)
+    except OSError:
+        pass
+
+
+class SpooledItems:
+    """A block of items the parent read (in-memory or sequential source), for a worker process.
+
+    Pickling dicts of many small numpy arrays through the pool's pipe cost more than building
+    their shards (each array is reduced, copied several times into fresh memory and rebuilt). So
+    when every item of the block is a dict with the same names in the same order, each field
+    whose values are all plain numpy arrays of one dtype and shape is written, one value after
+    the other, to a temporary file; the worker maps that file (copy-on-write) and gets the
+    values back as rows of one array per field. Other fields travel pickled, as lists.
+
+    Iterating gives ``(index, dict)`` pairs equal to the original items. The worker removes the
+    file as soon as it has mapped it; the object the parent made removes it when it is
+    garbage-collected (after the worker ran the block, or when the block was cancelled).
+    """
+
+    def __init__(
+        self,
+        indices: list[int],
+        names: tuple[str, ...],
+        arrays: dict[str, _Column],
+        others: dict[str, list[Any]],
+        path: str,
+    ) -> None:
+        self.indices, self.names, self.path = indices, names, path
+        self.arrays, self.others = arrays, others
+        self._cleanup = weakref.finalize(self, _remove_quietly, path)
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {k: getattr(self, k) for k in ("indices", "names", "arrays", "others", "path")}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)  # no cleanup here: the worker removes the file once mapped
+
+    def __len__(self) -> int:
+        return len(self.indices)
+
+    def _map(self) -> dict[str, np.ndarray]:
+        with open(self.path, "rb") as f:
+            mapped = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_COPY)
+        _remove_quietly(self.path)  # the mapping keeps the data
+        n = len(self.indices)
+        stacked = {}
+        for name, col in self.arrays.items():
+            flat = np.frombuffer(mapped, col.dtype, n * math.prod(col.shape), col.offset)
+            stacked[name] = flat.reshape(n, *col.shape)
+        return stacked
+
+    def __iter__(self) -> Iterator[tuple[int, dict[str, Any]]]:
+        stacked = self._map()
+        names = self.names
+        columns = [stacked[n] if n in stacked else self.others[n] for n in names]
+        for j, index in enumerate(self.indices):
+            yield index, dict(zip(names, [col[j] for col in columns], strict=True))
+
+
+def _is_column(values: list[Any]) -> bool:
+    """True when ``values`` are plain numpy arrays (not 0-d, not object) of one dtype and shape,
+    with data."""
+    first = values[0]
+    if type(first) is not np.ndarray or first.dtype.hasobject or first.ndim == 0:
+        return False
+    dtype, shape = first.dtype, first.shape
+    return first.nbytes > 0 and all(
+        type(v) is np.ndarray and v.dtype == dtype and v.shape == shape for v in values
+    )
+
+
+def _write_columns(f: BinaryIO, columns: dict[str, list[np.ndarray]]) -> dict[str, _Column]:
+    offset = 0
+    placed: dict[str, _Column] = {}
+    for name, values in columns.items():
+        pad = -offset % _SPOOL_ALIGN
+        f.write(bytes(pad))
+        offset += pad
+        first = values[0]
+        placed[name] = _Column(offset, first.dtype, first.shape)
+        for v in values:
+            f.write(v if v.flags.c_contiguous else np.ascontiguousarray(v))
+        offset += first.nbytes * len(values)
+    return placed
+
+
+def spool_items(
+    items: Iterable[tuple[int, Any]], fs: Any = None, root: str | None = None
+) -> list[tuple[int, Any]] | SpooledItems:
+    """A block of items the parent read, made ready to send to a worker process: a
+    :class:`SpooledItems` when its items are dicts of one set of names with array fields, else
+    the ``(index, item)`` list.
+
+    The spool file goes under the output's ``_build/`` when the output (``fs``, ``root``) is
+    local, so whatever a killed build leaves there goes with the rest of its state; else in the
+    system's temporary folder.
+    """
+    pairs = list(items)
+    raws = [raw for _, raw in pairs]
+    if not raws or any(type(raw) is not dict for raw in raws):
+        return pairs
+    names = tuple(raws[0])
+    if any(len(raw) != len(names) or tuple(raw) != names for raw in raws):
+        return pairs
+    by_name = {name: [raw[name] for raw in raws] for name in names}
+    arrays = {name: values for name, values in by_name.items() if _is_column(values)}
+    if not arrays:
+        return pairs
+    folder = None
+    if fs is not None and root is not None and is_local(fs):
+        folder = join(root, BUILD_DIR)
+        os.makedirs(folder, exist_ok=True)
+    fd, path = tempfile.mkstemp(prefix="spool-", dir=folder)
+    try:
+        with open(fd, "wb", buffering=1 << 20) as f:
+            placed = _write_columns(f, arrays)
+    except BaseException:
+        _remove_quietly(path)
+        raise
+    others = {name: values for name, values in by_name.items() if name not in arrays}
+    return SpooledItems([index for index, _ in pairs], names, placed, others, path)
+
+
 _STATE: dict[str, Any] = {}
 
 
@@ -337,9 +546,10 @@ def init_worker(
 
 
 def worker_block(
-    block: int, start: int, stop: int, items: list[tuple[int, Any]] | None
+    block: int, start: int, stop: int, items: Iterable[tuple[int, Any]] | None
 ) -> dict[str, Any]:
-    """Build one block in a worker: read ``[start, stop)`` from the source, or use ``items``."""
+    """Build one block in a worker: read ``[start, stop)`` from the source, or use ``items``
+    (a list or :class:`SpooledItems`)."""
     job: BlockJob = _STATE["job"]
     queue = _STATE["progress"]
     report = None if queue is None else (lambda n, b: queue.put((n, b)))

@@ -68,8 +68,8 @@ def header_template(name: bytes, size: int) -> tuple[bytearray, int]:
     and the checksum of that header.
 
     ``name`` may hold NUL bytes as placeholders (they add nothing to the checksum): writing
-    bytes over them later adds their sum to the checksum. :class:`TarStreamWriter` uses this to
-    build one template per sample shape and drop each key in.
+    bytes over them later adds their sum to the checksum. :class:`TarStreamWriter` builds one
+    template per sample shape this way and drops each key in.
     """
     header = bytearray(_HEADER_TEMPLATE)
     header[0 : len(name)] = name
@@ -77,15 +77,10 @@ def header_template(name: bytes, size: int) -> tuple[bytearray, int]:
     return header, _TEMPLATE_SUM + sum(name) + sum(header[124:136])
 
 
-def set_checksum(header: bytearray, checksum: int, at: int = 0) -> None:
-    """Fill the checksum field of the header starting at ``header[at]``."""
-    header[at + 148 : at + 156] = b"%06o\0 " % checksum
-
-
 def encode_header(name: str, size: int) -> bytes:
     """A ustar header for a regular file ``name`` of ``size`` bytes."""
     header, checksum = header_template(member_name_bytes(name), size)
-    set_checksum(header, checksum)
+    header[148:156] = b"%06o\0 " % checksum
     return bytes(header)
 
 

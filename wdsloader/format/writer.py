@@ -12,10 +12,9 @@ from wdsloader.format.keys import validate_key
 from wdsloader.format.tar import (
     BLOCK,
     END_OF_ARCHIVE,
-    member_name_bytes,
     header_template,
+    member_name_bytes,
     padded,
-    set_checksum,
 )
 
 _FRAME_CACHE_MAX = 256  # sample shapes kept per writer (one is the common case)
@@ -25,36 +24,39 @@ Shape = tuple[object, ...]  # (key length, (ext, size), (ext, size), ...)
 
 @dataclass(slots=True, frozen=True)
 class _Frame:
-    """The bytes of every sample of one shape (key length, member extensions and sizes), keys
-    and data left blank, and where they go.
+    """Every sample of one shape (key length, member extensions and sizes) as a bytes %-format.
 
-    ``slots`` has one ``(header_offset, checksum_without_key, data_start, data_end)`` per member:
-    a sample is the template with the key written at each header offset, each checksum plus the
-    key's byte sum filled in, and each member's data copied to its span.
+    ``fmt`` is the sample's bytes with three holes per member: the key in its header name
+    (``%s``), the header checksum (``%06o``) and the data (``%s``); ``checksums`` are the header
+    checksums without the key's bytes. A sample is then one formatting operation in C.
     """
 
-    template: bytes
-    slots: tuple[tuple[int, int, int, int], ...]
+    fmt: bytes
+    checksums: tuple[int, ...]
     layout: dict[str, list[int]]
+
+
+def _literal(raw: bytes | bytearray) -> bytes:
+    return bytes(raw).replace(b"%", b"%%")
 
 
 def _build_frame(key: str, members: Sequence[tuple[str, bytes]]) -> _Frame:
     keylen = len(key.encode("utf-8"))
     blank = bytes(keylen)
     parts: list[bytes] = []
-    slots: list[tuple[int, int, int, int]] = []
+    checksums: list[int] = []
     layout: dict[str, list[int]] = {}
     pos = 0
     for ext, data in members:
         size = len(data)
-        name = blank + member_name_bytes(f"{key}.{ext}")[keylen:]  # validates the real name's length
+        name = blank + member_name_bytes(f"{key}.{ext}")[keylen:]  # checks the real name's length
         header, checksum = header_template(name, size)
-        parts.append(header)
-        slots.append((pos, checksum, pos + BLOCK, pos + BLOCK + size))
+        parts += (b"%s", _literal(header[keylen:148]), b"%06o\0 ", _literal(header[156:]), b"%s")
+        parts.append(bytes(padded(size) - size))
+        checksums.append(checksum)
         layout[ext] = [pos + BLOCK, size]
-        parts.append(bytes(padded(size)))
         pos += BLOCK + padded(size)
-    return _Frame(b"".join(parts), tuple(slots), layout)
+    return _Frame(b"".join(parts), tuple(checksums), layout)
 
 
 class TarStreamWriter:
@@ -65,8 +67,8 @@ class TarStreamWriter:
     extension whose data sits at the same offset from the sample start with the same size in
     every sample so far, ``[offset, size]``.
 
-    A sample costs one copy into a per-shape template (headers built once per shape), one
-    ``write`` and one hash update.
+    A sample costs one %-formatting of its shape's template (headers are built once per shape),
+    one ``write`` and one hash update.
     """
 
     def __init__(self, fileobj: BinaryIO) -> None:
@@ -109,14 +111,13 @@ class TarStreamWriter:
             raise ValueError(f"sample {key!r} has no fields")
         raw_key = key.encode("utf-8")
         frame = self._frame(key, raw_key, members)
-        buf = bytearray(frame.template)
-        keylen, keysum = len(raw_key), sum(raw_key)
-        for (at, checksum, start, end), (_, data) in zip(frame.slots, members, strict=True):
-            buf[at : at + keylen] = raw_key
-            set_checksum(buf, checksum + keysum, at)
-            buf[start:end] = data
+        keysum = sum(raw_key)
+        args: list[object] = []
+        for checksum, (_, data) in zip(frame.checksums, members, strict=True):
+            args += (raw_key, checksum + keysum, data)
+        sample = frame.fmt % tuple(args)
         self.offsets.append(self.offset)
-        self._write(buf)
+        self._write(sample)
         if frame is not self._last_frame:
             self._last_frame = frame
             self._merge_layout(frame.layout)

@@ -335,7 +335,9 @@ def _npy_encoder(field: str, spec: FieldSpec, dims: Mapping[str, int], allow_nan
         header = headers.get(hkey)
         if header is None:
             buf = io.BytesIO()
-            np.save(buf, np.ascontiguousarray(value), allow_pickle=False)
+            # not np.ascontiguousarray: it turns a 0-d array into shape (1,)
+            contiguous = value if value.flags.c_contiguous else value.copy(order="C")
+            np.save(buf, contiguous, allow_pickle=False)
             full = buf.getvalue()
             if len(headers) < _HEADER_CACHE_MAX:
                 headers[hkey] = full[: len(full) - value.nbytes]

@@ -566,3 +566,20 @@ def test_progress_true_draws_a_tqdm_bar(tmp_path, capsys):
     build_shards(list(gen_samples(50)), tmp_path / "ds", progress=True)
     err = capsys.readouterr().err
     assert "build-shards: 100%" in err and "sample/s" in err and "MB/s" in err
+
+
+def test_zero_dimensional_arrays_keep_their_shape(tmp_path):
+    rows = [{"x": np.array(i + 0.5, np.float32), "y": np.int64(i)} for i in range(6)]
+    m = build_shards(rows, str(tmp_path / "s"))
+    assert m.schema["x"].shape == [] and m.schema["y"].encoding == "cls"
+    import torch
+
+    from wdsloader import create_loader
+
+    for gather in (True, False):
+        loader = create_loader(
+            str(tmp_path / "s"), "train", batch_size=6, shuffle=False, gather=gather
+        )
+        (batch,) = list(loader)
+        assert batch["x"].shape == (6,) and batch["x"].tolist() == [i + 0.5 for i in range(6)]
+        assert batch["y"].dtype == torch.int64 and batch["y"].tolist() == list(range(6))

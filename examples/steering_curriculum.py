@@ -174,7 +174,7 @@ def steering_variants(q: np.ndarray, c: np.ndarray, kw: np.ndarray) -> dict[str,
         "steering_centroid": centroid.astype(np.float32),
         "steering_keyword": keyword.astype(np.float32),
         "steering_residual": (q - c).astype(np.float32),
-        "centroid_distance": 1.0 - cos,
+        "centroid_distance": np.float32(1.0 - cos),
     }
 
 
@@ -193,8 +193,8 @@ def samples(corpus: Corpus):
             "target_source_emb": corpus.sources[s],
             "negative_embs": corpus.sources[corpus.negatives[p]],
             "negative_tiers": corpus.tiers[p],
-            "cluster_id": np.int64(c),
-            "relevance": float(np.clip((1.0 + qv @ sv) / 2.0, 0.0, 1.0)),
+            "cluster_id": np.array(c, dtype=np.int64),
+            "relevance": np.float32(np.clip((1.0 + qv @ sv) / 2.0, 0.0, 1.0)),
             **steer,
         }
 
@@ -202,15 +202,16 @@ def samples(corpus: Corpus):
 def schema(n_clusters: int) -> dict[str, dict]:
     vec = {"encoding": "npy", "dtype": "float32", "shape": ["D"]}
     unit = {**vec, "range": [-1.0, 1.0]}
+    scalar = {"encoding": "npy", "dtype": "float32", "shape": []}
     return {
         "question_emb": unit,
         "target_source_emb": unit,
         "negative_embs": {**unit, "shape": ["N_neg", "D"]},
         "negative_tiers": {"encoding": "npy", "dtype": "int64", "shape": ["N_neg"], "range": [1, 4]},
-        # scalars as .cls/.json: a 0-d npy array is written as shape [1] by build_shards today
-        "cluster_id": {"encoding": "cls", "dtype": "int64", "range": [0, n_clusters - 1]},
-        "relevance": {"encoding": "json", "range": [0.0, 1.0]},  # batched as float32
-        "centroid_distance": {"encoding": "json", "range": [0.0, 2.0]},
+        # scalars as 0-d .npy: fixed size, so the loader gathers them for the whole batch
+        "cluster_id": {**scalar, "dtype": "int64", "range": [0, n_clusters - 1]},
+        "relevance": {**scalar, "range": [0.0, 1.0]},
+        "centroid_distance": {**scalar, "range": [0.0, 2.0]},
         "steering_centroid": unit,
         "steering_keyword": unit,
         "steering_residual": vec,  # q - c: not normalised, norm up to 2

@@ -80,3 +80,5 @@ def test_steering_curriculum_small(tmp_path):
     assert list(curriculum["variants"]) == ["zero", "centroid", "keyword", "residual"]
     assert manifest["schema"]["negative_tiers"]["range"] == [1, 4]
     assert manifest["dims"] == {"D": 64, "N_neg": 8}
+    assert manifest["schema"]["cluster_id"]["shape"] == []  # 0-d .npy: gathered per batch
+    assert manifest["schema"]["relevance"]["range"] == [0.0, 1.0]

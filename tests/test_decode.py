@@ -506,3 +506,25 @@ def test_unrequested_schema_fields_are_not_prepared():
     schema = dict(SCHEMA, odd=FieldSpec(ext="odd.npy", encoding="npy", dtype="no-such", shape=[1]))
     out = SampleDecoder(schema, fields=["idx"])(_raw(6), "k", "s")
     assert out == {"__key__": "k", "idx": 6}
+
+
+@pytest.mark.parametrize(
+    "doc",
+    [b'{"a": 1}', b' {"a": 1}\n', '\ufeff{"a":2}'.encode(), '{"b":3}'.encode("utf-16"),
+     b'[1, 2.5, "x"]', b'"s"', b"12", b"true", b"null"],
+)  # fmt: skip
+def test_json_decodes_exactly_like_json_loads(doc):
+    from wdsloader.decode import decode_json
+
+    assert decode_json(memoryview(doc)) == json.loads(doc)
+
+
+@pytest.mark.parametrize("doc", [b'{"a": 1} x', b"", b"{", b"1 2", b"\xff{}"])
+def test_json_errors_are_json_loads_errors(doc):
+    from wdsloader.decode import decode_json
+
+    with pytest.raises(ValueError) as ours:
+        decode_json(memoryview(doc))
+    with pytest.raises(ValueError) as theirs:
+        json.loads(doc)
+    assert str(ours.value) == str(theirs.value)

@@ -272,13 +272,23 @@ def decode_npz(buf: Buffer) -> dict[str, np.ndarray]:
     return _load_npz(buf, allow_pickle=False)
 
 
+_SCAN_JSON = json.JSONDecoder().scan_once
+
+
 def decode_json(buf: Buffer) -> Any:
-    """A JSON member (``json.loads``; UTF-8, or UTF-16/32 as JSON allows)."""
+    """A JSON member, exactly as ``json.loads`` reads it (UTF-8, a BOM or UTF-16/32 included).
+
+    A UTF-8 document without surrounding whitespace goes straight to the C scanner, which skips
+    ``json.loads``' Python layers; anything else takes ``json.loads``, which also words errors.
+    """
     try:
         text = str(buf, "utf-8")
-    except UnicodeDecodeError:
+        value, end = _SCAN_JSON(text, 0)
+    except (UnicodeDecodeError, StopIteration, ValueError):
         return json.loads(bytes(buf))
-    return json.loads(text)
+    if end != len(text):
+        return json.loads(bytes(buf))
+    return value
 
 
 def decode_text(buf: Buffer) -> str:

@@ -153,8 +153,9 @@ def test_npy_bytes_equal_numpy_save_for_any_memory_layout():
         for _ in range(2):  # second call uses the cached header
             ((_, data),) = enc.encode("k", {"a": arr})[0]
             buf = io.BytesIO()
-            np.save(buf, np.ascontiguousarray(arr.astype(arr.dtype.newbyteorder("<"))))
+            np.save(buf, arr.astype(arr.dtype.newbyteorder("<"), order="C"))
             assert data == buf.getvalue()
+            assert npy(data).shape == arr.shape  # a 0-d array stays 0-d
             np.testing.assert_array_equal(npy(data), arr)
 
 

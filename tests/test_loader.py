@@ -271,3 +271,20 @@ def test_loader_caches_remote_shards_locally(s3_bucket, tmp_path):
         n.endswith(("shard-000000.tar", "shard-000001.tar")) for n in cached
     )
     assert sorted(first) == [f"train{i:07d}" for i in range(17)]
+
+
+def test_remote_reads_whole_spans_not_one_request_per_sample(http_server):
+    # 2,600 samples in 4 shards: remotely a span holds many samples (fewer round trips), and
+    # the first window is read whole instead of one request per sample of the first batch
+    write_dataset(str(http_server.root / "ds"), {"train": [700, 650, 600, 650]})
+    loader = create_loader(f"{http_server.url}/ds", "train", batch_size=64, seed=1)
+    local = create_loader(str(http_server.root / "ds"), "train", batch_size=64, seed=1)
+    assert loader.dataset_obj.config.span > local.dataset_obj.config.span
+    first = next(iter(loader))
+    assert len(first["__key__"]) == 64
+    store = loader.dataset_obj.store
+    # the window covers the split: its spans are adjacent in each shard, one request per shard
+    # (64 random samples of the first batch alone would have been 64 requests)
+    assert store.stats["requests"] <= 16  # indexes and shards, each a request or two
+    keys = keys_of(run(loader))
+    assert len(keys) == len(set(keys)) == len(loader) * 64

@@ -213,11 +213,17 @@ class ShardStreamDataset(IterableDataset):
         if not batches:
             return
         epoch, forced = self.control.epoch, self.control.forced
-        # the first batch is read on its own so it arrives quickly; then a window at a time
+        # locally the first batch is read on its own so it arrives quickly, then a window at a
+        # time; remotely its samples would each be a request (the window shuffle scatters them
+        # over the window's spans), so the first window is read whole, a few requests per span
         group = self.readahead_batches
-        groups = [batches[:1]] + [batches[i : i + group] for i in range(1, len(batches), group)]
+        head = 1 if self.store.reads_locally else group
+        groups = [batches[:head]] + [
+            batches[i : i + group] for i in range(head, len(batches), group)
+        ]
         spare: list[np.ndarray] = []  # read buffers nothing refers to any more, for reuse
-        with ThreadPoolExecutor(max_workers=1, thread_name_prefix="wdsloader-read") as pool:
+        pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="wdsloader-read")
+        try:
             pending: Future = pool.submit(self._read_group, groups[0])
             for g in range(len(groups)):
                 raw_batches = pending.result()
@@ -237,6 +243,9 @@ class ShardStreamDataset(IterableDataset):
                 if owner is not None and sys.getrefcount(owner) == 2:
                     spare.append(owner)
                 owner = None
+        finally:
+            # an iteration abandoned early does not wait for the read ahead of it
+            pool.shutdown(wait=False, cancel_futures=True)
 
     # -- reading -------------------------------------------------------------------------------
     def _read_group(

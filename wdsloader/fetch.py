@@ -156,6 +156,12 @@ class ShardStore:
                 self._pool = None
             self._fs = None
 
+    @property
+    def reads_locally(self) -> bool:
+        """True when ranges are read from local files (a local root or the shard cache), where
+        a small random read costs little; False when each range is a remote request."""
+        return self.is_local or bool(self.options.cache_dir)
+
     def url(self, shard: ShardInfo) -> str:
         """Full path or URL of a shard, for messages."""
         return self._url(shard.path)

@@ -29,6 +29,9 @@ SPAN_BYTES = 256 * 2**10  # bytes of consecutive samples kept together (one rang
 WINDOW_BYTES = 64 * 2**20  # raw bytes a worker shuffles within (and holds in memory)
 MAX_WINDOW = 16384
 MIN_SPANS = 4096
+# Remote reads (object stores, HTTP) pay a round trip per range: fewer, larger spans.
+REMOTE_SPAN_BYTES = 2 * 2**20
+REMOTE_MIN_SPANS = 256
 
 
 class WdsDataLoader(DataLoader):
@@ -159,15 +162,27 @@ def _rank_and_world(distributed: bool, rank: int | None, world_size: int | None)
     return (rank or 0), (world_size or 1)
 
 
-def default_span_window(num_samples: int, num_bytes: int, batch_size: int) -> tuple[int, int]:
+def default_span_window(
+    num_samples: int, num_bytes: int, batch_size: int, *, remote: bool = False
+) -> tuple[int, int]:
     """The ``span`` and ``shuffle_window`` (a whole number of batches) used when not given.
 
     A span holds about ``SPAN_BYTES`` of samples, but the split keeps at least ``MIN_SPANS``
     spans when it can (the rank correlation between source and stream order shrinks like one
-    over the square root of the number of spans); a window holds about ``WINDOW_BYTES``.
+    over the square root of the number of spans); a window holds about ``WINDOW_BYTES``. Read
+    remotely (no local cache), a span holds about ``REMOTE_SPAN_BYTES`` and at least
+    ``REMOTE_MIN_SPANS`` spans are kept: each range read costs a round trip.
     """
     avg = max(1, num_bytes // max(1, num_samples))
-    span = max(1, min(4096, round(SPAN_BYTES / avg), num_samples // MIN_SPANS))
+    span_bytes, min_spans = (
+        (REMOTE_SPAN_BYTES, REMOTE_MIN_SPANS)
+        if remote
+        else (
+            SPAN_BYTES,
+            MIN_SPANS,
+        )
+    )
+    span = max(1, min(4096, round(span_bytes / avg), num_samples // min_spans))
     window = max(batch_size, min(MAX_WINDOW, WINDOW_BYTES // avg))
     return span, -(-window // batch_size) * batch_size
 
@@ -242,7 +257,10 @@ def create_loader(
     is_train = split == "train"
     r, world = _rank_and_world(distributed, rank, world_size)
     auto_span, auto_window = default_span_window(
-        split_info.num_samples, split_info.num_bytes, batch_size
+        split_info.num_samples,
+        split_info.num_bytes,
+        batch_size,
+        remote=not store.reads_locally,
     )
     window = shuffle_window if shuffle_window is not None else auto_window
     config = plan.PlanConfig(

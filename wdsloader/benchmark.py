@@ -1,0 +1,184 @@
+"""Measure how fast a dataset reads through :func:`wdsloader.create_loader` (``wdsloader bench``).
+
+:func:`measure_loader` reads one epoch (or ``max_batches`` batches) of a split with the same
+loader a training job would use and returns a :class:`BenchResult`; :func:`run_cli` is the
+``wdsloader bench DATASET`` command. The suite that compares wdsloader with its peers is
+``bench/run.py`` in the repository.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import logging
+import os
+import sys
+import time
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+
+@dataclasses.dataclass(slots=True, kw_only=True)
+class BenchResult:
+    """What :func:`measure_loader` measured.
+
+    ``bytes`` is an estimate: the split's average bytes per sample in the manifest (shard bytes,
+    tar headers included) times ``samples``. ``seconds`` runs from the ``create_loader`` call to
+    the last batch, so ``samples_per_s`` and ``mb_per_s`` include start-up;
+    ``time_to_first_batch_s`` is the part of it spent before the first batch.
+    ``peak_rss_mb`` is this process's peak resident set size (``getrusage`` ``ru_maxrss``),
+    DataLoader worker processes not included.
+    """
+
+    samples: int
+    batches: int
+    bytes: int
+    seconds: float
+    samples_per_s: float
+    mb_per_s: float
+    time_to_first_batch_s: float | None
+    peak_rss_mb: float | None
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+def peak_rss_mb() -> float | None:
+    """Peak resident set size of this process in MB (None where ``resource`` is missing)."""
+    try:
+        import resource
+    except ImportError:  # pragma: no cover - Windows
+        return None
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return peak / 2**20 if sys.platform == "darwin" else peak / 1024  # bytes on macOS, KiB else
+
+
+def batch_size_of(batch: Any) -> int:
+    """The number of samples in a collated batch (dict, tuple/list or tensor)."""
+    if isinstance(batch, dict):
+        keys = batch.get("__key__")
+        if isinstance(keys, list | tuple):
+            return len(keys)
+        values = list(batch.values())
+    elif isinstance(batch, list | tuple):
+        values = list(batch)
+    else:
+        values = [batch]
+    for v in values:
+        shape = getattr(v, "shape", None)
+        if shape is not None and len(shape) > 0:
+            return int(shape[0])
+        if isinstance(v, list | tuple):
+            return len(v)
+    raise TypeError(f"cannot tell the number of samples in a batch of type {type(batch).__name__}")
+
+
+def measure_loader(
+    dataset: str | os.PathLike[str],
+    split: str = "train",
+    *,
+    batch_size: int = 256,
+    num_workers: int = 0,
+    max_batches: int | None = None,
+    storage_options: dict[str, Any] | None = None,
+    progress: bool = False,
+    **loader_kwargs: Any,
+) -> BenchResult:
+    """Read ``split`` of ``dataset`` through ``create_loader`` and time it.
+
+    Reads one epoch, or the first ``max_batches`` batches; ``loader_kwargs`` go to
+    :func:`wdsloader.create_loader` (``seed``, ``shuffle``, ``fields``, ``cache_dir``, ...).
+    ``progress=True`` shows a tqdm bar.
+    """
+    if max_batches is not None and max_batches < 1:
+        raise ValueError(f"max_batches must be >= 1, got {max_batches}")
+    from tqdm import tqdm
+
+    from wdsloader.loader import create_loader
+
+    t0 = time.perf_counter()
+    loader = create_loader(
+        dataset,
+        split,
+        batch_size=batch_size,
+        num_workers=num_workers,
+        storage_options=storage_options,
+        **loader_kwargs,
+    )
+    info = loader.dataset_obj.manifest.split(split)
+    avg_bytes = info.num_bytes / max(1, info.num_samples)
+    total = len(loader) if max_batches is None else min(max_batches, len(loader))
+    samples = batches = 0
+    t_first: float | None = None
+    bar = tqdm(total=total, unit="batch", disable=not progress, dynamic_ncols=True)
+    it = iter(loader)
+    try:
+        for batch in it:
+            if t_first is None:
+                t_first = time.perf_counter()
+            samples += batch_size_of(batch)
+            batches += 1
+            bar.update(1)
+            if progress and batches % 8 == 0:
+                bar.set_postfix_str(f"{samples / (time.perf_counter() - t0):,.0f} samples/s")
+            if max_batches is not None and batches >= max_batches:
+                break
+    finally:
+        t_end = time.perf_counter()
+        bar.close()
+        del it  # shuts DataLoader workers down when the loop stopped early
+    seconds = t_end - t0
+    nbytes = round(avg_bytes * samples)
+    result = BenchResult(
+        samples=samples,
+        batches=batches,
+        bytes=nbytes,
+        seconds=seconds,
+        samples_per_s=samples / seconds if seconds > 0 else 0.0,
+        mb_per_s=nbytes / seconds / 1e6 if seconds > 0 else 0.0,
+        time_to_first_batch_s=None if t_first is None else t_first - t0,
+        peak_rss_mb=peak_rss_mb(),
+    )
+    log.info(
+        "%s/%s: %d samples in %.2f s (%.0f samples/s, %.1f MB/s), first batch after %s s",
+        dataset,
+        split,
+        samples,
+        seconds,
+        result.samples_per_s,
+        result.mb_per_s,
+        "-" if result.time_to_first_batch_s is None else f"{result.time_to_first_batch_s:.3f}",
+    )
+    return result
+
+
+def run_cli(args: argparse.Namespace) -> int:
+    """``wdsloader bench DATASET [--split S] [--num-workers N] [--batch-size B]
+    [--max-batches K] [--storage-option KEY=VALUE ...]``: read with a progress bar, print
+    samples/s, MB/s and time to first batch. Returns the exit status."""
+    from wdsloader.storage import parse_storage_options
+
+    options = parse_storage_options(getattr(args, "storage_option", None) or [])
+    result = measure_loader(
+        args.dataset,
+        args.split,
+        batch_size=args.batch_size,
+        num_workers=args.num_workers,
+        max_batches=args.max_batches,
+        storage_options=options or None,
+        progress=True,
+    )
+    ttfb = result.time_to_first_batch_s
+    lines = [
+        f"{args.dataset} [{args.split}], batch {args.batch_size}, "
+        f"num_workers {args.num_workers}: {result.samples:,} samples in {result.batches:,} "
+        f"batches, {result.seconds:.2f} s",
+        f"samples/s:           {result.samples_per_s:,.0f}",
+        f"MB/s:                {result.mb_per_s:,.1f}  (manifest's average sample size)",
+        f"time to first batch: {'-' if ttfb is None else f'{ttfb:.3f} s'}",
+    ]
+    if result.peak_rss_mb is not None:
+        lines.append(f"peak RSS:            {result.peak_rss_mb:,.0f} MB (main process)")
+    print("\n".join(lines))  # noqa: T201 - command-line output
+    return 0

@@ -255,3 +255,34 @@ def test_build_shards_stores_the_curriculum_as_the_default(tmp_path):
     with pytest.raises(ValueError, match="missing_field"):
         build_shards(rows, str(tmp_path / "wrong"), curriculum=wrong)
     assert not (tmp_path / "wrong" / "manifest.json").exists()
+
+
+def test_builder_dataset_takes_the_block_path_and_matches_the_parser(tmp_path):
+    from build_shards import build_shards
+
+    rows = [
+        {
+            "__key__": f"q{i:04d}",
+            "q": np.full(D, i, np.float32),
+            "steer_a": variant_value(i, 1),
+            "steer_b": variant_value(i, 2),
+            "steer_c": variant_value(i, 3),
+            "meta": {"i": i, "pad": "x" * (i % 5)},
+        }
+        for i in range(300)
+    ]
+    build_shards(rows, str(tmp_path / "b"), curriculum=CURR, shard_max_count=64)
+    opts = {"batch_size": 32, "drop_last": False, "seed": 2}
+    fast = create_loader(str(tmp_path / "b"), "train", **opts)
+    assert fast.dataset_obj._block_len > 0  # one gather per batch serves every field
+    slow = create_loader(str(tmp_path / "b"), "train", gather=False, **opts)
+    for epoch in (0, 100):
+        set_epoch(fast, epoch)
+        set_epoch(slow, epoch)
+        a, b = list(fast), list(slow)
+        assert len(a) == len(b) == 10
+        for x, y in zip(a, b, strict=True):
+            assert list(x) == list(y) and x["__key__"] == y["__key__"] and x["meta"] == y["meta"]
+            for name in ("q", "steering", "steering_variant"):
+                assert torch.equal(x[name], y[name]), name
+    assert fast.stats["gathered_batches"] == 20

@@ -76,7 +76,8 @@ def test_a_custom_collator_gets_one_dict_per_sample(ds):
     assert loader.stats["gathered_batches"] > 0
 
 
-def test_builder_output_is_gathered(tmp_path):
+@pytest.mark.parametrize("fields", [None, ["emb"], ["text", "neg"], ["label", "emb"]])
+def test_builder_output_is_gathered(tmp_path, fields):
     rng = np.random.default_rng(0)
     rows = [
         {
@@ -89,8 +90,9 @@ def test_builder_output_is_gathered(tmp_path):
         for i in range(120)
     ]
     build_shards(rows, str(tmp_path / "b"), shard_max_count=50)
-    fast = create_loader(str(tmp_path / "b"), "train", batch_size=16, drop_last=False)
-    slow = create_loader(str(tmp_path / "b"), "train", batch_size=16, drop_last=False, gather=False)
+    opts = {"batch_size": 16, "drop_last": False, "fields": fields}
+    fast = create_loader(str(tmp_path / "b"), "train", **opts)
+    slow = create_loader(str(tmp_path / "b"), "train", gather=False, **opts)
     assert_same(passes(fast), passes(slow))
     assert fast.stats["gathered_batches"] > 0
 

@@ -18,7 +18,16 @@ from wdsloader.decode import SampleDecoder, parse_sample
 from wdsloader.errors import WdsLoaderError
 from wdsloader.fetch import ShardStore
 from wdsloader.format import FieldSpec, Manifest, ShardInfo
-from wdsloader.gather import field_tables, prefix_end, resolve_shape, sample_keys, walk_members
+from wdsloader.format.tar import BLOCK
+from wdsloader.gather import (
+    field_tables,
+    gather_rows,
+    keys_from_headers,
+    prefix_end,
+    resolve_shape,
+    sample_keys,
+    walk_members,
+)
 from wdsloader.state import resume_from_dict, resume_to_dict
 
 if TYPE_CHECKING:
@@ -27,6 +36,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 ON_ERROR = ("raise", "skip")
+SMALL_BLOCK = 16 * 2**10  # sample prefixes up to this size are gathered in one piece
 
 
 @dataclass(slots=True, frozen=True)
@@ -142,6 +152,36 @@ class ShardStreamDataset(IterableDataset):
             dtype=np.int64,
         )
         self._others = [f for f in (self.fields or ()) if f not in self._tables]
+        self._layout_id, self._block_len = self._block_plan(curriculum)
+
+    def _block_plan(self, curriculum: Curriculum | None) -> tuple[np.ndarray, int]:
+        """Per shard an id of its layout (-1: none), and the bytes of each sample to gather in
+        one piece (0: gather field by field). Worth it when those bytes are few
+        (``SMALL_BLOCK``) or the requested fields (and the first variable header) fill at least
+        half of them."""
+        ids = np.full(len(self.shards), -1, dtype=np.int64)
+        if not self._tables:
+            return ids, 0
+        seen: dict[tuple[Any, ...], int] = {}
+        for s in range(len(self.shards)):
+            sig = tuple(int(t.offsets[s]) for t in self._tables.values())
+            if min(sig) >= 0:
+                ids[s] = seen.setdefault((*sig, int(self._parse_from[s])), len(seen))
+        if len(seen) != 1:
+            return ids, 0
+        s0 = int(np.flatnonzero(ids >= 0)[0])
+        needed = BLOCK  # the first header: keys
+        length = BLOCK
+        for table in self._tables.values():
+            end = int(table.offsets[s0]) + table.nbytes
+            length = max(length, end)
+            needed += table.nbytes
+        if self._others:
+            end = int(self._parse_from[s0]) + BLOCK
+            length = max(length, end)
+            needed += BLOCK
+        # one gather beats several when the rows are short or mostly wanted
+        return ids, (length if length <= SMALL_BLOCK or 2 * needed >= length else 0)
 
     # -- epoch / resume / curriculum -----------------------------------------------------------
     @property
@@ -345,16 +385,17 @@ class ShardStreamDataset(IterableDataset):
         for all samples at once. Raises :class:`_Fallback` when that is not possible."""
         buf = raw.buf
         assert buf is not None
-        keys = sample_keys(buf, raw.start)
+        block = self._block(raw)
+        keys = sample_keys(buf, raw.start) if block is None else keys_from_headers(block)
         if keys is None:
             raise _Fallback
-        others = self._decode_others(raw, keys) if self._others else {}
+        others = self._decode_others(raw, keys, block) if self._others else {}
         columns: dict[str, Any] = {"__key__": keys}
         for name in self.fields or ():
             if name in others:
                 columns[name] = others[name]
             else:
-                columns[name] = self._gather(name, buf, raw.start, raw.shard)
+                columns[name] = self._gather(name, buf, raw, block)
         if self.curriculum is not None:
             variants = self._variants(keys, epoch, forced)
             assert self._zero is not None
@@ -364,27 +405,69 @@ class ShardStreamDataset(IterableDataset):
                 mask = variants == j
                 if name is None or not mask.any():
                     continue
-                out[mask] = self._gather(name, buf, raw.start[mask], raw.shard[mask])
+                out[mask] = self._gather(name, buf, raw, block, mask)
             columns[self.curriculum.output] = out
             if self.curriculum.index_output:
                 columns[self.curriculum.index_output] = variants
         return columns
 
-    def _gather(self, name: str, buf: np.ndarray, starts: np.ndarray, shards: np.ndarray) -> Any:
+    def _block(self, raw: _RawBatch) -> np.ndarray | None:
+        """The first ``_block_len`` bytes of every sample as one ``(n, L)`` array, when the
+        batch's shards share one layout and the requested fields fill most of those bytes (one
+        gather then serves keys, fields and the first variable header); else None."""
+        if not self._block_len:
+            return None
+        ids = self._layout_id[raw.shard]
+        if ids[0] < 0 or (ids != ids[0]).any():
+            return None
+        stops = raw.stop - raw.start
+        if stops.min() < self._block_len:
+            return None
+        return gather_rows(raw.buf, raw.start, self._block_len)  # type: ignore[arg-type]
+
+    def _gather(
+        self,
+        name: str,
+        buf: np.ndarray,
+        raw: _RawBatch,
+        block: np.ndarray | None,
+        mask: np.ndarray | None = None,
+    ) -> Any:
+        """Field ``name`` of the batch's samples (those in ``mask``) as one array."""
         table = self._tables.get(name)
         if table is None:
             raise _Fallback
-        positions = table.positions(starts, shards)
-        values = None if positions is None else table.gather(buf, positions)
+        if block is not None:
+            offset = int(table.offsets[raw.shard[0]])
+            rows = block if mask is None else block[mask, offset : offset + table.nbytes]
+            values = table.from_block(rows, offset if mask is None else 0)
+        else:
+            starts, shards = (
+                (raw.start, raw.shard)
+                if mask is None
+                else (
+                    raw.start[mask],
+                    raw.shard[mask],
+                )
+            )
+            positions = table.positions(starts, shards)
+            values = None if positions is None else table.gather(buf, positions)
         if values is None:
             raise _Fallback
         return values
 
-    def _decode_others(self, raw: _RawBatch, keys: list[str]) -> dict[str, list[Any]]:
+    def _decode_others(
+        self, raw: _RawBatch, keys: list[str], block: np.ndarray | None = None
+    ) -> dict[str, list[Any]]:
         """Decode the fields that are not gathered: their members are found for the whole batch
         at once (parsing only the headers after the constant-offset prefix), else per sample."""
         assert raw.buf is not None
-        members = walk_members(raw.buf, raw.start + self._parse_from[raw.shard], raw.stop, keys)
+        parse_from = self._parse_from[raw.shard]
+        first = None
+        if block is not None:
+            at = int(parse_from[0])
+            first = block[:, at : at + BLOCK] if block.shape[1] >= at + BLOCK else None
+        members = walk_members(raw.buf, raw.start + parse_from, raw.stop, keys, first)
         if members is None:
             return self._parse_others(raw, keys)
         view = memoryview(raw.buf)  # type: ignore[arg-type]

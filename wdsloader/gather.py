@@ -49,8 +49,11 @@ def sample_keys(buf: np.ndarray, starts: np.ndarray) -> list[str] | None:
     prefix, no directory part) named ``KEY.EXT``: the caller then parses those samples.
     """
     headers = gather_rows(buf, starts, BLOCK)
-    if headers is None:
-        return None
+    return None if headers is None else keys_from_headers(headers)
+
+
+def keys_from_headers(headers: np.ndarray) -> list[str] | None:
+    """:func:`sample_keys` from the ``(n, >= 512)`` first headers of the samples."""
     flags = headers[:, _TYPEFLAG]
     if not ((flags == 0x30) | (flags == 0) | (flags == 0x37)).all():  # '0', NUL, '7'
         return None
@@ -91,10 +94,15 @@ def member_sizes(headers: np.ndarray) -> np.ndarray | None:
 
 
 def walk_members(
-    buf: np.ndarray, starts: np.ndarray, stops: np.ndarray, keys: Sequence[str]
+    buf: np.ndarray,
+    starts: np.ndarray,
+    stops: np.ndarray,
+    keys: Sequence[str],
+    first_headers: np.ndarray | None = None,
 ) -> dict[str, tuple[np.ndarray, np.ndarray]] | None:
     """The members lying in ``buf[starts[j]:stops[j]]`` for every sample ``j`` at once:
-    ``{ext: (data positions, sizes)}``.
+    ``{ext: (data positions, sizes)}``. ``first_headers`` may hold the ``(n, 512)`` headers at
+    ``starts`` when the caller has them already.
 
     Every sample must hold the same extensions in the same order, in plain ustar headers named
     ``KEY.EXT`` with the sample's own key; otherwise None (the caller parses sample by sample).
@@ -108,7 +116,10 @@ def walk_members(
             return out
         if not active.all():
             return None  # samples with different numbers of members
-        headers = gather_rows(buf, pos, BLOCK)
+        if first_headers is not None:
+            headers, first_headers = first_headers, None
+        else:
+            headers = gather_rows(buf, pos, BLOCK)
         if headers is None:
             return None
         flags = headers[:, _TYPEFLAG]
@@ -197,6 +208,18 @@ class FieldTable:
             return None
         return starts + offs
 
+    def _data_span(self, member: np.ndarray) -> tuple[int, int] | None:
+        """``(header length, data bytes)`` of one sample's ``.npy`` member bytes, when they
+        hold the declared dtype and shape in C order; else None."""
+        try:
+            dtype, shape, fortran, data_off = read_npy_header(member)
+        except ValueError:
+            return None
+        if dtype != self.dtype or shape != self.shape or fortran or dtype.hasobject:
+            return None
+        count = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+        return None if data_off + count > self.nbytes else (data_off, count)
+
     def gather(self, buf: np.ndarray, positions: np.ndarray) -> np.ndarray | None:
         """The field of every sample as one ``(n, *shape)`` array (a fresh copy).
 
@@ -206,22 +229,33 @@ class FieldTable:
         if len(positions) == 0:
             return np.empty((0, *self.shape), dtype=self.dtype)
         first = int(positions[0])
-        try:
-            dtype, shape, fortran, data_off = read_npy_header(buf[first : first + self.nbytes])
-        except ValueError:
+        span = self._data_span(buf[first : first + self.nbytes])
+        if span is None:
             return None
-        if dtype != self.dtype or shape != self.shape or fortran or dtype.hasobject:
-            return None
-        count = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
-        if data_off + count > self.nbytes:
-            return None
+        data_off, count = span
         headers = gather_rows(buf, positions, data_off)
         if headers is None or not (headers == headers[0]).all():
             return None
         rows = gather_rows(buf, positions + data_off, count)
         if rows is None:
             return None
-        return rows.view(dtype).reshape(len(positions), *shape)
+        return rows.view(self.dtype).reshape(len(positions), *self.shape)
+
+    def from_block(self, block: np.ndarray, offset: int) -> np.ndarray | None:
+        """:meth:`gather` from rows already gathered: the member data of sample ``j`` is
+        ``block[j, offset : offset + nbytes]``."""
+        if len(block) == 0:
+            return np.empty((0, *self.shape), dtype=self.dtype)
+        span = self._data_span(block[0, offset : offset + self.nbytes])
+        if span is None:
+            return None
+        data_off, count = span
+        headers = block[:, offset : offset + data_off]
+        if not (headers == headers[0]).all():
+            return None
+        start = offset + data_off
+        data = np.ascontiguousarray(block[:, start : start + count])
+        return data.view(self.dtype).reshape(len(block), *self.shape)
 
 
 def field_tables(

@@ -33,3 +33,27 @@ format: $(STAMP)
 
 clean:
 	rm -rf $(VENV) .pytest_cache build *.egg-info demo_out
+
+# ---- benchmarks: `make bench` (full, ~20-25 min on 2 cores), `make bench-quick` ------------------
+# The peers (webdataset, MosaicML Streaming, LitData, HF datasets) go into their own venv, never
+# into .venv; torch is installed first and held at the same CPU build by bench/constraints.txt.
+BENCH_VENV := .venv-bench
+BENCH_BIN := $(BENCH_VENV)/bin
+BENCH_STAMP := $(BENCH_VENV)/.installed
+BENCH_ARGS ?=
+
+.PHONY: bench bench-quick bench-install
+
+$(BENCH_STAMP): pyproject.toml bench/constraints.txt
+	test -x $(BENCH_BIN)/python || $(PYTHON) -m venv $(BENCH_VENV)
+	$(BENCH_BIN)/pip install -q torch==2.13.0
+	$(BENCH_BIN)/pip install -q -c bench/constraints.txt -e '.[bench]'
+	touch $(BENCH_STAMP)
+
+bench-install: $(BENCH_STAMP)
+
+bench: $(BENCH_STAMP)
+	$(BENCH_BIN)/python bench/run.py $(BENCH_ARGS)
+
+bench-quick: $(BENCH_STAMP)
+	$(BENCH_BIN)/python bench/run.py --quick --out bench/results/raw/quick $(BENCH_ARGS)

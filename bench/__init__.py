@@ -1,0 +1,1 @@
+"""The benchmark suite: ``python bench/run.py`` (see bench/README section in the top README)."""

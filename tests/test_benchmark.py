@@ -1,0 +1,155 @@
+"""``wdsloader.benchmark`` (measure_loader, the ``wdsloader bench`` command) and the bench suite."""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from tests.dataset_factory import write_dataset
+from wdsloader.benchmark import BenchResult, batch_size_of, measure_loader, run_cli
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+COUNTS = [50, 30, 20]
+
+
+@pytest.fixture()
+def tiny(tmp_path):
+    root = str(tmp_path / "ds")
+    manifest = write_dataset(root, {"train": COUNTS})
+    return root, manifest
+
+
+def test_measure_loader_reads_every_sample_once(tiny):
+    root, manifest = tiny
+    keys: list[str] = []
+
+    def collate(samples):
+        keys.extend(s["__key__"] for s in samples)
+        return {"__key__": [s["__key__"] for s in samples]}
+
+    result = measure_loader(root, batch_size=16, drop_last=False, collate_fn=collate)
+    assert isinstance(result, BenchResult)
+    assert result.samples == sum(COUNTS) == len(keys) == len(set(keys))
+    assert result.batches == -(-sum(COUNTS) // 16)
+    split = manifest.split("train")
+    assert result.bytes == round(split.num_bytes / split.num_samples * result.samples)
+    assert result.seconds > 0
+    assert 0 < result.time_to_first_batch_s <= result.seconds
+    assert result.samples_per_s == pytest.approx(result.samples / result.seconds)
+    assert result.mb_per_s == pytest.approx(result.bytes / result.seconds / 1e6)
+    assert result.peak_rss_mb is None or result.peak_rss_mb > 10
+    assert set(result.to_dict()) >= {"samples", "samples_per_s", "time_to_first_batch_s"}
+
+
+def test_measure_loader_max_batches_and_default_collate(tiny):
+    root, _ = tiny
+    result = measure_loader(root, "train", batch_size=8, max_batches=3)
+    assert (result.batches, result.samples) == (3, 24)
+    with pytest.raises(ValueError, match="max_batches"):
+        measure_loader(root, batch_size=8, max_batches=0)
+
+
+def test_batch_size_of():
+    import torch
+
+    assert batch_size_of({"__key__": ["a", "b"]}) == 2
+    assert batch_size_of({"x": torch.zeros(5, 3)}) == 5
+    assert batch_size_of((torch.zeros(4), ["a"] * 4)) == 4
+    with pytest.raises(TypeError):
+        batch_size_of(3)
+
+
+def test_run_cli_prints_the_three_numbers(tiny, capsys):
+    root, _ = tiny
+    args = argparse.Namespace(
+        dataset=root,
+        split="train",
+        num_workers=0,
+        batch_size=8,
+        max_batches=None,
+        storage_option=[],
+    )
+    assert run_cli(args) == 0
+    out = capsys.readouterr().out
+    assert "samples/s:" in out and "MB/s:" in out and "time to first batch:" in out
+    assert "96 samples in 12 batches" in out  # drop_last for train: 100 -> 12 full batches
+
+
+def test_run_cli_passes_storage_options(tiny, capsys, monkeypatch):
+    import wdsloader.benchmark as bm
+
+    seen = {}
+
+    def fake(dataset, split, **kw):
+        seen.update(kw)
+        return BenchResult(
+            samples=1, batches=1, bytes=1, seconds=1.0, samples_per_s=1.0, mb_per_s=0.0,
+            time_to_first_batch_s=0.5, peak_rss_mb=None,
+        )  # fmt: skip
+
+    monkeypatch.setattr(bm, "measure_loader", fake)
+    args = argparse.Namespace(
+        dataset="s3://b/x",
+        split="val",
+        num_workers=2,
+        batch_size=4,
+        max_batches=5,
+        storage_option=["anon=true", "client_kwargs.endpoint_url=http://127.0.0.1:9"],
+    )
+    assert run_cli(args) == 0
+    assert seen["storage_options"] == {
+        "anon": True,
+        "client_kwargs": {"endpoint_url": "http://127.0.0.1:9"},
+    }
+    assert (seen["num_workers"], seen["batch_size"], seen["max_batches"]) == (2, 4, 5)
+    assert "0.500 s" in capsys.readouterr().out
+
+
+@pytest.mark.slow
+def test_suite_quick_mode(tmp_path):
+    """bench/run.py --quick end to end with the peers this environment has (webdataset)."""
+    only = ["ours", "raw"]
+    if importlib.util.find_spec("webdataset") is not None:
+        only.append("webdataset")
+    out, data = tmp_path / "out", tmp_path / "data"
+    cmd = [
+        sys.executable,
+        os.path.join(ROOT, "bench", "run.py"),
+        "--quick",
+        "--only",
+        ",".join(only),
+        "--workloads",
+        "embed",
+        "--parts",
+        "read,memory,s3",
+        "--workers",
+        "0",
+        "--out",
+        str(out),
+        "--data",
+        str(data),
+    ]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    doc = json.loads((out / "results.json").read_text())
+    agg = doc["summary"]["measurements"]
+    ours = agg["read embed ours W0"]
+    assert ours["runs"] == 1 and ours["exactly_once"] is True
+    assert ours["samples_per_s"] > 0 and ours["ttfb_s"] > 0
+    assert 0.2 < ours["dist_over_n"] < 0.5
+    assert agg["read embed raw_cat W0"]["samples_per_s"] > 0
+    if "webdataset" in only:
+        assert agg["read embed webdataset W0"]["exactly_once"] is True
+    for peer in ("mosaic", "litdata", "hf"):
+        assert peer not in doc["systems"]
+    assert agg["memory embed-small ours W0"]["peak_rss_mb"] > 0
+    targets = {t["target"]: t for t in doc["summary"]["targets"]}
+    assert any(t["status"] in ("PASS", "MISS") for t in targets.values())
+    md = (out / "results.md").read_text()
+    assert "## Targets" in md and "wdsloader" in md

@@ -123,8 +123,11 @@ def summarize(doc: dict[str, Any]) -> dict[str, Any]:
             ("webdataset", 50.0, ("webdataset",)),
         ):
             r = _ratio(ours, best("embed", nw, *names))
+            if nw:  # the issue asks for the multiples at num_workers=0, the lead at 2
+                need = 1.0
             target(
-                f"embedding, num_workers={nw}: ours >= {need:g}x {peer} samples/s",
+                f"embedding, num_workers={nw}: ours >= {need:g}x {peer} samples/s"
+                + (" (keep the lead)" if nw else ""),
                 r,
                 None if r is None else r >= need,
                 fmt(r),

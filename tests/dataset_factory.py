@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import io
 import json
+from collections.abc import Callable
 
 import numpy as np
 
@@ -43,31 +44,46 @@ def write_dataset(
     storage_options: dict | None = None,
 ) -> Manifest:
     """Write ``splits`` ({name: [samples per shard, ...]}) under ``root``; returns the manifest."""
-    fs, base = url_to_fs(root, storage_options)
     manifest = Manifest(schema=dict(SCHEMA), dims={"D": 4}, build={"seed": 0, "factory": True})
     for split, counts in splits.items():
-        info = SplitInfo()
-        i = 0
-        for s, n in enumerate(counts):
-            rel = f"{split}/shard-{s:06d}.tar"
-            buf = io.BytesIO()
-            w = TarStreamWriter(buf)
-            for _ in range(n):
-                w.write_sample(f"{split}{i:07d}", sample_members(i, s))
-                i += 1
-            idx, sha = w.close()
-            write_atomic(fs, join(base, rel), buf.getvalue())
-            write_atomic(fs, join(base, index_path(rel)), idx)
-            info.shards.append(
-                ShardInfo(
-                    path=rel,
-                    idx_path=index_path(rel),
-                    num_samples=n,
-                    num_bytes=len(buf.getvalue()),
-                    sha256=sha,
-                    layout=w.layout,
-                )
-            )
-        manifest.splits[split] = info
+        manifest.splits[split] = write_split(
+            root, split, counts, lambda i, s, split=split: (f"{split}{i:07d}", sample_members(i, s)),
+            storage_options,
+        )  # fmt: skip
     manifest.save(root, storage_options)
     return manifest
+
+
+def write_split(
+    root: str,
+    split: str,
+    counts: list[int],
+    make_sample: Callable[[int, int], tuple[str, list[tuple[str, bytes]]]],
+    storage_options: dict | None = None,
+) -> SplitInfo:
+    """Write the shards of one split (sample ``i`` of shard ``s`` is ``make_sample(i, s)``:
+    ``(key, members)``) with their indexes; returns its :class:`SplitInfo`."""
+    fs, base = url_to_fs(root, storage_options)
+    info = SplitInfo()
+    i = 0
+    for s, n in enumerate(counts):
+        rel = f"{split}/shard-{s:06d}.tar"
+        buf = io.BytesIO()
+        w = TarStreamWriter(buf)
+        for _ in range(n):
+            w.write_sample(*make_sample(i, s))
+            i += 1
+        idx, sha = w.close()
+        write_atomic(fs, join(base, rel), buf.getvalue())
+        write_atomic(fs, join(base, index_path(rel)), idx)
+        info.shards.append(
+            ShardInfo(
+                path=rel,
+                idx_path=index_path(rel),
+                num_samples=n,
+                num_bytes=len(buf.getvalue()),
+                sha256=sha,
+                layout=w.layout,
+            )
+        )
+    return info

@@ -3,19 +3,17 @@ only the chosen variant decoded, force_steering, manifest defaults and overrides
 
 from __future__ import annotations
 
-import io
 from collections import Counter
 
 import numpy as np
 import pytest
 import torch
 
-from tests.dataset_factory import npy_bytes
+from tests.dataset_factory import npy_bytes, write_split
 from wdsloader import Curriculum, create_loader, set_epoch
 from wdsloader.curriculum import fixed, zero_decay
 from wdsloader.errors import DecodeError
-from wdsloader.format import FieldSpec, Manifest, ShardInfo, SplitInfo, TarStreamWriter, index_path
-from wdsloader.storage import join, url_to_fs, write_atomic
+from wdsloader.format import FieldSpec, Manifest
 
 D = 4
 VARIANTS = {"zero": None, "a": "steer_a", "b": "steer_b", "c": "steer_c"}
@@ -37,43 +35,24 @@ def variant_value(i: int, v: int) -> np.ndarray:
 def write_curriculum_dataset(root, counts, curriculum=None, corrupt=None):
     """Samples with three stored variants; ``corrupt=(i, ext)`` breaks that member of sample i
     (same size, bad .npy magic)."""
-    fs, base = url_to_fs(str(root))
+
+    def make_sample(i, s):
+        members = [
+            ("idx.cls", str(i).encode()),
+            ("steer_a.npy", npy_bytes(variant_value(i, 1))),
+            ("steer_b.npy", npy_bytes(variant_value(i, 2))),
+            ("steer_c.npy", npy_bytes(variant_value(i, 3))),
+            ("vec.npy", npy_bytes(np.full(D, i, dtype=np.float32))),
+            ("meta.json", b'{"i": %d}' % i),
+        ]
+        if corrupt is not None and corrupt[0] == i:
+            members = [(e, b"XX" + d[2:] if e == corrupt[1] else d) for e, d in members]
+        return f"k{i:07d}", members
+
     manifest = Manifest(schema=dict(SCHEMA), dims={"D": D})
     if curriculum is not None:
         manifest.loader_defaults["curriculum"] = curriculum.to_dict()
-    info = SplitInfo()
-    i = 0
-    for s, n in enumerate(counts):
-        rel = f"train/shard-{s:05d}.tar"
-        buf = io.BytesIO()
-        w = TarStreamWriter(buf)
-        for _ in range(n):
-            members = [
-                ("idx.cls", str(i).encode()),
-                ("steer_a.npy", npy_bytes(variant_value(i, 1))),
-                ("steer_b.npy", npy_bytes(variant_value(i, 2))),
-                ("steer_c.npy", npy_bytes(variant_value(i, 3))),
-                ("vec.npy", npy_bytes(np.full(D, i, dtype=np.float32))),
-                ("meta.json", b'{"i": %d}' % i),
-            ]
-            if corrupt is not None and corrupt[0] == i:
-                members = [(e, b"XX" + d[2:] if e == corrupt[1] else d) for e, d in members]
-            w.write_sample(f"k{i:07d}", members)
-            i += 1
-        idx, sha = w.close()
-        write_atomic(fs, join(base, rel), buf.getvalue())
-        write_atomic(fs, join(base, index_path(rel)), idx)
-        info.shards.append(
-            ShardInfo(
-                path=rel,
-                idx_path=index_path(rel),
-                num_samples=n,
-                num_bytes=len(buf.getvalue()),
-                sha256=sha,
-                layout=w.layout,
-            )
-        )
-    manifest.splits["train"] = info
+    manifest.splits["train"] = write_split(str(root), "train", counts, make_sample)
     manifest.save(str(root))
     return str(root)
 

@@ -188,7 +188,6 @@ class FieldTable:
         self.ext = spec.ext.lower()
         self.dtype = np.dtype(spec.dtype)
         self.shape = shape
-        self.nbytes = -1
         sizes = set()
         offsets = np.full(len(shards), -1, dtype=np.int64)
         for s, shard in enumerate(shards):

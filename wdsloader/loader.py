@@ -174,14 +174,10 @@ def default_span_window(
     ``REMOTE_MIN_SPANS`` spans are kept: each range read costs a round trip.
     """
     avg = max(1, num_bytes // max(1, num_samples))
-    span_bytes, min_spans = (
-        (REMOTE_SPAN_BYTES, REMOTE_MIN_SPANS)
-        if remote
-        else (
-            SPAN_BYTES,
-            MIN_SPANS,
-        )
-    )
+    if remote:
+        span_bytes, min_spans = REMOTE_SPAN_BYTES, REMOTE_MIN_SPANS
+    else:
+        span_bytes, min_spans = SPAN_BYTES, MIN_SPANS
     span = max(1, min(4096, round(span_bytes / avg), num_samples // min_spans))
     window = max(batch_size, min(MAX_WINDOW, WINDOW_BYTES // avg))
     return span, -(-window // batch_size) * batch_size

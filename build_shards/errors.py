@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from wdsloader.errors import WdsLoaderError
+from wdsloader.errors import SchemaError, WdsLoaderError
 
 
 class BuildError(WdsLoaderError):
@@ -13,3 +13,8 @@ class BuildError(WdsLoaderError):
 
 class OutputExistsError(BuildError, FileExistsError):
     """The output already holds a complete dataset and ``overwrite`` is off."""
+
+
+class SampleKeyError(BuildError, SchemaError):
+    """A sample key the shards cannot hold or readers would not give back unchanged (a dot, a
+    leading ``_``, too long, not UTF-8). The message names the source item, key and key field."""

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from concurrent.futures.process import BrokenProcessPool
+
 from wdsloader.errors import SchemaError, WdsLoaderError
 
 
@@ -18,3 +20,9 @@ class OutputExistsError(BuildError, FileExistsError):
 class SampleKeyError(BuildError, SchemaError):
     """A sample key the shards cannot hold or readers would not give back unchanged (a dot, a
     leading ``_``, too long, not UTF-8). The message names the source item, key and key field."""
+
+
+class BuildWorkerError(WdsLoaderError, BrokenProcessPool):
+    """A build worker process died (killed by a signal, out of memory, or stopped as it started
+    because the main script has no ``if __name__ == "__main__":`` guard). The blocks finished
+    before stay recorded: a rerun with the same options resumes."""

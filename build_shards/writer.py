@@ -547,30 +547,3 @@ def spool_items(
         raise
     others = {name: values for name, values in by_name.items() if name not in arrays}
     return SpooledItems([index for index, _ in pairs], names, placed, others, path)
-
-
-_STATE: dict[str, Any] = {}
-
-
-def init_worker(
-    job: BlockJob, output: str, storage_options: dict[str, Any] | None, abort: Any, progress: Any
-) -> None:
-    """ProcessPoolExecutor initializer: keep the job, open the output filesystem once."""
-    from wdsloader.storage import url_to_fs
-
-    fs, root = url_to_fs(output, storage_options)
-    _STATE.update(job=job, fs=fs, root=root, abort=abort, progress=progress)
-
-
-def worker_block(
-    block: int, start: int, stop: int, items: Iterable[tuple[int, Any]] | None
-) -> dict[str, Any]:
-    """Build one block in a worker: read ``[start, stop)`` from the source, or use ``items``
-    (a list or :class:`SpooledItems`)."""
-    job: BlockJob = _STATE["job"]
-    queue = _STATE["progress"]
-    report = None if queue is None else (lambda n, b: queue.put((n, b)))
-    it = items if items is not None else job.source.iter_range(start, stop)
-    return run_block(
-        job, _STATE["fs"], _STATE["root"], block, start, it, abort=_STATE["abort"], report=report
-    )

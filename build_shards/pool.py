@@ -24,6 +24,7 @@ import pickle
 import queue as _queue
 import signal
 import tempfile
+import threading
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures.process import BrokenProcessPool
 from typing import Any
@@ -208,18 +209,16 @@ def run_pool(
             # the pool ends the other workers; once it is shut down every exit code is known
             processes = dict(getattr(pool, "_processes", None) or {})
             running = table.running()
-            pool.shutdown(wait=True, cancel_futures=True)
+            _shutdown(pool, queue, report, cancel=True)
             raise _worker_died(processes, running, sorted(inflight.values())) from None
     except BaseException:
         abort.set()
-        pool.shutdown(wait=True, cancel_futures=True)
+        _shutdown(pool, queue, report, cancel=True)
         raise
     else:
-        pool.shutdown(wait=True)
+        _shutdown(pool, queue, report, cancel=False)
     finally:
         _remove_quietly(job_path)  # every worker has loaded it (or is gone) once shut down
-    # workers flush their queue's feeder thread when they exit: every update is readable now
-    _drain(queue, report)
 
 
 def _submit(
@@ -301,6 +300,42 @@ def _worker_died(
         f"{what}; {GUARD_HINT}. Blocks finished before are kept: a rerun with the same options "
         f"resumes (unfinished: blocks {inflight})"
     )
+
+
+def _shutdown(
+    pool: cf.ProcessPoolExecutor,
+    queue: Any,
+    report: Callable[[int, int], None] | None,
+    *,
+    cancel: bool,
+) -> None:
+    """Shut the pool down, reading the progress queue meanwhile: a worker exits only once its
+    reports are flushed into the queue's pipe, which must not stay full. Every report is passed
+    on (in this thread) once the workers are gone."""
+    if queue is None:
+        pool.shutdown(wait=True, cancel_futures=cancel)
+        return
+    got: list[tuple[int, int]] = []
+    stop = threading.Event()
+    reader = threading.Thread(target=_collect, args=(queue, got, stop), daemon=True)
+    reader.start()
+    try:
+        pool.shutdown(wait=True, cancel_futures=cancel)
+    finally:
+        stop.set()
+        reader.join()
+    for n, nbytes in got:
+        if report is not None:
+            report(n, nbytes)
+    _drain(queue, report)  # what the workers flushed as they exited
+
+
+def _collect(queue: Any, got: list[tuple[int, int]], stop: threading.Event) -> None:
+    while not stop.is_set():
+        try:
+            got.append(queue.get(timeout=0.05))
+        except _queue.Empty:
+            continue
 
 
 def _drain(queue: Any, report: Callable[[int, int], None] | None) -> None:

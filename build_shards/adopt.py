@@ -69,6 +69,8 @@ class ShardScan:
     npy: dict[str, NpyInfo] = field(default_factory=dict)
     """``(dtype, shape)`` of each npy extension; either is None where samples disagree."""
     layout: dict[str, list[int]] | None = None
+    key_hashes: np.ndarray = field(default_factory=lambda: np.zeros(0, np.uint64))
+    """A 64-bit hash of each sample's key (to find keys that two shards share)."""
 
     @property
     def num_samples(self) -> int:
@@ -98,14 +100,40 @@ def scan_buffer(buf: bytes | memoryview | mmap.mmap, *, path: str, source: str) 
         view.release()
 
 
+def key_hash(key: str) -> int:
+    """A stable 64-bit hash of a sample key (the same in every process)."""
+    raw = key.encode("utf-8", "surrogateescape")
+    return int.from_bytes(hashlib.blake2b(raw, digest_size=8).digest(), "little")
+
+
+def _check_inside(key: str, fields: dict[str, tuple[int, int]], size: int, source: str) -> None:
+    """ShardFormatError unless every member's data ends inside the file (``size`` bytes)."""
+    for ext, (off, n) in fields.items():
+        if off + n > size:
+            raise ShardFormatError(
+                f"{source}: member {key}.{ext} (data at byte {off}) claims {n} bytes, past the "
+                f"end of the file ({size} bytes): a corrupt size field or a truncated shard"
+            )
+
+
 def _scan_view(view: memoryview, *, path: str, source: str) -> ShardScan:
     offsets: list[int] = []
     scan = ShardScan(path=path, offsets=np.zeros(1, np.int64), num_bytes=len(view), sha256="")
     npy: dict[str, Any] = {}
     layout: dict[str, list[int]] | None = None
     end = 0
+    first_at: dict[str, int] = {}  # key -> offset of its sample
+    hashes: list[int] = []
     # a sample starts at its first member's header chain (PAX / GNU long name included)
     for key, start, fields in iter_samples(view, source=source):
+        _check_inside(key, fields, len(view), source)
+        if key in first_at:
+            raise ShardFormatError(
+                f"{source}: sample key {key!r} appears twice (samples at bytes {first_at[key]} "
+                f"and {start}): readers would deliver it twice per epoch"
+            )
+        first_at[key] = start
+        hashes.append(key_hash(key))
         offsets.append(start)
         exts = tuple(fields)
         seen = scan.ext_sets.get(exts)
@@ -126,6 +154,7 @@ def _scan_view(view: memoryview, *, path: str, source: str) -> ShardScan:
                 npy[ext] = _merge_info(npy.get(ext, info), info)
     offsets.append(end)
     scan.offsets = np.asarray(offsets, dtype=np.int64)
+    scan.key_hashes = np.asarray(hashes, dtype=np.uint64)
     scan.npy = npy
     scan.layout = layout
     scan.sha256 = hashlib.sha256(view).hexdigest()
@@ -281,6 +310,47 @@ def _heterogeneity(
     return reference, ref_where, examples, count
 
 
+# -- keys shared by two shards -------------------------------------------------------------------
+def _check_duplicate_keys(
+    fs: Any, split: str, scans: list[ShardScan], full_paths: dict[str, str], display: str
+) -> None:
+    """ShardFormatError naming both shards when two shards of ``split`` hold the same key.
+
+    Keys are compared by their 64-bit hashes; the shards whose hashes collide are read again to
+    find the key itself (a mere hash collision passes).
+    """
+    if len(scans) < 2:
+        return
+    allh = np.concatenate([s.key_hashes for s in scans])
+    owner = np.repeat(np.arange(len(scans)), [len(s.key_hashes) for s in scans])
+    order = np.argsort(allh, kind="stable")
+    same = allh[order][1:] == allh[order][:-1]
+    if not same.any():
+        return
+    dup = set(allh[order][1:][same].tolist())
+    suspects = sorted(set(owner[np.isin(allh, list(dup))].tolist()))
+    holder: dict[str, str] = {}
+    for i in suspects:
+        scan = scans[i]
+        with _open_buffer(fs, full_paths[scan.path]) as buf:
+            view = memoryview(buf)
+            try:
+                source = f"{display}/{scan.path}"
+                keys = [k for k, _, _ in iter_samples(view, source=source)]
+            finally:
+                view.release()
+        for key in keys:
+            if key_hash(key) not in dup:
+                continue
+            other = holder.setdefault(key, scan.path)
+            if other != scan.path:
+                raise ShardFormatError(
+                    f"{display}/{other} and {display}/{scan.path} both hold sample {key!r} "
+                    f"(split {split!r}): readers would deliver it twice per epoch; remove or "
+                    "rename one of them"
+                )
+
+
 # -- adopt ---------------------------------------------------------------------------------------
 def adopt(
     root: str | os.PathLike[str],
@@ -306,7 +376,11 @@ def adopt(
     Every sample must carry the same set of extensions (WebDataset readers expect it): with
     ``strict`` a difference raises ``ShardFormatError`` naming the shard and key; with
     ``strict=False`` it is recorded in ``manifest.build["heterogeneous"]``. Compressed tars
-    raise ``ShardFormatError`` (no byte offsets). An existing manifest without ``overwrite``
+    raise ``ShardFormatError`` (no byte offsets), and so do shards readers would misread: a
+    member whose data would end past the end of its file (a corrupt size, e.g. in a PAX
+    record), a key twice in one shard, a key in two shards of one split (each delivered twice
+    per epoch); the message names the files, the key or member and the byte offset. Nothing is
+    written before every shard passed. An existing manifest without ``overwrite``
     raises ``FileExistsError``. ``workers > 1`` scans local shards in processes (threads for
     remote filesystems). ``progress(done, total)`` is called after each shard.
     """
@@ -335,6 +409,10 @@ def adopt(
         by_split.setdefault(split, []).append(scan)
     if not by_split:
         raise ShardFormatError(f"{display}: the {total} tar files hold no samples")
+
+    full_paths = {rel: full for _, full, rel in jobs}
+    for split, group in by_split.items():
+        _check_duplicate_keys(fs, split, group, full_paths, display)
 
     reference, ref_where, examples, n_odd = _heterogeneity(by_split)
     if examples and strict:

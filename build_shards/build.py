@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import concurrent.futures as cf
 import dataclasses
 import datetime as _dt
 import hashlib
@@ -10,9 +9,7 @@ import itertools
 import json
 import logging
 import math
-import multiprocessing
 import os
-import pickle
 import time
 from collections import deque
 from collections.abc import Callable, Iterator, Mapping
@@ -21,11 +18,12 @@ from typing import Any
 import numpy as np
 
 from build_shards.encode import SampleEncoder, build_schema
-from build_shards.errors import BuildError
+from build_shards.errors import BuildError, BuildWorkerError
+from build_shards.pool import refuse_reimported_main, run_pool
 from build_shards.sources import Source, open_source
 from build_shards.splits import make_splitter
 from build_shards.state import OutputState
-from build_shards.writer import BlockJob, init_worker, prepare, run_block, spool_items, worker_block
+from build_shards.writer import BlockJob, prepare, run_block
 from wdsloader.errors import WdsLoaderError
 from wdsloader.format import FORMAT_VERSION, FieldSpec, Manifest, ShardInfo, SplitInfo
 from wdsloader.storage import url_to_fs
@@ -94,6 +92,7 @@ def build_shards(
 
     ``progress``: True for a tqdm bar, or a callable ``(items_done, items_total_or_0)``.
     """
+    refuse_reimported_main()
     _check_options(shard_max_count, shard_max_bytes, block_size, workers, key_field)
     output_url = os.fspath(output)
     fs, root = url_to_fs(output_url, storage_options)
@@ -186,6 +185,8 @@ def build_shards(
             "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
         }
         state.finalize(manifest)
+    except BuildWorkerError:
+        raise  # not a user error: the finished blocks are kept for a rerun
     except WdsLoaderError:
         state.discard()
         raise
@@ -322,60 +323,10 @@ def _run_blocks(
             it = items if items is not None else src.iter_range(start, stop)
             records[b] = _compact(run_block(job, fs, root, b, start, it, report=bar.update))
         return records
-    try:
-        pickle.dumps((job.map_fn, job.decoder, job.splitter))
-    except (pickle.PicklingError, AttributeError, TypeError) as exc:
-        raise BuildError(
-            f"workers={workers} needs a picklable map (a module-level function, not a lambda or "
-            f"closure): {exc}"
-        ) from None
-    ctx = multiprocessing.get_context("spawn")
-    abort = ctx.Event()
-    queue = ctx.Queue() if bar.active else None
-    pool = cf.ProcessPoolExecutor(
-        workers,
-        mp_context=ctx,
-        initializer=init_worker,
-        initargs=(job, output_url, storage_options, abort, queue),
-    )
-    inflight: dict[cf.Future[Any], int] = {}
-    try:
-        for nxt in itertools.chain(blocks, [None]):
-            if nxt is not None:
-                b, start, stop, items = nxt
-                payload = spool_items(items, fs, root) if items is not None else None
-                try:
-                    inflight[pool.submit(worker_block, b, start, stop, payload)] = b
-                except (pickle.PicklingError, AttributeError, TypeError) as exc:
-                    raise BuildError(f"cannot send the source to worker processes: {exc}") from exc
-            limit = 2 * workers if nxt is not None else 1
-            while len(inflight) >= limit:
-                timeout = 0.5 if queue is not None else None
-                done, _ = cf.wait(inflight, timeout=timeout, return_when=cf.FIRST_COMPLETED)
-                _drain(queue, bar)
-                for fut in done:
-                    records[inflight.pop(fut)] = _compact(fut.result())
-    except BaseException:
-        abort.set()
-        pool.shutdown(wait=True, cancel_futures=True)
-        raise
-    pool.shutdown(wait=True)
-    # workers flush their queue's feeder thread when they exit: every update is readable now
-    _drain(queue, bar)
+    report = bar.update if bar.active else None
+    for b, rec in run_pool(job, blocks, workers, fs, root, output_url, storage_options, report):
+        records[b] = _compact(rec)
     return records
-
-
-def _drain(queue: Any, bar: _ProgressBar) -> None:
-    if queue is None:
-        return
-    import queue as _queue
-
-    while True:
-        try:
-            n, nbytes = queue.get_nowait()
-        except _queue.Empty:
-            return
-        bar.update(n, nbytes)
 
 
 def _compact(rec: dict[str, Any]) -> dict[str, Any]:

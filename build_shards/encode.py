@@ -21,6 +21,13 @@ A sample dict's names are field names, optionally with an explicit extension
 sample and/or declared; :class:`SampleEncoder` checks every sample against it (field set,
 encoding, dtype, shape with symbolic dims, NaN/Inf, declared ranges) and raises
 :class:`~wdsloader.errors.SchemaError` naming the sample key and the field.
+
+A value the loader could not give back as it was written is refused the same way: a ``.cls``
+int outside the field's dtype (int64 for Python ints), a str that is not valid Unicode
+(surrogates), raw bytes under ``.txt``/``.jsn``/``.id``-like extensions that their default
+decoder cannot read, JSON with non-str dict keys, nesting deeper than 200 levels or a bare int
+beyond int64, and a member name ``KEY.EXT`` over the 100-byte tar limit. Tuples in JSON read
+back as lists, numpy values in JSON as Python numbers and lists.
 """
 
 from __future__ import annotations
@@ -38,12 +45,28 @@ import numpy as np
 
 from wdsloader.errors import SchemaError
 from wdsloader.format import FieldSpec, member_ext, validate_field
+from wdsloader.format.tar import MAX_NAME_BYTES
 
 IMAGE_FORMATS = {"png": "PNG", "jpg": "JPEG", "jpeg": "JPEG", "webp": "WEBP"}
 _ENC_RE = re.compile(r"^[a-z0-9]+$")
 _SPEC_KEYS = {"ext", "encoding", "dtype", "shape", "range"}
 _HEADER_CACHE_MAX = 256
 _NAMES_CACHE_MAX = 64  # sets of sample names already checked against the schema
+_INT64 = np.dtype(np.int64)
+_INT64_MIN, _INT64_MAX = int(np.iinfo(np.int64).min), int(np.iinfo(np.int64).max)
+_JSON_MAX_DEPTH = 200  # deeper JSON may overflow the reader's recursion limit
+_CONTAINERS = (dict, list, tuple)
+_JSON_LEAVES = frozenset({str, int, float, bool, type(None)})
+# raw bytes stored under these encodings are checked as the loader's default decoder reads them
+_CHECKED_BYTES = {
+    "txt": "text",
+    "text": "text",
+    "jsn": "json",
+    "json": "json",
+    "cls2": "int",
+    "index": "int",
+    "id": "int",
+}
 
 Encoder = Callable[[str, Any], tuple[bytes, bool]]
 
@@ -370,7 +393,22 @@ def _check_number_range(key: str, field: str, spec: FieldSpec, value: Any) -> No
         raise _range_error(key, field, spec, value, value)
 
 
+def _int_bounds(dtype: str | None) -> tuple[int, int, str]:
+    """``(low, high, dtype name)`` of the ints the loader can give back for a ``cls`` field of
+    schema dtype ``dtype`` (``int`` and unknown names read back as int64)."""
+    try:
+        dt = np.dtype(dtype) if dtype not in (None, "int") else _INT64
+    except TypeError:
+        dt = _INT64
+    if dt.kind not in "iu":
+        dt = _INT64
+    info = np.iinfo(dt)
+    return int(info.min), int(info.max), dt.name
+
+
 def _cls_encoder(field: str, spec: FieldSpec) -> Encoder:
+    low, high, dtype = _int_bounds(spec.dtype)
+
     def encode(key: str, value: Any) -> tuple[bytes, bool]:
         if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
             raise SchemaError(
@@ -378,6 +416,12 @@ def _cls_encoder(field: str, spec: FieldSpec) -> Encoder:
                 f"{type(value).__name__} {value!r:.40}"
             )
         value = int(value)
+        if not low <= value <= high:
+            raise SchemaError(
+                f"sample {key!r}: field {field!r}: int {str(value)[:40]} does not fit the field's "
+                f"dtype {dtype} ([{low}, {high}]): the loader could not read it back; store "
+                "it as a str or an array of another dtype"
+            )
         _check_number_range(key, field, spec, value)
         return str(value).encode(), False
 
@@ -402,12 +446,51 @@ def _json_text_encoder(allow_nan: bool) -> json.JSONEncoder:
     )
 
 
+def _json_problem(value: Any) -> str | None:
+    """Why ``value`` would not read back from JSON as it was written, or None.
+
+    Dict keys must be str (JSON turns ``{1: x}`` into ``{"1": x}``), nesting stays within
+    ``_JSON_MAX_DEPTH`` (deeper documents overflow the reader's recursion), and a bare int
+    (which the default collator stacks into int64) must fit int64. Ints inside lists and dicts
+    are read back as Python ints, so they may be of any size.
+    """
+    if type(value) is int:
+        if not _INT64_MIN <= value <= _INT64_MAX:
+            return f"int {str(value)[:40]} does not fit int64 (the collator's dtype for ints)"
+        return None
+    if not isinstance(value, _CONTAINERS):
+        return None
+    return _container_problem(value, 1)
+
+
+def _container_problem(item: Any, depth: int) -> str | None:
+    if depth > _JSON_MAX_DEPTH:
+        return f"nested deeper than {_JSON_MAX_DEPTH} levels"
+    if isinstance(item, dict):
+        for k in item:
+            if type(k) is not str and not isinstance(k, str):
+                return (
+                    f"dict key {k!r:.40} is a {type(k).__name__}: JSON reads it back as a "
+                    "str; convert the keys to str"
+                )
+        item = item.values()
+    for v in item:
+        if type(v) not in _JSON_LEAVES and isinstance(v, _CONTAINERS):
+            problem = _container_problem(v, depth + 1)
+            if problem is not None:
+                return problem
+    return None
+
+
 def _json_encoder(field: str, spec: FieldSpec, allow_nan: bool) -> Encoder:
     strict, lenient = _json_text_encoder(False), _json_text_encoder(True)
 
     def encode(key: str, value: Any) -> tuple[bytes, bool]:
         if isinstance(value, np.generic):
             value = value.item()
+        problem = _json_problem(value)
+        if problem is not None:
+            raise SchemaError(f"sample {key!r}: field {field!r}: {problem}")
         try:
             text = strict.encode(value)
             nonfinite = False
@@ -418,26 +501,58 @@ def _json_encoder(field: str, spec: FieldSpec, allow_nan: bool) -> Encoder:
                 raise _nan_error(key, field) from None
             text = lenient.encode(value)
             nonfinite = True
-        except TypeError as exc:
+        except (TypeError, RecursionError) as exc:
             raise SchemaError(f"sample {key!r}: field {field!r}: {exc}") from None
+        try:
+            data = text.encode("utf-8")
+        except UnicodeEncodeError as exc:
+            raise SchemaError(
+                f"sample {key!r}: field {field!r}: a str is not valid Unicode ({exc})"
+            ) from None
         if spec.range is not None:
             _check_number_range(key, field, spec, value)
-        return text.encode("utf-8"), nonfinite
+        return data, nonfinite
 
     return encode
 
 
+def _check_bytes(key: str, field: str, encoding: str, data: bytes) -> None:
+    """Refuse raw bytes the loader's default decoder for ``encoding`` could not read."""
+    kind = _CHECKED_BYTES.get(encoding)
+    if kind is None:
+        return
+    try:
+        if kind == "text":
+            data.decode("utf-8")
+        elif kind == "json":
+            json.loads(data)
+        else:
+            if not _INT64_MIN <= int(data) <= _INT64_MAX:
+                raise ValueError("the int does not fit int64")
+    except (ValueError, RecursionError) as exc:  # UnicodeDecodeError and JSONDecodeError too
+        raise SchemaError(
+            f"sample {key!r}: field {field!r}: these bytes are not valid .{encoding} "
+            f"({kind}) and the loader could not read them back: {exc}"
+        ) from None
+
+
 def _bytes_encoder(field: str, spec: FieldSpec) -> Encoder:
     fmt = IMAGE_FORMATS.get(spec.encoding)
+    checked = spec.encoding in _CHECKED_BYTES
 
     def encode(key: str, value: Any) -> tuple[bytes, bool]:
         if isinstance(value, (bytes, bytearray, memoryview)):
-            return bytes(value), False
+            data = bytes(value)
+            if checked:
+                _check_bytes(key, field, spec.encoding, data)
+            return data, False
         if isinstance(value, str) and spec.dtype == "str":
             try:
                 return value.encode("utf-8"), False
             except UnicodeEncodeError as exc:
-                raise SchemaError(f"sample {key!r}: field {field!r}: {exc}") from None
+                raise SchemaError(
+                    f"sample {key!r}: field {field!r}: a str is not valid Unicode ({exc})"
+                ) from None
         if fmt is not None and _is_pil(value):
             buf = io.BytesIO()
             img = value
@@ -488,6 +603,8 @@ class SampleEncoder:
 
     def _setup(self) -> None:
         self._exts = [self.schema[f].ext for f in self.order]
+        # a key longer than this many characters may make a member name over the tar limit
+        self._safe_key_len = (MAX_NAME_BYTES - 1 - max(map(len, self._exts), default=0)) // 4
         self._encoders = [
             make_encoder(f, self.schema[f], self.dims, self.allow_nan) for f in self.order
         ]
@@ -536,6 +653,20 @@ class SampleEncoder:
             )
         return tuple(by_field[f] for f in self.order)
 
+    def _check_member_names(self, key: str) -> None:
+        """SchemaError unless every member name ``KEY.EXT`` fits a tar header."""
+        try:
+            nkey = len(key.encode("utf-8"))
+        except UnicodeEncodeError as exc:
+            raise SchemaError(f"sample {key!r}: the key is not valid Unicode ({exc})") from None
+        for field, ext in zip(self.order, self._exts, strict=True):
+            if nkey + 1 + len(ext.encode("utf-8")) > MAX_NAME_BYTES:
+                raise SchemaError(
+                    f"sample {key!r}: field {field!r}: the member name {key}.{ext} is longer "
+                    f"than {MAX_NAME_BYTES} bytes (the tar name limit): use a shorter key or "
+                    "field name"
+                )
+
     def encode(self, key: str, sample: Mapping[str, Any]) -> tuple[list[tuple[str, bytes]], bool]:
         """``(members, nonfinite)`` for one sample; ``nonfinite`` is True when a float held NaN
         or Inf (only possible with ``allow_nan``)."""
@@ -545,6 +676,8 @@ class SampleEncoder:
             ordered = self._check_names(key, names)
             if len(self._orders) < _NAMES_CACHE_MAX:
                 self._orders[names] = ordered
+        if len(key) > self._safe_key_len:
+            self._check_member_names(key)
         members: list[tuple[str, bytes]] = []
         nonfinite = False
         for name, ext, enc in zip(ordered, self._exts, self._encoders, strict=True):

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from wdsloader.errors import WdsLoaderError
+from concurrent.futures.process import BrokenProcessPool
+
+from wdsloader.errors import SchemaError, WdsLoaderError
 
 
 class BuildError(WdsLoaderError):
@@ -13,3 +15,14 @@ class BuildError(WdsLoaderError):
 
 class OutputExistsError(BuildError, FileExistsError):
     """The output already holds a complete dataset and ``overwrite`` is off."""
+
+
+class SampleKeyError(BuildError, SchemaError):
+    """A sample key the shards cannot hold or readers would not give back unchanged (a dot, a
+    leading ``_``, too long, not UTF-8). The message names the source item, key and key field."""
+
+
+class BuildWorkerError(WdsLoaderError, BrokenProcessPool):
+    """A build worker process died (killed by a signal, out of memory, or stopped as it started
+    because the main script has no ``if __name__ == "__main__":`` guard). The blocks finished
+    before stay recorded: a rerun with the same options resumes."""

@@ -33,7 +33,7 @@ from typing import Any, BinaryIO
 import numpy as np
 
 from build_shards.encode import SampleEncoder
-from build_shards.errors import BuildError
+from build_shards.errors import BuildError, SampleKeyError
 from build_shards.splits import Splitter
 from wdsloader.format import ShardInfo, TarStreamWriter, index_path, validate_key
 from wdsloader.storage import is_local, join, write_atomic
@@ -102,16 +102,33 @@ def prepare(job: BlockJob, index: int, raw: Any) -> tuple[str, str, dict[str, An
             )
         sample = dict(out)
         key = sample.pop(job.key_field, key)
+    key = _checked_key(job.key_field, index, key)
+    split = job.splitter(index, key, sample)
+    return key, split, sample
+
+
+def _checked_key(key_field: str, index: int, key: Any) -> str:
+    """``key`` as a str the shards can hold and readers give back unchanged, or
+    :class:`SampleKeyError` naming the source item, the key and the key field."""
+    where = f"source item {index}: field {key_field!r}"
     if isinstance(key, bytes):
-        key = key.decode("utf-8", "replace")
+        try:
+            key = key.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise SampleKeyError(
+                f"{where}: sample key {key!r} is not UTF-8 ({exc}); readers could not give it back"
+            ) from None
     if not isinstance(key, str):
-        raise BuildError(f"source item {index}: key {key!r} is not a string")
+        raise SampleKeyError(f"{where}: key {key!r} is not a string")
+    try:
+        key.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise SampleKeyError(f"{where}: sample key {key!r} is not valid Unicode ({exc})") from None
     try:
         validate_key(key)
     except ValueError as exc:
-        raise BuildError(f"source item {index}: {exc}") from None
-    split = job.splitter(index, key, sample)
-    return key, split, sample
+        raise SampleKeyError(f"{where}: {exc}") from None
+    return key
 
 
 class Committer:
@@ -530,30 +547,3 @@ def spool_items(
         raise
     others = {name: values for name, values in by_name.items() if name not in arrays}
     return SpooledItems([index for index, _ in pairs], names, placed, others, path)
-
-
-_STATE: dict[str, Any] = {}
-
-
-def init_worker(
-    job: BlockJob, output: str, storage_options: dict[str, Any] | None, abort: Any, progress: Any
-) -> None:
-    """ProcessPoolExecutor initializer: keep the job, open the output filesystem once."""
-    from wdsloader.storage import url_to_fs
-
-    fs, root = url_to_fs(output, storage_options)
-    _STATE.update(job=job, fs=fs, root=root, abort=abort, progress=progress)
-
-
-def worker_block(
-    block: int, start: int, stop: int, items: Iterable[tuple[int, Any]] | None
-) -> dict[str, Any]:
-    """Build one block in a worker: read ``[start, stop)`` from the source, or use ``items``
-    (a list or :class:`SpooledItems`)."""
-    job: BlockJob = _STATE["job"]
-    queue = _STATE["progress"]
-    report = None if queue is None else (lambda n, b: queue.put((n, b)))
-    it = items if items is not None else job.source.iter_range(start, stop)
-    return run_block(
-        job, _STATE["fs"], _STATE["root"], block, start, it, abort=_STATE["abort"], report=report
-    )

@@ -284,3 +284,69 @@ def test_adopting_our_own_build_reproduces_its_index_and_manifest(tmp_path):
     assert {p: p.read_bytes() for p in idx} == idx
     assert adopted.to_dict()["splits"] == built.to_dict()["splits"]
     assert adopted.schema == built.schema
+
+
+# ------------------------------------------------------------------------------------------------
+# hostile shards: sizes past the end, keys delivered twice
+# ------------------------------------------------------------------------------------------------
+
+
+def write_tar(path, members: list[tuple[str, bytes]], pax: dict[str, dict[str, str]] | None = None):
+    """A PAX-format tar of ``(name, data)`` members; ``pax[name]`` adds PAX records to one."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with tarfile.open(path, "w", format=tarfile.PAX_FORMAT) as tf:
+        for name, data in members:
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            info.pax_headers = dict((pax or {}).get(name, {}))
+            tf.addfile(info, io.BytesIO(data))
+
+
+def test_pax_size_past_the_end_of_the_file_is_refused(tmp_path):
+    root = tmp_path / "ds"
+    shard = root / "train" / "shard-0.tar"
+    members = [("k0.txt", b"hello"), ("k1.txt", b"world"), ("k2.txt", b"again")]
+    # tarfile writes our PAX record as given; then patch its digits in place (same length)
+    write_tar(shard, members, pax={"k1.txt": {"size": "0000000000000000005"}})
+    data = shard.read_bytes()
+    at = data.index(b"size=0000000000000000005")
+    patched = data[:at] + b"size=1000000000000000005" + data[at + 24 :]
+    shard.write_bytes(patched)
+    header_end = patched.index(b"k1.txt", at) // 512 * 512 + 512  # the member's ustar header
+    with pytest.raises(
+        ShardFormatError,
+        match=rf"ds/train/shard-0.tar: member k1\.txt \(data at byte {header_end}\) claims "
+        rf"1000000000000000005 bytes, past the end of the file \({len(patched)} bytes\)",
+    ):
+        adopt(root)
+    assert not (root / "manifest.json").exists()
+    assert not (root / "train" / "shard-0.tar.idx").exists()
+
+
+def test_key_twice_within_one_shard_is_refused(tmp_path):
+    root = tmp_path / "ds"
+    write_tar(root / "train" / "a.tar", [("k0.txt", b"x"), ("k1.txt", b"y"), ("k0.txt", b"z")])
+    with pytest.raises(
+        ShardFormatError,
+        match=r"ds/train/a.tar: sample key 'k0' appears twice \(samples at bytes 0 and 2048\)",
+    ):
+        adopt(root)
+    assert not (root / "manifest.json").exists()
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_key_in_two_shards_of_a_split_is_refused_naming_both(tmp_path, workers):
+    root = tmp_path / "ds"
+    write_tar(root / "train" / "a.tar", [(f"k{i}.txt", b"x") for i in range(50)])
+    write_tar(root / "train" / "b.tar", [(f"k{i}.txt", b"y") for i in range(49, 60)])
+    write_tar(root / "val" / "c.tar", [("k0.txt", b"v")])  # another split may share a key
+    with pytest.raises(
+        ShardFormatError,
+        match=r"ds/train/a.tar and .*ds/train/b.tar both hold sample 'k49' \(split 'train'\)",
+    ):
+        adopt(root, workers=workers)
+    assert not (root / "manifest.json").exists()
+    (root / "train" / "b.tar").unlink()
+    manifest = adopt(root)
+    assert manifest.splits["train"].num_samples == 50
+    assert manifest.splits["val"].num_samples == 1

@@ -13,7 +13,9 @@ import multiprocessing
 import pickle
 from typing import Any
 
-# what each attribute of the dataset object is, in the words of create_loader's arguments
+# the attributes of the dataset object that can hold a user's objects, in the words of
+# create_loader's arguments (the rest is ours: plain data and classes that pickle; pickling
+# it here would cost as much as a worker's start for a manifest of many shards)
 _PARTS = {
     "collate_fn": "collate_fn",
     "decoder": "decoder (a decoder registered with register_decoder)",
@@ -39,11 +41,11 @@ def check_sendable(dataset: Any, context: Any = None) -> None:
     method = start_method(context)
     if method == "fork":
         return
-    for name, value in vars(dataset).items():
+    for name, what in _PARTS.items():
+        value = getattr(dataset, name, None)
         try:
             pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL)
         except (pickle.PicklingError, AttributeError, TypeError) as exc:
-            what = _PARTS.get(name, name)
             raise ValueError(
                 f"create_loader: the {what} cannot be sent to DataLoader workers started by "
                 f"{method!r} ({exc}): use a module-level function or an instance of a "

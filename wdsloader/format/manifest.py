@@ -9,6 +9,7 @@ from typing import Any
 
 from wdsloader.errors import ManifestError
 from wdsloader.format.checks import (
+    MAX_INT,
     InvalidField,
     check_array_dtype,
     check_count,
@@ -187,7 +188,7 @@ class Manifest:
                     check_count(split[key], f"{where}.{key}")
             shards = check_list(split["shards"], f"{where}.shards")
             splits[name] = SplitInfo(
-                shards=[_shard_info(s, f"{where}.shards[{i}]") for i, s in enumerate(shards)]
+                shards=[_shard_info(s, where, i) for i, s in enumerate(shards)]
             )
         build = check_obj(data.get("build", {}), "build")
         check_depth(build, "build")
@@ -267,6 +268,7 @@ def check_version(version: str, *, source: str = MANIFEST_NAME) -> None:
 
 _SPEC_KEYS = {"ext", "encoding", "dtype", "shape", "range"}
 _SHARD_KEYS = {"path", "idx_path", "num_samples", "num_bytes", "sha256", "layout"}
+_SHARD_REQUIRED = _SHARD_KEYS - {"sha256", "layout"}
 
 
 def _check_spec_values(
@@ -295,16 +297,25 @@ def _field_spec(spec: Any, where: str) -> FieldSpec:
     return FieldSpec(**spec)
 
 
-def _shard_info(shard: Any, where: str) -> ShardInfo:
-    check_keys(check_obj(shard, where), where, _SHARD_KEYS - {"sha256", "layout"}, _SHARD_KEYS)
-    for key in ("path", "idx_path"):
-        problem = path_problem(shard[key])
-        if problem is not None:
-            raise InvalidField(_path_message(shard[key], f"{where}.{key}", problem))
-    check_count(shard["num_samples"], f"{where}.num_samples")
-    check_count(shard["num_bytes"], f"{where}.num_bytes")
-    check_sha256(shard.get("sha256"), f"{where}.sha256")
-    check_layout(shard.get("layout"), f"{where}.layout")
+def _shard_info(shard: Any, split: str, i: int) -> ShardInfo:
+    # checked with relative field names, the path put in front only on failure: a manifest can
+    # list millions of shards
+    try:
+        check_keys(check_obj(shard, ""), "", _SHARD_REQUIRED, _SHARD_KEYS)
+        for key in ("path", "idx_path"):
+            problem = path_problem(shard[key])
+            if problem is not None:
+                raise InvalidField(_path_message(shard[key], f".{key}", problem))
+        n, size = shard["num_samples"], shard["num_bytes"]
+        if not (
+            type(n) is int and type(size) is int and 0 <= min(n, size) <= max(n, size) <= MAX_INT
+        ):
+            check_count(n, ".num_samples")
+            check_count(size, ".num_bytes")
+        check_sha256(shard.get("sha256"), ".sha256")
+        check_layout(shard.get("layout"), ".layout")
+    except InvalidField as exc:
+        raise InvalidField(f"{split}.shards[{i}]{exc}") from None
     return ShardInfo(**shard)
 
 

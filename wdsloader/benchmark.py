@@ -89,13 +89,12 @@ def measure_loader(
 
     Reads one epoch, or the first ``max_batches`` batches; ``loader_kwargs`` go to
     :func:`wdsloader.create_loader` (``seed``, ``shuffle``, ``fields``, ``cache_dir``, ...).
-    ``progress=True`` shows a tqdm bar.
+    ``progress=True`` shows a tqdm bar when stderr is a terminal.
     """
     if max_batches is not None and max_batches < 1:
         raise ValueError(f"max_batches must be >= 1, got {max_batches}")
-    from tqdm import tqdm
-
     from wdsloader.loader import create_loader
+    from wdsloader.progress import progress_bar
 
     t0 = time.perf_counter()
     loader = create_loader(
@@ -111,7 +110,7 @@ def measure_loader(
     total = len(loader) if max_batches is None else min(max_batches, len(loader))
     samples = batches = 0
     t_first: float | None = None
-    bar = tqdm(total=total, unit="batch", disable=not progress, dynamic_ncols=True)
+    bar = progress_bar(total=total, unit="batch", enabled=progress)
     it = iter(loader)
     try:
         for batch in it:
@@ -120,7 +119,7 @@ def measure_loader(
             samples += batch_size_of(batch)
             batches += 1
             bar.update(1)
-            if progress and batches % 8 == 0:
+            if not bar.disable and batches % 8 == 0:
                 bar.set_postfix_str(f"{samples / (time.perf_counter() - t0):,.0f} samples/s")
             if max_batches is not None and batches >= max_batches:
                 break

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from typing import Any
 
 from wdsloader.storage import parse_storage_options
 
@@ -56,11 +57,41 @@ def _head(args: argparse.Namespace) -> int:
     for i, batch in enumerate(loader):
         if i == args.n:
             break
-        shown = {}
-        for k, v in batch.items():
-            shown[k] = f"tensor{list(v.shape[1:])} {v.dtype}" if hasattr(v, "shape") else v[0]
-        print(json.dumps(shown, default=str))
+        shown = {k: show_value(v[0]) for k, v in batch.items()}
+        print(json.dumps(shown, default=str, ensure_ascii=False))
     return 0
+
+
+SHOWN_ITEMS = 4  # leading values of an array that `head` prints
+SHOWN_CHARS = 200  # characters of a string that `head` prints
+
+
+def show_value(value: Any) -> Any:
+    """A sample's value as ``wdsloader head`` prints it: scalars as numbers, short strings as is,
+    arrays and tensors abbreviated (``tensor(shape=[64], dtype=float32, [0.12, -0.5, ...])``),
+    bytes by their length; JSON values (dicts, lists) as they are."""
+    if hasattr(value, "shape") and hasattr(value, "dtype"):  # a torch tensor or numpy array
+        kind = "array" if type(value).__module__ == "numpy" else "tensor"
+        dtype = str(value.dtype).removeprefix("torch.")
+        if len(value.shape) == 0:
+            return value.item()
+        flat = value.reshape(-1)[: SHOWN_ITEMS + 1].tolist()
+        items = [_number(x) for x in flat[:SHOWN_ITEMS]]
+        more = ", ..." if len(flat) > SHOWN_ITEMS else ""
+        return f"{kind}(shape={list(value.shape)}, dtype={dtype}, [{', '.join(items)}{more}])"
+    if isinstance(value, str) and len(value) > SHOWN_CHARS:
+        return f"{value[:SHOWN_CHARS]}... ({len(value)} characters)"
+    if isinstance(value, bytes | bytearray | memoryview):
+        return f"bytes(len={len(value)})"
+    return value
+
+
+def _number(x: Any) -> str:
+    """An array item: floats in 4 significant digits that still read as floats (``1.0``)."""
+    if not isinstance(x, float):
+        return str(x)
+    text = f"{x:.4g}"
+    return text if any(c in text for c in ".en") else f"{text}.0"  # 'n': nan, inf
 
 
 def _validate(args: argparse.Namespace) -> int:
@@ -130,7 +161,7 @@ def main(argv: list[str] | None = None) -> int:
     commands = {"info": _info, "head": _head, "validate": _validate, "bench": _bench}
     try:
         return commands[args.command](args)
-    except (WdsLoaderError, ValueError, FileNotFoundError) as exc:
+    except (WdsLoaderError, ValueError, OSError) as exc:
         print(f"wdsloader: error: {exc}", file=sys.stderr)
         return 2
 

@@ -4,6 +4,10 @@ A collator is made by a *factory* ``(**options) -> collate`` where ``collate(sam
 :func:`get_collator` picks one by name, or by modality (the one registered first for it), and
 never falls back silently: an unknown name or modality is a ValueError listing what exists.
 
+Collate functions run inside DataLoader workers, which receive them by pickle under the
+``spawn``/``forkserver`` start methods: a factory should return an instance of a module-level
+class (as the built-ins do) or a module-level function, never a closure or lambda.
+
 Built in: ``default`` (modality ``any``) stacks arrays and numbers into tensors and keeps
 everything else as lists; ``causal_lm`` (modality ``text``) shifts token ids into
 ``input_ids``/``labels`` for next-token prediction.
@@ -20,8 +24,10 @@ import torch
 
 __all__ = [
     "IGNORE_INDEX",
+    "CausalLMCollator",
     "CollateFn",
     "CollatorInfo",
+    "DefaultCollator",
     "get_collator",
     "list_collators",
     "register_collator",
@@ -51,7 +57,8 @@ def register_collator(
 ) -> Callable[[Factory], Factory]:
     """Decorator registering a collator factory under ``name`` for ``modality``.
 
-    The factory takes keyword options and returns ``collate(samples) -> batch``. A name already
+    The factory takes keyword options and returns ``collate(samples) -> batch``, a picklable
+    callable (see the module docstring). A name already
     registered is a ValueError unless ``replace=True``. The first collator registered for a
     modality is the one :func:`get_collator` returns for that modality.
     """
@@ -197,6 +204,29 @@ def _collate_field(name: str, values: list[Any], samples: Sequence[dict[str, Any
     return values
 
 
+class DefaultCollator:
+    """The ``default`` collator as a picklable callable (see :func:`default_collator`)."""
+
+    __slots__ = ()
+
+    def __call__(self, samples: list[dict[str, Any]]) -> dict[str, Any]:
+        names = _check_batch(samples)
+        return {n: _collate_field(n, [s[n] for s in samples], samples) for n in names}
+
+    def collate_columns(self, columns: dict[str, Any]) -> dict[str, Any]:
+        """The same batch from columns (see :func:`_collate_columns`)."""
+        return _collate_columns(columns)
+
+    def __eq__(self, other: object) -> bool:
+        return type(other) is DefaultCollator
+
+    def __hash__(self) -> int:
+        return hash(DefaultCollator)
+
+    def __repr__(self) -> str:
+        return "DefaultCollator()"
+
+
 @register_collator(
     "default",
     ANY,
@@ -216,13 +246,7 @@ def default_collator() -> CollateFn:
 
     Every sample must have the same fields; an empty batch is a ValueError.
     """
-
-    def collate(samples: list[dict[str, Any]]) -> dict[str, Any]:
-        names = _check_batch(samples)
-        return {n: _collate_field(n, [s[n] for s in samples], samples) for n in names}
-
-    collate.collate_columns = _collate_columns  # type: ignore[attr-defined]
-    return collate
+    return DefaultCollator()
 
 
 def _collate_columns(columns: dict[str, Any]) -> dict[str, Any]:
@@ -262,23 +286,15 @@ def _token_rows(samples: Sequence[dict[str, Any]], field: str) -> list[np.ndarra
     return rows
 
 
-@register_collator(
-    "causal_lm",
-    "text",
-    "next-token prediction: input_ids = tokens[:-1], labels = tokens[1:], optional padding",
-)
-def causal_lm_collator(field: str = "tokens", pad_id: int | None = None) -> CollateFn:
-    """Shift token ids for next-token prediction.
+@dataclass(slots=True, frozen=True)
+class CausalLMCollator:
+    """The ``causal_lm`` collator as a picklable callable (see :func:`causal_lm_collator`)."""
 
-    Each sample's ``field`` holds L + 1 token ids. The batch is ``input_ids = tokens[:, :-1]``,
-    ``labels = tokens[:, 1:]`` (both int64), ``attention_mask`` (int64 ones) and ``__key__``
-    when the samples have keys. With ``pad_id``, rows of different lengths are right-padded with
-    it to the longest, input positions holding ``pad_id`` get attention 0 and label positions
-    holding it get ``-100`` (ignored by the loss). Without ``pad_id`` all rows must have the
-    same length.
-    """
+    field: str = "tokens"
+    pad_id: int | None = None
 
-    def collate(samples: list[dict[str, Any]]) -> dict[str, Any]:
+    def __call__(self, samples: list[dict[str, Any]]) -> dict[str, Any]:
+        field, pad_id = self.field, self.pad_id
         if not samples:
             raise ValueError("cannot collate an empty batch")
         rows = _token_rows(samples, field)
@@ -306,4 +322,20 @@ def causal_lm_collator(field: str = "tokens", pad_id: int | None = None) -> Coll
             batch["__key__"] = [s.get("__key__") for s in samples]
         return batch
 
-    return collate
+
+@register_collator(
+    "causal_lm",
+    "text",
+    "next-token prediction: input_ids = tokens[:-1], labels = tokens[1:], optional padding",
+)
+def causal_lm_collator(field: str = "tokens", pad_id: int | None = None) -> CollateFn:
+    """Shift token ids for next-token prediction.
+
+    Each sample's ``field`` holds L + 1 token ids. The batch is ``input_ids = tokens[:, :-1]``,
+    ``labels = tokens[:, 1:]`` (both int64), ``attention_mask`` (int64 ones) and ``__key__``
+    when the samples have keys. With ``pad_id``, rows of different lengths are right-padded with
+    it to the longest, input positions holding ``pad_id`` get attention 0 and label positions
+    holding it get ``-100`` (ignored by the loss). Without ``pad_id`` all rows must have the
+    same length.
+    """
+    return CausalLMCollator(field=field, pad_id=pad_id)

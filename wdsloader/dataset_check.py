@@ -21,6 +21,7 @@ from wdsloader.fetch import ReadOptions, ShardStore
 from wdsloader.format import FieldSpec, Manifest, ShardInfo
 from wdsloader.format.index import INDEX_DTYPE
 from wdsloader.format.tar import BLOCK
+from wdsloader.progress import progress_bar
 from wdsloader.storage import join, url_to_fs
 from wdsloader.validate import (
     _TENSOR,
@@ -388,10 +389,9 @@ def validate_dataset(
     recorded member layout. Every problem becomes one line of the report naming the shard (and
     the sample key, field and rule where they apply); data problems never raise. A missing or
     unreadable manifest, or an unknown ``split``, raises :class:`~wdsloader.errors.ManifestError`.
-    ``progress=True`` shows a tqdm bar over shards (``deep``: over samples).
+    ``progress=True`` shows a tqdm bar over shards (``deep``: over samples) when stderr is a
+    terminal.
     """
-    from tqdm import tqdm
-
     manifest = Manifest.load(root, storage_options)
     names = list(manifest.splits) if split is None else [split]
     shards = [s for name in names for s in manifest.split(name).shards]
@@ -402,7 +402,7 @@ def validate_dataset(
     unit = "sample" if deep else "shard"
     try:
         checker = _DatasetChecker(manifest, fs, base, store, report)
-        with tqdm(total=total, unit=unit, desc="validate", disable=not progress) as bar:
+        with progress_bar(total=total, unit=unit, desc="validate", enabled=progress) as bar:
             for shard in shards:
                 checker.check_shard(shard, deep, bar)
     finally:

@@ -17,7 +17,6 @@ import json
 import math
 import zlib
 from collections.abc import Callable, Mapping, Sequence
-from functools import partial
 from typing import Any
 
 import numpy as np
@@ -272,6 +271,10 @@ def decode_npz(buf: Buffer) -> dict[str, np.ndarray]:
     return _load_npz(buf, allow_pickle=False)
 
 
+def _decode_npz_trusted(buf: Buffer) -> dict[str, np.ndarray]:
+    return _load_npz(buf, allow_pickle=True)
+
+
 _SCAN_JSON = json.JSONDecoder().scan_once
 
 
@@ -384,7 +387,7 @@ _REGISTRY: dict[str, Decoder] = dict(_DEFAULTS)
 # What ``allow_pickle=True`` swaps in: the caller said the data are trusted.
 _TRUSTED: dict[str, Decoder] = {
     "npy": _decode_npy_trusted,
-    "npz": partial(_load_npz, allow_pickle=True),
+    "npz": _decode_npz_trusted,
     "pt": _decode_pt_trusted,
     "pth": _decode_pt_trusted,
     **{enc: _decode_pickle_trusted for enc in PICKLE_ENCODINGS},
@@ -426,26 +429,75 @@ class _SchemaMismatch(ValueError):
     """A decoded value does not match its FieldSpec."""
 
 
-def _npy_check(spec: FieldSpec) -> Callable[[Any], Any] | None:
+class _NpyCheck:
+    """Post-decode check of an ``npy`` field against the schema's dtype and all-int shape.
+
+    A small class rather than a closure: the decoder travels to ``spawn``/``forkserver``
+    workers by pickle.
+    """
+
+    __slots__ = ("dtype", "shape")
+
+    def __init__(self, dtype: np.dtype, shape: tuple[int, ...]) -> None:
+        self.dtype = dtype
+        self.shape = shape
+
+    def __call__(self, value: Any) -> Any:
+        if not isinstance(value, np.ndarray):
+            raise _SchemaMismatch(f"expected an array, got {type(value).__name__}")
+        if value.dtype != self.dtype:
+            raise _SchemaMismatch(f"dtype {value.dtype}, schema says {self.dtype}")
+        if value.shape != self.shape:
+            raise _SchemaMismatch(f"shape {list(value.shape)}, schema says {list(self.shape)}")
+        return value
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, _NpyCheck) and (self.dtype, self.shape) == (
+            other.dtype,
+            other.shape,
+        )
+
+    def __hash__(self) -> int:
+        return hash((self.dtype, self.shape))
+
+    def __repr__(self) -> str:
+        return f"_NpyCheck({self.dtype}, {list(self.shape)})"
+
+
+def _npy_check(spec: FieldSpec) -> _NpyCheck | None:
     """A post-decode check of dtype and shape for an ``npy`` field with an all-int shape."""
     if spec.dtype is None or spec.shape is None or not all(isinstance(d, int) for d in spec.shape):
         return None
-    dtype = np.dtype(spec.dtype)
-    shape = tuple(spec.shape or ())
-
-    def check(value: Any) -> Any:
-        if not isinstance(value, np.ndarray):
-            raise _SchemaMismatch(f"expected an array, got {type(value).__name__}")
-        if value.dtype != dtype:
-            raise _SchemaMismatch(f"dtype {value.dtype}, schema says {dtype}")
-        if value.shape != shape:
-            raise _SchemaMismatch(f"shape {list(value.shape)}, schema says {list(shape)}")
-        return value
-
-    return check
+    return _NpyCheck(np.dtype(spec.dtype), tuple(spec.shape))
 
 
-def _cls_cast(spec: FieldSpec) -> Callable[[Any], Any] | None:
+class _ClsCast:
+    """Cast a ``cls`` int to a numpy scalar type (a class, so it pickles; see :class:`_NpyCheck`)."""
+
+    __slots__ = ("dtype",)
+
+    def __init__(self, dtype: np.dtype) -> None:
+        self.dtype = dtype
+
+    def __call__(self, value: Any) -> Any:
+        try:
+            return self.dtype.type(value)
+        except (OverflowError, ValueError) as exc:
+            raise _SchemaMismatch(
+                f"value {value!r} does not fit dtype {self.dtype}: {exc}"
+            ) from None
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, _ClsCast) and self.dtype == other.dtype
+
+    def __hash__(self) -> int:
+        return hash(self.dtype)
+
+    def __repr__(self) -> str:
+        return f"_ClsCast({self.dtype})"
+
+
+def _cls_cast(spec: FieldSpec) -> _ClsCast | None:
     """Cast a ``cls`` int to the numpy scalar type the schema declares (``int64`` ...)."""
     if spec.dtype is None:
         return None
@@ -455,17 +507,29 @@ def _cls_cast(spec: FieldSpec) -> Callable[[Any], Any] | None:
         return None
     if dtype.kind not in "biuf":
         return None  # a non-numeric dtype name: keep the Python int
-    scalar = dtype.type
+    return _ClsCast(dtype)
 
-    def cast(value: Any) -> Any:
-        try:
-            return scalar(value)
-        except (OverflowError, ValueError) as exc:
-            raise _SchemaMismatch(
-                f"value {value!r} does not fit dtype {spec.dtype}: {exc}"
-            ) from None
 
-    return cast
+class _Then:
+    """``post(fn(buf))``: a decoder followed by its schema check (picklable)."""
+
+    __slots__ = ("fn", "post")
+
+    def __init__(self, fn: Decoder, post: Callable[[Any], Any]) -> None:
+        self.fn = fn
+        self.post = post
+
+    def __call__(self, buf: Any) -> Any:
+        return self.post(self.fn(buf))
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, _Then) and (self.fn, self.post) == (other.fn, other.post)
+
+    def __hash__(self) -> int:
+        return hash((self.fn, self.post))
+
+    def __repr__(self) -> str:
+        return f"_Then({self.fn!r}, {self.post!r})"
 
 
 _Step = tuple[str, str, Decoder, Callable[[Any], Any] | None]  # field, ext, decoder, post
@@ -599,7 +663,7 @@ class SampleDecoder:
         _, ext, fn, post = self._schema_step(field)
         if post is None:
             return ext, fn
-        return ext, lambda buf: post(fn(buf))
+        return ext, _Then(fn, post)
 
     def decode_field(self, raw: Mapping[str, Any], key: str, source: str, field: str) -> Any:
         """Decode one field of a sample (for callers that pick fields per sample)."""

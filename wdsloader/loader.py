@@ -17,6 +17,7 @@ from wdsloader.dataset import ShardStreamDataset
 from wdsloader.decode import SampleDecoder
 from wdsloader.fetch import ReadOptions, ShardStore
 from wdsloader.format import Manifest
+from wdsloader.start_method import check_sendable
 from wdsloader.state import check_state, make_state, resume_from_dict
 
 if TYPE_CHECKING:
@@ -233,6 +234,10 @@ def create_loader(
     variant fields by one output field drawn per sample and epoch; None uses the manifest's
     default (``loader_defaults["curriculum"]``), False none. ``gather=False`` turns off the
     whole-batch read of fixed-size fields (every sample is then parsed on its own).
+
+    ``multiprocessing_context`` (``"fork"``, ``"spawn"``, ``"forkserver"`` or a context) picks
+    how workers start; under spawn/forkserver a collator, decoder or schedule that cannot be
+    pickled (a lambda, a closure) is a ValueError here, naming it.
     """
     if batch_size < 1:
         raise ValueError(f"batch_size must be >= 1, got {batch_size}")
@@ -306,6 +311,7 @@ def create_loader(
         kwargs["persistent_workers"] = persistent_workers
         kwargs["prefetch_factor"] = prefetch_factor or 2
         kwargs["multiprocessing_context"] = multiprocessing_context
+        check_sendable(dataset, multiprocessing_context)
     elif persistent_workers or prefetch_factor:
         raise ValueError("persistent_workers and prefetch_factor need num_workers > 0")
     loader = WdsDataLoader(dataset, **kwargs)

@@ -2,8 +2,9 @@
 
 Built-in kinds (each serialisable to a JSON dict with a ``kind``): :func:`fixed`, :func:`linear`,
 :func:`cosine`, :func:`steps`, :func:`zero_decay` (the reference default); :func:`from_callable`
-wraps any ``epoch -> probabilities`` function (not serialisable). Invalid probabilities are a
-ValueError saying what is wrong.
+wraps any ``epoch -> probabilities`` function (not serialisable to JSON, and picklable for
+``spawn``/``forkserver`` workers only when the function is: a module-level function, not a
+lambda). Invalid probabilities are a ValueError saying what is wrong.
 """
 
 from __future__ import annotations
@@ -374,7 +375,11 @@ def zero_decay(
 
 
 def from_callable(fn: Callable[[int], ProbLike]) -> Schedule:
-    """Probabilities from ``fn(epoch)``, checked at every call (errors name the epoch)."""
+    """Probabilities from ``fn(epoch)``, checked at every call (errors name the epoch).
+
+    Loaders whose workers start by ``spawn`` or ``forkserver`` pickle ``fn``: give a module-level
+    function (a lambda or closure is refused by ``create_loader``, naming the curriculum).
+    """
     if not callable(fn):
         raise ValueError(f"from_callable: {fn!r} is not callable")
     return CallableSchedule(fn)

@@ -8,6 +8,22 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from wdsloader.errors import ManifestError
+from wdsloader.format.checks import (
+    MAX_INT,
+    InvalidField,
+    check_array_dtype,
+    check_count,
+    check_depth,
+    check_keys,
+    check_layout,
+    check_list,
+    check_obj,
+    check_range,
+    check_sha256,
+    check_shape,
+    check_str,
+    path_problem,
+)
 from wdsloader.storage import join, url_to_fs, write_atomic
 
 FORMAT_NAME = "wdsloader"
@@ -33,6 +49,16 @@ class FieldSpec:
     dtype: str | None = None
     shape: list[Dim] | None = None
     range: list[float] | None = None
+
+    def __post_init__(self) -> None:
+        try:
+            _check_spec_values(self.ext, self.encoding, self.dtype, self.shape, self.range, "")
+        except InvalidField as exc:
+            raise ManifestError(f"FieldSpec(ext={self.ext!r}){exc}") from None
+        if isinstance(self.shape, tuple):
+            self.shape = list(self.shape)
+        if isinstance(self.range, tuple):
+            self.range = list(self.range)
 
     @property
     def fixed_size(self) -> bool:
@@ -128,36 +154,66 @@ class Manifest:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any], *, source: str = MANIFEST_NAME) -> Manifest:
+        """The manifest ``data`` (parsed JSON) describes. Every value is checked: a missing key,
+        a wrong type, a negative size, an unsafe shard path... is a :class:`ManifestError`
+        naming ``source`` and the field (``splits.train.shards[3].num_samples``)."""
         if not isinstance(data, dict) or data.get("format") != FORMAT_NAME:
             raise ManifestError(f"{source}: not a {FORMAT_NAME} manifest (format field)")
-        version = str(data.get("version", ""))
-        check_version(version, source=source)
         try:
-            schema = {k: FieldSpec(**v) for k, v in data.get("schema", {}).items()}
-            splits = {
-                name: SplitInfo(shards=[ShardInfo(**s) for s in split["shards"]])
-                for name, split in data.get("splits", {}).items()
-            }
-        except (TypeError, KeyError) as exc:
-            raise ManifestError(f"{source}: invalid manifest: {exc}") from None
-        manifest = cls(
+            version = check_str(data.get("version"), "version")
+        except InvalidField as exc:
+            raise ManifestError(f"{source}: {exc}") from None
+        check_version(version, source=source)  # type: ignore[arg-type]
+        try:
+            return cls._parse(data, version)  # type: ignore[arg-type]
+        except InvalidField as exc:
+            raise ManifestError(f"{source}: {exc}") from None
+
+    @classmethod
+    def _parse(cls, data: dict[str, Any], version: str) -> Manifest:
+        """The checked fields of ``data`` (raises :class:`InvalidField`)."""
+        schema = {}
+        for name, spec in check_obj(data.get("schema", {}), "schema").items():
+            schema[name] = _field_spec(spec, f"schema.{name}")
+        dims = {}
+        for name, size in check_obj(data.get("dims", {}), "dims").items():
+            dims[name] = check_count(size, f"dims.{name}")
+        splits = {}
+        for name, split in check_obj(data.get("splits", {}), "splits").items():
+            where = f"splits.{name}"
+            if "shards" not in check_obj(split, where):
+                raise InvalidField(f"{where}: missing 'shards'")
+            for key in ("num_samples", "num_bytes"):
+                if key in split:
+                    check_count(split[key], f"{where}.{key}")
+            shards = check_list(split["shards"], f"{where}.shards")
+            splits[name] = SplitInfo(
+                shards=[_shard_info(s, where, i) for i, s in enumerate(shards)]
+            )
+        build = check_obj(data.get("build", {}), "build")
+        check_depth(build, "build")
+        defaults = check_obj(data.get("loader_defaults", {}), "loader_defaults")
+        check_depth(defaults, "loader_defaults")
+        _check_loader_defaults(defaults)
+        return cls(
             schema=schema,
-            dims={k: int(v) for k, v in data.get("dims", {}).items()},
+            dims=dims,
             splits=splits,
-            build=data.get("build", {}),
-            loader_defaults=data.get("loader_defaults", {}),
+            build=build,
+            loader_defaults=defaults,
             version=version,
         )
-        manifest.check_paths(source=source)
-        return manifest
 
     def check_paths(self, *, source: str = MANIFEST_NAME) -> None:
-        """Raise ManifestError if a shard path is absolute, a URL or leaves the dataset root."""
-        for split in self.splits.values():
-            for shard in split.shards:
-                for p in (shard.path, shard.idx_path):
-                    if p.startswith("/") or "://" in p or ".." in p.split("/"):
-                        raise ManifestError(f"{source}: shard path {p!r} must be relative")
+        """Raise ManifestError naming the shard or index path that could leave the dataset root.
+
+        Paths are checked as written, before any decoding: see
+        :func:`wdsloader.format.checks.path_problem` for what is refused.
+        """
+        for name, split in self.splits.items():
+            for i, shard in enumerate(split.shards):
+                for key in ("path", "idx_path"):
+                    _check_path(getattr(shard, key), f"splits.{name}.shards[{i}].{key}", source)
 
     # -- I/O -----------------------------------------------------------------------------------
     def save(
@@ -189,7 +245,9 @@ class Manifest:
             raise ManifestError(f"{where}: manifest unreadable: {exc}") from None
         try:
             data = json.loads(raw)
-        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        except RecursionError:
+            raise ManifestError(f"{where}: manifest is not valid JSON: nested too deeply") from None
+        except ValueError as exc:  # JSONDecodeError, UnicodeDecodeError, an int of 5000 digits
             raise ManifestError(f"{where}: manifest is not valid JSON: {exc}") from None
         return cls.from_dict(data, source=where)
 
@@ -206,6 +264,86 @@ def check_version(version: str, *, source: str = MANIFEST_NAME) -> None:
             f"{source}: format version {version} is newer than this wdsloader supports "
             f"({FORMAT_VERSION}); upgrade wdsloader to read it"
         )
+
+
+_SPEC_KEYS = {"ext", "encoding", "dtype", "shape", "range"}
+_SHARD_KEYS = {"path", "idx_path", "num_samples", "num_bytes", "sha256", "layout"}
+_SHARD_REQUIRED = _SHARD_KEYS - {"sha256", "layout"}
+
+
+def _check_spec_values(
+    ext: Any, encoding: Any, dtype: Any, shape: Any, range_: Any, where: str
+) -> None:
+    """The types of a field's values (shared by FieldSpec and the manifest reader)."""
+    check_str(ext, f"{where}.ext")
+    check_str(encoding, f"{where}.encoding")
+    check_str(dtype, f"{where}.dtype", optional=True)
+    check_shape(shape, f"{where}.shape")
+    check_range(range_, f"{where}.range")
+
+
+def _field_spec(spec: Any, where: str) -> FieldSpec:
+    check_keys(check_obj(spec, where), where, {"ext", "encoding"}, _SPEC_KEYS)
+    _check_spec_values(
+        spec["ext"],
+        spec["encoding"],
+        spec.get("dtype"),
+        spec.get("shape"),
+        spec.get("range"),
+        where,
+    )
+    if spec["encoding"] == "npy" and spec.get("dtype") is not None:
+        check_array_dtype(spec["dtype"], f"{where}.dtype")
+    return FieldSpec(**spec)
+
+
+def _shard_info(shard: Any, split: str, i: int) -> ShardInfo:
+    # checked with relative field names, the path put in front only on failure: a manifest can
+    # list millions of shards
+    try:
+        check_keys(check_obj(shard, ""), "", _SHARD_REQUIRED, _SHARD_KEYS)
+        for key in ("path", "idx_path"):
+            problem = path_problem(shard[key])
+            if problem is not None:
+                raise InvalidField(_path_message(shard[key], f".{key}", problem))
+        n, size = shard["num_samples"], shard["num_bytes"]
+        if not (
+            type(n) is int and type(size) is int and 0 <= min(n, size) <= max(n, size) <= MAX_INT
+        ):
+            check_count(n, ".num_samples")
+            check_count(size, ".num_bytes")
+        check_sha256(shard.get("sha256"), ".sha256")
+        check_layout(shard.get("layout"), ".layout")
+    except InvalidField as exc:
+        raise InvalidField(f"{split}.shards[{i}]{exc}") from None
+    return ShardInfo(**shard)
+
+
+def _check_loader_defaults(defaults: dict[str, Any]) -> None:
+    if "collate" in defaults:
+        check_str(defaults["collate"], "loader_defaults.collate", optional=True)
+    curriculum = defaults.get("curriculum")
+    if curriculum is not None:
+        from wdsloader.curriculum import Curriculum
+
+        check_obj(curriculum, "loader_defaults.curriculum")
+        try:
+            Curriculum.from_dict(curriculum)
+        except ValueError as exc:
+            raise InvalidField(f"loader_defaults.curriculum: {exc}") from None
+
+
+def _path_message(path: Any, where: str, problem: str) -> str:
+    return (
+        f"{where}: shard path {path!r} refused: {problem} (shard and index paths must be "
+        "relative, '/'-separated and inside the dataset root)"
+    )
+
+
+def _check_path(path: Any, where: str, source: str) -> None:
+    problem = path_problem(path)
+    if problem is not None:
+        raise ManifestError(f"{source}: {_path_message(path, where, problem)}")
 
 
 def _drop_none(d: dict[str, Any]) -> dict[str, Any]:

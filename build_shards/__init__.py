@@ -1,8 +1,18 @@
 """Write side of wdsloader: turn raw data into WebDataset tar shards plus a split manifest."""
 
 from build_shards.build import build_shards
-from build_shards.errors import BuildError, OutputExistsError
+from build_shards.errors import BuildError, OutputExistsError, SourceChangedError
+from build_shards.lock import OutputLockedError
 from build_shards.sources import Source, open_source
 from build_shards.splits import hash_unit
 
-__all__ = ["BuildError", "OutputExistsError", "Source", "build_shards", "hash_unit", "open_source"]
+__all__ = [
+    "BuildError",
+    "OutputExistsError",
+    "OutputLockedError",
+    "Source",
+    "SourceChangedError",
+    "build_shards",
+    "hash_unit",
+    "open_source",
+]

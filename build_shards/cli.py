@@ -55,7 +55,7 @@ ADOPT_EXAMPLES = """\
 STATUS = (
     "exit status: 0 on success, 2 on a user error (one line on stderr, nothing half-written), "
     "1 on an I/O error while writing such as a full disk (one line; finished blocks are kept "
-    "and the same command resumes)"
+    "and it says how to resume)"
 )
 # the library's keyword arguments that errors name (``name=value``), and this command's flags
 # for them; a ``name=value`` entry maps that value alone

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import multiprocessing
 import os
 import re
 import socket
@@ -106,6 +107,40 @@ def test_a_second_build_during_a_build_is_refused_and_touches_nothing(output):
     assert sorted(k for split in data.values() for k in split) == [f"s{i:06d}" for i in range(80)]
     assert_checksums(output)
     assert not any(LOCK_NAME in p or "/_build" in p for p in snapshot(output))
+
+
+def _held_build(output: str, reached, go) -> None:
+    """A build in another process, held before item 50 until ``go`` is set."""
+
+    def samples():
+        for i, sample in enumerate(gen_samples(80)):
+            if i == 50:
+                reached.set()
+                assert go.wait(30)
+            yield sample
+
+    build_shards(samples(), output, **OPTS)
+
+
+def test_a_build_in_another_process_is_refused_too(tmp_path):
+    ctx = multiprocessing.get_context("spawn")
+    reached, go = ctx.Event(), ctx.Event()
+    out = str(tmp_path / "ds")
+    proc = ctx.Process(target=_held_build, args=(out, reached, go))
+    proc.start()
+    try:
+        assert reached.wait(60)
+        before = snapshot(out)
+        with pytest.raises(OutputLockedError, match=rf"pid {proc.pid}, started"):
+            build_shards(list(gen_samples(10, start=900)), out, overwrite=True)
+        assert snapshot(out) == before
+    finally:
+        go.set()
+        proc.join(60)
+    assert proc.exitcode == 0
+    manifest, _ = read_dataset(out)
+    assert manifest.num_samples == 80
+    assert_checksums(out)
 
 
 def _dead_pid() -> int:

@@ -35,7 +35,7 @@ from build_shards.writer import (
     spool_items,
     worker_block,
 )
-from wdsloader.errors import WdsLoaderError
+from wdsloader.errors import SchemaError
 from wdsloader.format import FORMAT_VERSION, FieldSpec, Manifest, ShardInfo, SplitInfo
 from wdsloader.storage import url_to_fs
 
@@ -96,11 +96,11 @@ def build_shards(
     (local processes; indexable sources are read by the workers, sequential ones by this
     process). ``manifest.json`` is written last.
 
-    Failures: finished blocks are recorded under ``OUTPUT/_build/``; after a crash or an I/O
-    error (an ``OSError`` such as a full disk, which keeps them and says so in a note), a rerun
-    with the same options keeps every block whose first and last items still match the source
-    (else :class:`SourceChangedError`: resuming would mix old and new samples). A user error
-    (BuildError, SchemaError) removes what the unfinished build wrote. A complete dataset in
+    Failures: finished blocks are recorded under ``OUTPUT/_build/``. A user error (BuildError,
+    SchemaError) removes what the unfinished build wrote; after a crash or any other error (an
+    ``OSError`` such as a full disk carries a note saying the blocks are kept), a rerun with the
+    same options keeps every block whose first and last items still match the source (else
+    :class:`SourceChangedError`: resuming would mix old and new samples). A complete dataset in
     ``output`` is refused unless ``overwrite``, which starts over: the new shards are written
     beside the old dataset, which stays readable until the new manifest replaces it (then its
     files are removed); an unfinished overwrite is resumed by a rerun without ``overwrite``.
@@ -208,7 +208,7 @@ def build_shards(
             state.finalize(manifest)
         except (OutputLockedError, SourceChangedError):
             raise  # not this build's files to remove (or a clear refusal: keep them)
-        except WdsLoaderError:
+        except (BuildError, SchemaError):  # user errors: the data or options must change
             state.discard()
             raise
         except OSError as exc:

@@ -1,7 +1,8 @@
 """Write side of wdsloader: turn raw data into WebDataset tar shards plus a split manifest."""
 
 from build_shards.build import build_shards
-from build_shards.errors import BuildError, BuildWorkerError, OutputExistsError
+from build_shards.errors import BuildError, BuildWorkerError, OutputExistsError, SourceChangedError
+from build_shards.lock import OutputLockedError
 from build_shards.sources import Source, open_source
 from build_shards.splits import hash_unit
 
@@ -9,7 +10,9 @@ __all__ = [
     "BuildError",
     "BuildWorkerError",
     "OutputExistsError",
+    "OutputLockedError",
     "Source",
+    "SourceChangedError",
     "build_shards",
     "hash_unit",
     "open_source",

@@ -18,13 +18,14 @@ from typing import Any
 import numpy as np
 
 from build_shards.encode import SampleEncoder, build_schema
-from build_shards.errors import BuildError, BuildWorkerError
+from build_shards.errors import BuildError, BuildWorkerError, SourceChangedError, naming_options
+from build_shards.lock import DEFAULT_LOCK_TIMEOUT, BuildLock, OutputLockedError
 from build_shards.pool import refuse_reimported_main, run_pool
 from build_shards.sources import Source, open_source
 from build_shards.splits import make_splitter
 from build_shards.state import OutputState
-from build_shards.writer import BlockJob, prepare, run_block
-from wdsloader.errors import WdsLoaderError
+from build_shards.writer import BlockJob, item_digest, prepare, run_block
+from wdsloader.errors import SchemaError
 from wdsloader.format import FORMAT_VERSION, FieldSpec, Manifest, ShardInfo, SplitInfo
 from wdsloader.storage import url_to_fs
 
@@ -56,6 +57,8 @@ def build_shards(
     loader_defaults: Mapping[str, Any] | None = None,
     curriculum: Any = None,
     progress: Progress = False,
+    lock_timeout: float | None = DEFAULT_LOCK_TIMEOUT,
+    break_lock: bool = False,
 ) -> Manifest:
     """Write ``source`` as WebDataset tar shards with ``.tar.idx`` files and ``manifest.json``.
 
@@ -81,10 +84,21 @@ def build_shards(
     ``shard_max_count`` samples and ``shard_max_bytes`` file bytes (a bigger sample gets a shard
     of its own). The layout depends on the data and these options only, never on ``workers``
     (local processes; indexable sources are read by the workers, sequential ones by this
-    process). Finished blocks are recorded under ``OUTPUT/_build/``: a rerun after a crash with
-    the same options keeps them. ``manifest.json`` is written last. An output holding a complete
-    dataset is refused unless ``overwrite`` (which also restarts an unfinished build). A user
-    error (BuildError, SchemaError) removes what the unfinished build wrote.
+    process). ``manifest.json`` is written last.
+
+    Failures: finished blocks are recorded under ``OUTPUT/_build/``. A user error (BuildError,
+    SchemaError) removes what the unfinished build wrote; after a crash or any other error (an
+    ``OSError`` such as a full disk carries a note saying the blocks are kept), a rerun with the
+    same options keeps every block whose first and last items still match the source (else
+    :class:`SourceChangedError`: resuming would mix old and new samples). A complete dataset in
+    ``output`` is refused unless ``overwrite``, which starts over: the new shards are written
+    beside the old dataset, which stays readable until the new manifest replaces it (then its
+    files are removed); an unfinished overwrite is resumed by a rerun without ``overwrite``.
+
+    One build at a time per output: ``OUTPUT/_build.lock`` (an exclusive create) makes a second
+    build raise :class:`OutputLockedError` before it touches anything. A lock whose build is
+    gone (a dead process of this host, or nothing finished for ``lock_timeout`` seconds; None:
+    never) is taken over; ``break_lock=True`` takes any lock.
 
     ``curriculum`` (a :class:`wdsloader.Curriculum` or its dict) is stored as the loader's
     default (``loader_defaults["curriculum"]``) after checking its variant fields against the
@@ -94,6 +108,8 @@ def build_shards(
     """
     refuse_reimported_main()
     _check_options(shard_max_count, shard_max_bytes, block_size, workers, key_field)
+    if lock_timeout is not None and (isinstance(lock_timeout, bool) or not lock_timeout > 0):
+        raise ValueError(f"lock_timeout must be a positive number or None, got {lock_timeout!r}")
     output_url = os.fspath(output)
     fs, root = url_to_fs(output_url, storage_options)
     if workers > 1 and "memory" in _protocols(fs):
@@ -147,52 +163,153 @@ def build_shards(
         fingerprint=fingerprint,
         source=src if src.indexable and not src.in_memory else None,
     )
-    if overwrite:
-        state.remove_dataset()
-    completed = state.resume(fingerprint, options, overwrite)
-
-    bar = _ProgressBar(progress, src.length)
-    try:
-        records = _run_blocks(
-            job, src, stream, completed, block_size, workers, fs, root, output_url,
-            storage_options, bar,
-        )  # fmt: skip
-        manifest = _merge(records, splitter.names, state)
-        total_nan = sum(r["nan_samples"] for r in records.values())
-        if total_nan:
-            log.warning("%d samples hold NaN or Inf values (allow_nan=True)", total_nan)
-        manifest.schema = dict(full_schema)
-        manifest.dims = dict(all_dims)
-        manifest.loader_defaults = defaults
-        manifest.build = {
-            "builder": "build_shards",
-            "seed": seed,
-            "shard_max_count": shard_max_count,
-            "shard_max_bytes": shard_max_bytes,
-            "block_size": block_size,
-            "splits": splitter.spec(),
-            "group_by": group_by,
-            "split_field": split_field,
-            "key_field": key_field,
-            "allow_nan": allow_nan,
-            "nan_samples": total_nan,
-            "dropped_by_map": sum(r["skipped"] for r in records.values()),
-            "source": {
-                "kind": src.kind,
-                "num_items": sum(r["num_items"] for r in records.values()),
-            },
-            "num_blocks": len(records),
-            "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
-        }
-        state.finalize(manifest)
-    except BuildWorkerError:
-        raise  # not a user error: the finished blocks are kept for a rerun
-    except WdsLoaderError:
-        state.discard()
-        raise
-    finally:
-        bar.close()
+    build_info = {
+        "builder": "build_shards",
+        "seed": seed,
+        "shard_max_count": shard_max_count,
+        "shard_max_bytes": shard_max_bytes,
+        "block_size": block_size,
+        "splits": splitter.spec(),
+        "group_by": group_by,
+        "split_field": split_field,
+        "key_field": key_field,
+        "allow_nan": allow_nan,
+    }
+    lock = BuildLock(
+        fs, root, output_url, fingerprint=fingerprint, timeout=lock_timeout, break_lock=break_lock
+    )
+    with lock:
+        state.check_existing(overwrite, fingerprint)
+        completed = state.resume(fingerprint, options, overwrite)
+        job = dataclasses.replace(job, prefix=state.prefix)
+        stream = _check_kept(job, src, stream, completed, state.url)
+        state.clear_temporary()
+        bar = _ProgressBar(progress, src.length)
+        try:
+            records = _run_blocks(
+                job, src, stream, completed, block_size, workers, fs, root, output_url,
+                storage_options, bar,
+            )  # fmt: skip
+            manifest = _merge(records, splitter.names, state)
+            manifest.schema = dict(full_schema)
+            manifest.dims = dict(all_dims)
+            manifest.loader_defaults = defaults
+            manifest.build = _build_record(build_info, records, src.kind)
+            lock.check()
+            state.finalize(manifest)
+        except (OutputLockedError, SourceChangedError, BuildWorkerError):
+            raise  # not this build's files to remove (or a clear refusal: keep them)
+        except (BuildError, SchemaError):  # user errors: the data or options must change
+            state.discard()
+            raise
+        except OSError as exc:
+            _note_resumable(exc, state.url, state.replaces)
+            raise
+        finally:
+            bar.close()
     return manifest
+
+
+def _build_record(
+    build_info: dict[str, Any], records: Mapping[int, Any], kind: str
+) -> dict[str, Any]:
+    """``manifest.build``: the build's parameters and counts."""
+    total_nan = sum(r["nan_samples"] for r in records.values())
+    if total_nan:
+        log.warning("%d samples hold NaN or Inf values (allow_nan=True)", total_nan)
+    return {
+        **build_info,
+        "nan_samples": total_nan,
+        "dropped_by_map": sum(r["skipped"] for r in records.values()),
+        "source": {"kind": kind, "num_items": sum(r["num_items"] for r in records.values())},
+        "num_blocks": len(records),
+        "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+    }
+
+
+def _note_resumable(exc: OSError, url: str, replaces: bool) -> None:
+    """Tell the caller of an I/O error that the finished blocks are kept and how to resume."""
+    how = (
+        "with the same options but without overwrite=True" if replaces else "with the same options"
+    )
+    exc.add_note(f"finished blocks are kept in {url}: rerun {how} to resume")
+    exc.resumable = True  # type: ignore[attr-defined]
+    naming_options(exc, "overwrite")
+
+
+# ------------------------------------------------------------------------------------------------
+# Resume: the kept blocks must come from the same data
+# ------------------------------------------------------------------------------------------------
+
+
+def _check_kept(
+    job: BlockJob,
+    src: Source,
+    stream: Iterator[tuple[int, Any]] | None,
+    completed: Mapping[int, Any],
+    url: str,
+) -> Iterator[tuple[int, Any]] | None:
+    """Compare each kept block's first and last items with the source (their key, split and
+    encoded bytes): an indexable source now, before anything is written; a stream as it passes
+    (the returned stream raises). A mismatch raises SourceChangedError."""
+    if not completed or stream is not None:
+        return _checked_stream(job, stream, completed, url) if completed else stream
+    for block, rec in sorted(completed.items()):
+        for end in ("first", "last"):
+            i = rec[end]["index"]
+            for index, raw in src.iter_range(i, i + 1):
+                _compare(job, block, rec, end, index, raw, url)
+    return None
+
+
+def _checked_stream(
+    job: BlockJob,
+    stream: Iterator[tuple[int, Any]] | None,
+    completed: Mapping[int, Any],
+    url: str,
+) -> Iterator[tuple[int, Any]]:
+    assert stream is not None
+    checks: dict[int, list[tuple[int, str]]] = {}
+    for block, rec in completed.items():
+        for end in ("first", "last"):
+            checks.setdefault(rec[end]["index"], []).append((block, end))
+    for index, raw in stream:
+        for block, end in checks.pop(index, ()):
+            _compare(job, block, completed[block], end, index, raw, url)
+        yield index, raw
+    if checks:
+        index = min(checks)
+        block, end = checks[index][0]
+        raise naming_options(
+            SourceChangedError(
+                f"{url}: the source ended before item {index}, the {end} item of the unfinished "
+                f"build's finished block {block}: it is not the data that block was written "
+                "from. Resuming would mix old and new samples: pass overwrite=True to start over"
+            ),
+            "overwrite",
+        )
+
+
+def _compare(
+    job: BlockJob, block: int, rec: Mapping[str, Any], end: str, index: int, raw: Any, url: str
+) -> None:
+    key, digest = item_digest(job, index, raw)
+    want = rec[end]
+    if digest == want["digest"]:
+        return
+    if key != want["key"]:
+        what = f"its key is {key!r}, the block holds {want['key']!r}"
+    else:
+        what = f"sample {key!r} has other content or split than the block holds"
+    raise naming_options(
+        SourceChangedError(
+            f"{url}: finished block {block} of the unfinished build (source items "
+            f"{rec['start']}-{rec['stop'] - 1}) was written from other data: source item {index}, "
+            f"the block's {end} item, differs ({what}). Resuming would mix old and new samples: "
+            "pass overwrite=True to start over"
+        ),
+        "overwrite",
+    )
 
 
 # ------------------------------------------------------------------------------------------------

@@ -1,8 +1,12 @@
 """The ``build-shards`` command line: ``build``, ``text`` and ``adopt``.
 
-User errors (a missing input, a bad option value, an output that is already complete, an
-unreadable input line, an empty source ...) print one line ``build-shards: error: ...`` to stderr
-and exit with status 2, after removing whatever this run wrote; anything else is a bug and raises.
+User errors (a missing input, a bad option value, an output that is already complete or being
+written by another build, an unreadable input line, an empty source ...) print one line
+``build-shards: error: ...`` to stderr and exit with status 2; the build removes what it wrote
+(never another build's files, never the complete dataset an ``--overwrite`` would replace). An
+I/O error while writing (a full disk ...) prints one line and exits with status 1: the finished
+blocks are kept and a rerun resumes. Anything else is a bug and raises. Messages name the
+command's flags (``--allow-nan``), not the library's arguments (``allow_nan=True``).
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ import time
 from collections.abc import Callable
 from typing import Any, NoReturn
 
+from build_shards.lock import DEFAULT_LOCK_TIMEOUT
 from wdsloader.errors import WdsLoaderError
 from wdsloader.storage import parse_storage_options
 
@@ -47,7 +52,22 @@ ADOPT_EXAMPLES = """\
   build-shards adopt ./shards                  # splits from folders: ./shards/train, ./shards/val
   build-shards adopt ./flat --split-pattern '(?P<split>train|val|test)-\\d+\\.tar'
 """
-STATUS = "exit status: 0 on success, 2 on a user error (one line on stderr, nothing half-written)"
+STATUS = (
+    "exit status: 0 on success, 2 on a user error (one line on stderr, nothing half-written), "
+    "1 on an I/O error while writing such as a full disk (one line; finished blocks are kept "
+    "and it says how to resume)"
+)
+# the library's keyword arguments that errors name (``name=value``), and this command's flags
+# for them; a ``name=value`` entry maps that value alone
+FLAGS = {
+    "allow_nan": "--allow-nan",
+    "overwrite": "--overwrite",
+    "break_lock": "--force-unlock",
+    "lock_timeout": "--lock-timeout",
+    "bos_id": "--bos-id",
+    "eos_id": "--eos-id",
+    "add_special_tokens=False": "--no-separators",
+}
 
 
 def _epilog(*examples: str) -> str:
@@ -122,6 +142,16 @@ def _positive_int(text: str) -> int:
     return value
 
 
+def _positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"{text!r} must be a positive number")
+    return value
+
+
 def _int(text: str) -> int:
     try:
         return int(text)
@@ -144,6 +174,19 @@ def _output_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--workers", type=_positive_int, default=1, metavar="N")
     p.add_argument("--seed", type=_int, default=0, help="seed of the split assignment")
     p.add_argument("--overwrite", action="store_true", help="replace a complete dataset")
+    p.add_argument(
+        "--force-unlock",
+        action="store_true",
+        help="take the output's lock even if another build seems to hold it",
+    )
+    p.add_argument(
+        "--lock-timeout",
+        type=_positive_float,
+        default=DEFAULT_LOCK_TIMEOUT,
+        metavar="SECONDS",
+        help="another host's lock is stale after this long without a finished block "
+        "(default: one day)",
+    )
     _common_options(p)
 
 
@@ -276,28 +319,18 @@ def format_summary(manifest: Any, where: str, elapsed: float, verb: str = "built
     return "\n".join(lines)
 
 
-# -- cleaning up after a user error --------------------------------------------------------------
-class _OutputGuard:
-    """Remembers what is under the output before a run, to remove what the run added."""
+# -- after a user error ---------------------------------------------------------------------------
+class _EmptyOutput:
+    """Remembers whether a local output folder existed, to remove it when a failed run leaves it
+    empty (the build itself removes what it wrote; this never removes a file)."""
 
-    def __init__(self, output: str, storage_options: dict[str, Any]) -> None:
-        from wdsloader.storage import url_to_fs
+    def __init__(self, output: str) -> None:
+        self.path = output if "://" not in output else None
+        self.existed = self.path is None or os.path.exists(self.path)
 
-        self.fs, self.path = url_to_fs(output, storage_options)
-        self.existed = self.fs.exists(self.path)
-        self.before = set(self.fs.find(self.path, withdirs=True)) if self.existed else set()
-
-    def rollback(self) -> None:
-        fs = self.fs
-        if not fs.exists(self.path):
-            return
-        if not self.existed:
-            fs.rm(self.path, recursive=True)
-            return
-        added = set(fs.find(self.path, withdirs=True)) - self.before
-        for p in sorted(added, key=lambda x: x.count("/"), reverse=True):
-            if fs.exists(p):
-                fs.rm(p, recursive=fs.isdir(p))
+    def cleanup(self) -> None:
+        if not self.existed and os.path.isdir(self.path) and not os.listdir(self.path):
+            os.rmdir(self.path)
 
 
 # -- commands ------------------------------------------------------------------------------------
@@ -382,8 +415,10 @@ def _write_command(
         "seed": args.seed,
         "overwrite": args.overwrite,
         "storage_options": storage_options or None,
+        "lock_timeout": args.lock_timeout,
+        "break_lock": args.force_unlock,
     }
-    guard = _OutputGuard(args.output, storage_options)
+    created = _EmptyOutput(args.output)
     # build_shards' own bar shows samples/s and MB/s; only on a terminal, so that an error
     # stays one line on a redirected stderr
     progress = not args.no_progress and sys.stderr.isatty()
@@ -391,7 +426,7 @@ def _write_command(
     try:
         manifest = run(args, options, progress)
     except USER_ERRORS:
-        guard.rollback()
+        created.cleanup()
         raise
     print(format_summary(manifest, args.output, time.perf_counter() - start))
     return 0
@@ -434,13 +469,39 @@ def main(argv: list[str] | None = None) -> int:
     except CliError as exc:
         _fail(str(exc))
     except USER_ERRORS as exc:
-        _fail(_describe_error(exc))
+        message = _describe_error(exc)
+        if isinstance(exc, OSError) and getattr(exc, "resumable", False):
+            sys.stderr.write(f"{PROG}: error: {' '.join(message.split())}\n")
+            raise SystemExit(1) from None
+        _fail(message)
 
 
 def _describe_error(exc: BaseException) -> str:
+    """One line: the error (an OSError's file and reason), its notes, in the command's flags."""
     if isinstance(exc, OSError) and exc.filename is not None and exc.strerror:
-        return f"{exc.filename}: {exc.strerror}"
-    return str(exc) or type(exc).__name__
+        text = f"{exc.filename}: {exc.strerror}"
+    else:
+        text = str(exc) or type(exc).__name__
+    text = "; ".join([text, *getattr(exc, "__notes__", ())])
+    return _as_flags(text, getattr(exc, "options", ()))
+
+
+def _as_flags(text: str, options: tuple[str, ...]) -> str:
+    """``text`` with each ``name=value`` of the keyword arguments ``options`` in flag form:
+    ``--flag`` for True (or a bare ``name=``), ``--flag VALUE`` for other values."""
+    for name in options:
+        text = re.sub(rf"\b{re.escape(name)}=([^\s,;)]*)", _as_flag, text)
+    return text
+
+
+def _as_flag(m: re.Match[str]) -> str:
+    name, value = m.group(0).split("=", 1)
+    if m.group(0) in FLAGS:
+        return FLAGS[m.group(0)]
+    flag = FLAGS.get(name)
+    if flag is None:
+        return m.group(0)
+    return flag if value in ("", "True") else f"{flag} {value}"
 
 
 if __name__ == "__main__":

@@ -43,6 +43,7 @@ from typing import Any
 
 import numpy as np
 
+from build_shards.errors import naming_options
 from wdsloader.errors import SchemaError
 from wdsloader.format import FieldSpec, member_ext, validate_field
 from wdsloader.format.tar import MAX_NAME_BYTES
@@ -273,9 +274,12 @@ def _range_error(key: str, field: str, spec: FieldSpec, lo: float, hi: float) ->
 
 
 def _nan_error(key: str, field: str) -> SchemaError:
-    return SchemaError(
-        f"sample {key!r}: field {field!r}: NaN or Inf value (pass allow_nan=True to keep such "
-        "samples; they are counted in the manifest)"
+    return naming_options(
+        SchemaError(
+            f"sample {key!r}: field {field!r}: NaN or Inf value (pass allow_nan=True to keep such "
+            "samples; they are counted in the manifest)"
+        ),
+        "allow_nan",
     )
 
 

@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 from concurrent.futures.process import BrokenProcessPool
+from typing import TypeVar
 
 from wdsloader.errors import SchemaError, WdsLoaderError
+
+E = TypeVar("E", bound=BaseException)
 
 
 class BuildError(WdsLoaderError):
@@ -26,3 +29,15 @@ class BuildWorkerError(WdsLoaderError, BrokenProcessPool):
     """A build worker process died (killed by a signal, out of memory, or stopped as it started
     because the main script has no ``if __name__ == "__main__":`` guard). The blocks finished
     before stay recorded: a rerun with the same options resumes."""
+
+
+class SourceChangedError(BuildError):
+    """A rerun of an unfinished build reads other data than the run that wrote its finished
+    blocks (same options, same length, other content): resuming would mix the two."""
+
+
+def naming_options(exc: E, *names: str) -> E:
+    """Mark ``exc`` as naming these keyword arguments in its message (as ``name=value``), so that
+    a command line can show its own flags in their place; returns ``exc``."""
+    exc.options = (*getattr(exc, "options", ()), *names)  # type: ignore[attr-defined]
+    return exc

@@ -1,9 +1,14 @@
 """The output folder of a build: existing datasets, the resume state under ``_build/``, clean-up.
 
 ``_build/build.json`` holds the build's fingerprint (a hash of the options, the source's identity
-and the inferred schema) from the start; ``_build/block-BBBBB.json`` records a finished block. A
-rerun with the same fingerprint keeps the finished blocks whose shards are all present; the
-manifest is written last and ``_build/`` removed after it.
+and the inferred schema), the name prefix of its shards and whether it replaces a complete dataset;
+``_build/block-BBBBB.json`` records a finished block. A rerun with the same fingerprint keeps the
+finished blocks whose shards are all present (the caller then checks their first and last items
+against its source); the manifest is written last and ``_build/`` removed after it.
+
+A complete dataset in the folder is never touched before its replacement is complete: every
+removal spares the files its manifest lists, the new shards take the other name prefix, and the
+old files go only after the new manifest replaced the old one.
 """
 
 from __future__ import annotations
@@ -14,15 +19,16 @@ import posixpath
 import re
 from typing import Any
 
-from build_shards.errors import BuildError, OutputExistsError
-from build_shards.writer import BUILD_DIR, TMP_MARK
+from build_shards.errors import BuildError, OutputExistsError, naming_options
+from build_shards.writer import BUILD_DIR, SHARD_PREFIXES, TMP_MARK
+from wdsloader.errors import WdsLoaderError
 from wdsloader.format import MANIFEST_NAME, Manifest
 from wdsloader.storage import is_local, join, write_atomic
 
 log = logging.getLogger("build_shards")
 
 BUILD_FILE = "build.json"
-_OURS = re.compile(r"^shard-\d{5,}-\d{3,}\.tar(\.idx)?(\.tmp-[0-9a-f]+)?$")
+_OURS = re.compile(r"^shard(-r)?-\d{5,}-\d{3,}\.tar(\.idx)?(\.tmp-[0-9a-f]+)?$")
 _RECORD = re.compile(r"^block-(\d{5,})\.json$")
 
 
@@ -34,9 +40,13 @@ class OutputState:
     ) -> None:
         self.fs, self.root, self.url = fs, root, url.rstrip("/")
         self.storage_options = storage_options
+        self.prefix = SHARD_PREFIXES[0]  # of this build's shard names (set by resume)
+        self.replaces = False  # this build replaces a complete dataset (set by resume)
+        self._protected: set[str] | None = None
 
     # -- queries -----------------------------------------------------------------------------
     def has_manifest(self) -> bool:
+        self.fs.invalidate_cache()
         return bool(self.fs.exists(join(self.root, MANIFEST_NAME)))
 
     def _our_files(self) -> list[str]:
@@ -48,12 +58,54 @@ class OutputState:
             return []
         return sorted(p for p in found if _OURS.match(posixpath.basename(p)))
 
-    def _rm(self, paths: list[str]) -> None:
-        for path in paths:
+    def protected(self) -> set[str]:
+        """The files the complete dataset in the folder lists (its manifest's shards and
+        indexes): no removal touches them until a new manifest has replaced it."""
+        if self._protected is None:
+            self._protected = set()
+            if self.has_manifest():
+                try:
+                    old = Manifest.load(self.url, self.storage_options)
+                except (WdsLoaderError, OSError, ValueError) as exc:
+                    log.warning("the old manifest of %s is unreadable (%s)", self.url, exc)
+                else:
+                    self._protected = {
+                        join(self.root, p)
+                        for split in old.splits.values()
+                        for shard in split.shards
+                        for p in (shard.path, shard.idx_path)
+                    }
+        return self._protected
+
+    def _build_file(self) -> dict[str, Any] | None:
+        """``_build/build.json`` of an unfinished build, or None."""
+        path = join(self.root, BUILD_DIR, BUILD_FILE)
+        self.fs.invalidate_cache()
+        if not self.fs.exists(path):
+            return None
+        try:
+            body = json.loads(self.fs.cat_file(path))
+        except (OSError, ValueError):
+            return {}
+        return body if isinstance(body, dict) else {}
+
+    def _rm(self, paths: list[str] | set[str]) -> None:
+        for path in sorted(paths):
             try:
                 self.fs.rm_file(path)
             except FileNotFoundError:
                 pass
+
+    def _rm_ours(self, *, temporary_only: bool = False) -> None:
+        """Remove our shard files (or only the temporary ones), except the complete dataset's."""
+        spare = self.protected()
+        self._rm(
+            [
+                p
+                for p in self._our_files()
+                if p not in spare and (not temporary_only or TMP_MARK in posixpath.basename(p))
+            ]
+        )
 
     def _rm_build_dir(self) -> None:
         path = join(self.root, BUILD_DIR)
@@ -70,62 +122,85 @@ class OutputState:
                 self.fs.rmdir(entry["name"])
 
     # -- start ---------------------------------------------------------------------------------
-    def check_existing(self, overwrite: bool) -> None:
-        """Refuse a complete dataset unless ``overwrite``."""
-        if self.has_manifest() and not overwrite:
-            raise OutputExistsError(
+    def check_existing(self, overwrite: bool, fingerprint: str | None = None) -> None:
+        """Refuse a complete dataset unless ``overwrite``, or unless an unfinished build that
+        replaces it (started with ``overwrite``, same ``fingerprint`` when given) is resumed."""
+        if overwrite or not self.has_manifest():
+            return
+        previous = self._build_file()
+        if (
+            previous
+            and previous.get("replaces")
+            and fingerprint in (None, previous.get("fingerprint"))
+        ):
+            return
+        raise naming_options(
+            OutputExistsError(
                 f"{self.url} already holds a complete dataset ({MANIFEST_NAME}); pass "
-                "overwrite=True (--overwrite) to replace it"
-            )
-
-    def remove_dataset(self) -> None:
-        """Remove a complete dataset: its manifest first, then the files it lists and ours."""
-        listed: list[str] = []
-        if self.has_manifest():
-            try:
-                old = Manifest.load(self.url, self.storage_options)
-                for split in old.splits.values():
-                    for shard in split.shards:
-                        listed += [join(self.root, shard.path), join(self.root, shard.idx_path)]
-            except Exception as exc:  # an unreadable old manifest still gets removed
-                log.warning("old manifest unreadable (%s); removing our shard files only", exc)
-            self._rm([join(self.root, MANIFEST_NAME)])
-        self._rm(listed + self._our_files())
-        self._rm_build_dir()
+                "overwrite=True to replace it"
+            ),
+            "overwrite",
+        )
 
     def resume(self, fingerprint: str, options: dict[str, Any], overwrite: bool) -> dict[int, Any]:
-        """Finished block records to keep (empty for a fresh build); writes ``build.json``."""
-        build_file = join(self.root, BUILD_DIR, BUILD_FILE)
+        """Finished block records to keep (empty for a fresh build); writes ``build.json``.
+
+        ``overwrite`` starts over: the unfinished build is removed (the complete dataset stays
+        until the new one replaces it). Else an unfinished build with another fingerprint is
+        refused, and one with the same fingerprint resumed.
+        """
+        previous = self._build_file()
         kept: dict[int, Any] = {}
-        if self.fs.exists(build_file):
-            try:
-                previous = json.loads(self.fs.cat_file(build_file))
-            except (OSError, ValueError):
-                previous = {}
-            if previous.get("fingerprint") == fingerprint and not overwrite:
-                kept = self._load_records(fingerprint)
-                log.info("resuming the build in %s: %d finished blocks kept", self.url, len(kept))
-            elif not overwrite:
-                differ = sorted(
-                    k
-                    for k in set(options) | set(previous.get("options", {}))
-                    if options.get(k) != previous.get("options", {}).get(k)
-                )
-                raise BuildError(
+        if previous is not None and previous.get("fingerprint") == fingerprint and not overwrite:
+            kept = self._load_records(fingerprint)
+            self.prefix = previous.get("prefix", SHARD_PREFIXES[0])
+            self.replaces = bool(previous.get("replaces"))
+            log.info("resuming the build in %s: %d finished blocks kept", self.url, len(kept))
+        elif previous is not None and not overwrite:
+            before = previous.get("options", {})
+            differ = sorted(
+                k for k in set(options) | set(before) if options.get(k) != before.get(k)
+            )
+            raise naming_options(
+                BuildError(
                     f"{self.url} holds an unfinished build with other options or input "
                     f"(differing: {', '.join(differ) or 'unknown'}); rerun with the same options "
-                    "to resume it, or pass overwrite=True (--overwrite) to start over"
-                )
-            else:
-                self._rm(self._our_files())
-                self._rm_build_dir()
-        elif overwrite:
-            self._rm(self._our_files())
-        self._rm([p for p in self._our_files() if TMP_MARK in posixpath.basename(p)])
-        if not kept:
-            body = {"fingerprint": fingerprint, "options": options}
-            write_atomic(self.fs, build_file, json.dumps(body, indent=1).encode())
+                    "to resume it, or pass overwrite=True to start over"
+                ),
+                "overwrite",
+            )
+        else:
+            self._rm_ours()
+            self._rm_build_dir()
+            self.prefix = self._free_prefix()
+            self.replaces = self.has_manifest()
+        if previous is None or overwrite or previous.get("fingerprint") != fingerprint:
+            body = {
+                "fingerprint": fingerprint,
+                "options": options,
+                "prefix": self.prefix,
+                "replaces": self.replaces,
+            }
+            write_atomic(
+                self.fs, join(self.root, BUILD_DIR, BUILD_FILE), json.dumps(body, indent=1).encode()
+            )
         return kept
+
+    def clear_temporary(self) -> None:
+        """Remove the temporary files a crashed build left (not those of a complete dataset)."""
+        self._rm_ours(temporary_only=True)
+
+    def _free_prefix(self) -> str:
+        """The first shard name prefix the complete dataset in the folder does not use."""
+        used = {posixpath.basename(p) for p in self.protected()}
+        for prefix in SHARD_PREFIXES:
+            pattern = re.compile(rf"^{re.escape(prefix)}-\d{{5,}}-\d{{3,}}\.tar(\.idx)?$")
+            if not any(pattern.match(name) for name in used):
+                return prefix
+        raise BuildError(
+            f"{self.url}: the complete dataset there uses every shard name prefix "
+            f"{SHARD_PREFIXES}: the new shards cannot be written beside it"
+        )
 
     def _load_records(self, fingerprint: str) -> dict[int, Any]:
         out: dict[int, Any] = {}
@@ -142,7 +217,12 @@ class OutputState:
                 rec = json.loads(self.fs.cat_file(path))
             except (OSError, ValueError):
                 continue
-            if rec.get("fingerprint") != fingerprint or not self._shards_present(rec):
+            if (
+                rec.get("fingerprint") != fingerprint
+                or not rec.get("first")
+                or not rec.get("last")
+                or not self._shards_present(rec)
+            ):
                 log.warning("block record %s is stale or its shards are missing: redoing it", path)
                 continue
             out[int(m.group(1))] = rec
@@ -167,22 +247,27 @@ class OutputState:
 
     # -- end -------------------------------------------------------------------------------------
     def finalize(self, manifest: Manifest) -> None:
-        """Remove stray shards the manifest does not list, write it (last), drop ``_build/``."""
+        """Write the manifest (last: this switches a replaced dataset to the new one), then
+        remove the replaced dataset's files, stray shard files and ``_build/``."""
         listed = {
             join(self.root, p)
             for split in manifest.splits.values()
             for s in split.shards
             for p in (s.path, s.idx_path)
         }
-        stray = [p for p in self._our_files() if p not in listed]
-        if stray:
-            log.info("removing %d stray shard files", len(stray))
-            self._rm(stray)
         manifest.save(self.url, self.storage_options)
+        old = self.protected() - listed
+        stray = [p for p in self._our_files() if p not in listed]
+        if old or stray:
+            log.info("removing %d files of the replaced dataset or stray", len(old | set(stray)))
+        self._protected = set()
+        self._rm(old | set(stray))
         self._rm_build_dir()
+        self._prune_dirs()
 
     def discard(self) -> None:
-        """After a user error: remove everything this unfinished build wrote."""
-        self._rm(self._our_files())
+        """After a user error: remove everything this unfinished build wrote (the complete
+        dataset it would replace stays)."""
+        self._rm_ours()
         self._rm_build_dir()
         self._prune_dirs()

@@ -37,7 +37,7 @@ from typing import Any
 
 import numpy as np
 
-from build_shards.errors import BuildError
+from build_shards.errors import BuildError, naming_options
 from wdsloader.format import FieldSpec, Manifest
 
 logger = logging.getLogger(__name__)
@@ -192,10 +192,15 @@ def document_separators(
             bos = getattr(tokenizer, "cls_token_id", None)
             eos = getattr(tokenizer, "sep_token_id", None)
     if bos is None and eos is None:
-        raise ValueError(
-            "the tokenizer defines no BOS/EOS/SEP token to separate documents; pass bos_id= "
-            "and/or eos_id= (--bos-id/--eos-id), or add_special_tokens=False to concatenate "
-            "documents without separators"
+        raise naming_options(
+            ValueError(
+                "the tokenizer defines no BOS/EOS/SEP token to separate documents; pass bos_id= "
+                "and/or eos_id=, or add_special_tokens=False to concatenate documents without "
+                "separators"
+            ),
+            "bos_id",
+            "eos_id",
+            "add_special_tokens",
         )
     return bos, eos
 

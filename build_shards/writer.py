@@ -7,7 +7,13 @@ shard is written under a temporary name (local: in its own folder; remote: in a 
 and becomes visible complete: ``os.replace`` locally, one ``put_file`` on object stores. That
 commit (fsync, rename or upload, index) runs on a background thread while the next shard is
 encoded. When all of a block's shards are committed, its record ``_build/block-BBBBB.json`` is
-written atomically: that record is what makes a rerun skip the block.
+written atomically: that record is what makes a rerun skip the block. It also holds a digest of
+the block's first and last items (key, split and encoded members), which a rerun compares with
+its own source before it keeps the block.
+
+A build that replaces a complete dataset writes its shards beside the old ones under the other
+name prefix (``shard-r-BBBBB-PPP.tar``), so the old dataset stays readable until the new
+manifest replaces the old one.
 
 Blocks the parent reads (in-memory and sequential sources) reach worker processes as
 :class:`SpooledItems`: their array fields go through a file the worker maps, not through pickle.
@@ -15,6 +21,7 @@ Blocks the parent reads (in-memory and sequential sources) reach worker processe
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import math
@@ -46,9 +53,12 @@ _CHECK_EVERY = 64  # items between checks of the abort flag and progress reports
 _MAX_UNCOMMITTED = 2  # finished shards waiting for fsync + rename (or upload: local temp space)
 
 
-def shard_name(block: int, part: int) -> str:
+SHARD_PREFIXES = ("shard", "shard-r")  # a replacing build takes the one the old dataset lacks
+
+
+def shard_name(block: int, part: int, prefix: str = "shard") -> str:
     """File name of part ``part`` of block ``block``."""
-    return f"shard-{block:05d}-{part:03d}.tar"
+    return f"{prefix}-{block:05d}-{part:03d}.tar"
 
 
 def record_path(root: str, block: int) -> str:
@@ -69,6 +79,7 @@ class BlockJob:
     shard_max_count: int
     shard_max_bytes: int
     fingerprint: str
+    prefix: str = "shard"  # of the shard file names (see SHARD_PREFIXES)
 
 
 def prepare(job: BlockJob, index: int, raw: Any) -> tuple[str, str, dict[str, Any]] | None:
@@ -131,6 +142,30 @@ def _checked_key(key_field: str, index: int, key: Any) -> str:
     return key
 
 
+def sample_digest(key: str | None, split: str | None, members: list[tuple[str, bytes]]) -> str:
+    """A digest of one item as a block stores it (key, split, encoded members); ``key`` None
+    for an item ``map`` dropped."""
+    h = hashlib.sha256()
+    if key is None:
+        h.update(b"dropped by map")
+    else:
+        h.update(f"{split}\0{key}\0".encode())
+        for name, data in members:
+            h.update(f"{name}\0{len(data)}\0".encode())
+            h.update(data)
+    return h.hexdigest()[:32]
+
+
+def item_digest(job: BlockJob, index: int, raw: Any) -> tuple[str | None, str]:
+    """``(key, digest)`` of source item ``index`` as :func:`run_block` would store it."""
+    prepared = prepare(job, index, raw)
+    if prepared is None:
+        return None, sample_digest(None, None, [])
+    key, split, sample = prepared
+    members, _ = job.encoder.encode(key, sample)
+    return key, sample_digest(key, split, members)
+
+
 class Committer:
     """Makes finished shards durable and visible on one background thread (fsync, close, rename
     or upload, index), so the next shard is encoded while the disk catches up.
@@ -181,8 +216,10 @@ class ShardSink:
         max_bytes: int,
         tmpdir: str | None,
         committer: Committer | None = None,
+        prefix: str = "shard",
     ) -> None:
         self.fs, self.root, self.split, self.block = fs, root, split, block
+        self.prefix = prefix
         self.max_count, self.max_bytes = max_count, max_bytes
         self.local = is_local(fs)
         self.tmpdir = tmpdir
@@ -221,7 +258,7 @@ class ShardSink:
         return w.offset - before
 
     def _open(self) -> TarStreamWriter:
-        name = shard_name(self.block, len(self.infos))
+        name = shard_name(self.block, len(self.infos), self.prefix)
         if self.local:
             self._tmp = join(self.root, self.split, f"{name}{TMP_MARK}{uuid.uuid4().hex[:12]}")
         else:
@@ -239,7 +276,7 @@ class ShardSink:
         idx, sha = w.close()
         f.flush()
         self._writer = self._file = self._tmp = None
-        rel = f"{self.split}/{shard_name(self.block, len(self.infos))}"
+        rel = f"{self.split}/{shard_name(self.block, len(self.infos), self.prefix)}"
         self.infos.append(
             ShardInfo(
                 path=rel,
@@ -252,8 +289,13 @@ class ShardSink:
         )
         if self.committer is None:
             self._commit(f, tmp, rel, idx)
-        else:
+            return
+        try:
             self.committer.submit(lambda: self._commit(f, tmp, rel, idx))
+        except BaseException:  # an earlier commit failed: this one was not submitted
+            f.close()
+            _remove_quietly(tmp)
+            raise
 
     def _commit(self, f: BinaryIO, tmp: str, rel: str, idx: bytes) -> None:
         """Make a finished shard durable and visible under its final name, then its index."""
@@ -317,8 +359,8 @@ def run_block(
     """Build one block from ``items`` (``(index, raw)`` in index order) and write its record.
 
     Returns the record: the block's shards per split (in order of first appearance), its keys per
-    split (for the duplicate check across blocks) and its counts. On any error the block's
-    temporary files and finished shards are removed.
+    split (for the duplicate check across blocks), its counts and the digests of its first and
+    last items. On any error the block's temporary files and finished shards are removed.
     """
     sinks: dict[str, ShardSink] = {}
     keys: dict[str, list[str]] = {}
@@ -328,12 +370,15 @@ def run_block(
     num_items = skipped = nan_samples = 0
     nan_keys: list[str] = []
     pending_items = pending_bytes = 0
+    first: dict[str, Any] | None = None
+    last: tuple[int, str | None, str | None, list[tuple[str, bytes]]] | None = None
     try:
         for index, raw in items:
             num_items += 1
             prepared = prepare(job, index, raw)
             if prepared is None:
                 skipped += 1
+                last = (index, None, None, [])
             else:
                 key, split, sample = prepared
                 members, nonfinite = job.encoder.encode(key, sample)
@@ -348,6 +393,7 @@ def run_block(
                         max_bytes=job.shard_max_bytes,
                         tmpdir=tmpdir,
                         committer=committer,
+                        prefix=job.prefix,
                     )
                     keys[split], seen[split] = [], set()
                 if key in seen[split]:
@@ -355,10 +401,13 @@ def run_block(
                 seen[split].add(key)
                 keys[split].append(key)
                 pending_bytes += sink.add(key, members)
+                last = (index, key, split, members)
                 if nonfinite:
                     nan_samples += 1
                     if len(nan_keys) < 5:
                         nan_keys.append(key)
+            if first is None:
+                first = _ends_entry(last)
             pending_items += 1
             if pending_items >= _CHECK_EVERY:
                 if abort is not None and abort.is_set():
@@ -378,6 +427,8 @@ def run_block(
             "nan_samples": nan_samples,
             "nan_keys": nan_keys,
             "fingerprint": job.fingerprint,
+            "first": first,
+            "last": _ends_entry(last) if last is not None else None,
             "splits": shards,
             "keys": keys,
         }
@@ -394,6 +445,14 @@ def run_block(
     if report is not None and (pending_items or pending_bytes):
         report(pending_items, pending_bytes)
     return record
+
+
+def _ends_entry(
+    item: tuple[int, str | None, str | None, list[tuple[str, bytes]]],
+) -> dict[str, Any]:
+    """The record's entry for a block's first or last item."""
+    index, key, split, members = item
+    return {"index": index, "key": key, "digest": sample_digest(key, split, members)}
 
 
 def _info_dict(info: ShardInfo) -> dict[str, Any]:

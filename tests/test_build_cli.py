@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -172,6 +174,86 @@ def test_forced_text_format_and_hf_disk(tmp_path, capsys):
     code, out, err = run_cli(capsys, "build", tmp_path / "hf", "-o", tmp_path / "h")
     assert code == 0, err
     assert summary_rows(out)["total"][1] == 30
+
+
+def test_a_disk_full_keeps_finished_blocks_and_the_same_command_resumes(
+    tmp_path, capsys, monkeypatch
+):
+    from tests.test_build_resume import _stats, assert_same_build, disk_full_at
+
+    write_jsonl(tmp_path / "a.jsonl", 200)
+    out_dir, ref = tmp_path / "ds", tmp_path / "ref"
+    argv = ["build", tmp_path / "a.jsonl", "--shard-max-count", "10", "--splits", "a=0.5,b=0.5"]
+    disk_full_at(monkeypatch, 12)  # blocks of 40 items, 4 to 6 shards each: in block 2
+    code, _, err = run_cli(capsys, *argv, "-o", out_dir)
+    monkeypatch.undo()
+    assert code == 1, err
+    assert err.count("\n") == 1 and "Traceback" not in err, err
+    assert err.startswith("build-shards: error: ") and "No space left on device" in err
+    assert f"finished blocks are kept in {out_dir}: rerun with the same options to resume" in err
+    records = sorted((out_dir / "_build").glob("block-*.json"))
+    assert [p.name for p in records] == ["block-00000.json", "block-00001.json"]
+    kept = [
+        s[k]
+        for p in records
+        for shards in json.loads(p.read_text())["splits"].values()
+        for s in shards
+        for k in ("path", "idx_path")
+    ]
+    before = _stats(out_dir, kept)
+    assert not (out_dir / "manifest.json").exists()
+    code, _, err = run_cli(capsys, *argv, "-o", out_dir)
+    assert code == 0, err
+    assert _stats(out_dir, kept) == before  # kept, not rewritten
+    assert run_cli(capsys, *argv, "-o", ref)[0] == 0
+    assert_same_build(out_dir, ref)
+
+
+def test_a_failed_overwrite_keeps_the_old_dataset(tmp_path, capsys):
+    write_jsonl(tmp_path / "good.jsonl", 50)
+    write_jsonl(tmp_path / "bad.jsonl", 60, bad_line=41)
+    out_dir = tmp_path / "ds"
+    assert run_cli(capsys, "build", tmp_path / "good.jsonl", "-o", out_dir)[0] == 0
+    files = {p: p.read_bytes() for p in out_dir.rglob("*") if p.is_file()}
+    code, _, err = run_cli(
+        capsys, "build", tmp_path / "bad.jsonl", "-o", out_dir, "--overwrite",
+        "--shard-max-count", "5",
+    )  # fmt: skip
+    assert_one_line_error(code, err, "bad.jsonl:41")
+    assert {p: p.read_bytes() for p in out_dir.rglob("*") if p.is_file()} == files
+    assert Manifest.load(out_dir).num_samples == 50
+
+
+def test_errors_name_the_flags_not_the_python_arguments(tmp_path, capsys):
+    (tmp_path / "nan.jsonl").write_text('{"id": 1, "v": [1.0, 2.0]}\n{"id": 2, "v": [NaN, 1.0]}\n')
+    code, _, err = run_cli(capsys, "build", tmp_path / "nan.jsonl", "-o", tmp_path / "ds")
+    assert_one_line_error(code, err, "sample '000000001': field 'v': NaN", "pass --allow-nan to")
+    assert "allow_nan" not in err
+    assert not (tmp_path / "ds").exists()
+    assert (
+        run_cli(capsys, "build", tmp_path / "nan.jsonl", "-o", tmp_path / "ds", "--allow-nan")[0]
+        == 0
+    )
+    code, _, err = run_cli(capsys, "build", tmp_path / "nan.jsonl", "-o", tmp_path / "ds")
+    assert_one_line_error(code, err, "pass --overwrite to replace it")
+    assert "overwrite=" not in err
+    # a build in progress: the lock is named, and how to break it
+    (tmp_path / "ds2").mkdir()
+    (tmp_path / "ds2" / "_build.lock").write_text(
+        json.dumps(
+            {
+                "host": socket.gethostname(),
+                "pid": os.getppid(),
+                "started": time.time(),
+                "token": "x",
+            }
+        )
+    )
+    code, _, err = run_cli(capsys, "build", tmp_path / "nan.jsonl", "-o", tmp_path / "ds2")
+    assert_one_line_error(code, err, f"{tmp_path / 'ds2'} is being written by another build")
+    assert f"pid {os.getppid()}" in err and "pass --force-unlock" in err
+    argv = ["build", tmp_path / "nan.jsonl", "-o", tmp_path / "ds2", "--allow-nan"]
+    assert run_cli(capsys, *argv, "--force-unlock")[0] == 0
 
 
 # -- text ----------------------------------------------------------------------------------------

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import io
 import json
 import os
@@ -526,7 +527,75 @@ def test_existing_dataset_needs_overwrite_which_replaces_it(tmp_path):
     m = build_shards(list(gen_samples(3)), out, overwrite=True)
     assert list(m.splits) == ["train"] and m.num_samples == 3
     files = sorted(str(p.relative_to(out)) for p in out.rglob("*") if p.is_file())
+    # written beside the old shards under the other prefix; the old ones went after the switch
+    assert files == [
+        "manifest.json",
+        "train/shard-r-00000-000.tar",
+        "train/shard-r-00000-000.tar.idx",
+    ]
+    assert sorted(p.name for p in out.iterdir()) == ["manifest.json", "train"]
+    build_shards(list(gen_samples(4)), out, overwrite=True)  # and back
+    files = sorted(str(p.relative_to(out)) for p in out.rglob("*") if p.is_file())
     assert files == ["manifest.json", "train/shard-00000-000.tar", "train/shard-00000-000.tar.idx"]
+
+
+def _files(root: Path) -> dict[str, bytes]:
+    return {
+        str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()
+    }
+
+
+def _failing_stream(n: int, start: int, at: int):
+    for i, sample in enumerate(gen_samples(n, start)):
+        if i == at:
+            raise OSError(f"input went away at item {i}")
+        yield sample
+
+
+def test_a_failed_overwrite_leaves_the_old_dataset_whole_and_a_good_one_replaces_it(tmp_path):
+    out = tmp_path / "ds"
+    opts = dict(shard_max_count=10, block_size=20, splits={"a": 0.5, "b": 0.5})
+    build_shards(list(gen_samples(120)), out, **opts)
+    old = _files(out)
+    old_keys = {k for split in read_dataset(out)[1].values() for k in split}
+    assert len(old_keys) == 120
+
+    def old_dataset_intact() -> None:
+        manifest, data = read_dataset(out)  # sizes, idx and sample counts checked
+        assert {k for split in data.values() for k in split} == old_keys
+        for split in manifest.splits.values():
+            for shard in split.shards:
+                assert hashlib.sha256((out / shard.path).read_bytes()).hexdigest() == shard.sha256
+        assert {p: b for p, b in _files(out).items() if p in old} == old
+
+    # a NaN at item 50: a user error, found after blocks 0 and 1 were written
+    bad = list(gen_samples(120, start=1000))
+    bad[50]["vec"] = np.array([0.0, np.nan, 1.0], np.float32)
+    with pytest.raises(SchemaError, match="sample 's001050': field 'vec': NaN"):
+        build_shards(bad, out, overwrite=True, **opts)
+    old_dataset_intact()
+    assert _files(out) == old  # and what the failed build wrote is gone
+    # an I/O error: the old dataset stays, the new build's finished blocks are kept
+    with pytest.raises(OSError, match="went away at item 70") as info:
+        build_shards(_failing_stream(120, 1000, at=70), out, overwrite=True, **opts)
+    assert "without overwrite=True to resume" in info.value.__notes__[0]
+    old_dataset_intact()
+    assert any(p.startswith("_build/block-") for p in _files(out))
+    with pytest.raises(OutputExistsError):  # another build does not get past the old manifest
+        build_shards(list(gen_samples(3)), out)
+    # the rerun without overwrite resumes the interrupted replacement
+    m = build_shards(gen_samples(120, start=1000), out, **opts)
+    _, data = read_dataset(out)
+    assert m.num_samples == 120
+    assert {k for split in data.values() for k in split} == {f"s{i:06d}" for i in range(1000, 1120)}
+    assert not set(old) & set(_files(out)) - {"manifest.json"}  # no file of the old dataset
+    assert sorted(p.name for p in out.iterdir()) == ["a", "b", "manifest.json"]
+    # a good overwrite straight away: the new one is complete, nothing of the replaced one stays
+    replaced = set(_files(out)) - {"manifest.json"}
+    m = build_shards(list(gen_samples(50, start=5000)), out, overwrite=True, shard_max_count=20)
+    _, data = read_dataset(out)
+    assert m.num_samples == 50 and sorted(data["train"]) == [f"s{i:06d}" for i in range(5000, 5050)]
+    assert not replaced & set(_files(out))
 
 
 def test_manifest_records_build_parameters_and_loader_defaults(tmp_path):

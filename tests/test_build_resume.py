@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import errno
 import json
 import os
 import signal
@@ -14,7 +15,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from build_shards import BuildError, build_shards
+from build_shards import BuildError, SourceChangedError, build_shards
+from build_shards.writer import ShardSink
 from wdsloader.errors import SchemaError
 from wdsloader.format import Manifest
 
@@ -214,3 +216,80 @@ def test_a_schema_error_in_a_worker_stops_the_build_and_leaves_nothing(tmp_path)
         build_shards(data, tmp_path / "ds", workers=2, **OPTS)
     assert not (tmp_path / "ds" / "manifest.json").exists()
     assert not [p for p in (tmp_path / "ds").rglob("*") if p.is_file()]
+
+
+# ------------------------------------------------------------------------------------------------
+# a rerun must read the data the finished blocks were written from
+# ------------------------------------------------------------------------------------------------
+
+
+def changed_items(n: int, from_item: int) -> list[dict]:
+    """``items(n)`` with other text from item ``from_item`` on (same length, keys and schema)."""
+    out = items(n)
+    for sample in out[from_item:]:
+        sample["text"] = "y" * (sample["i"] % 37)
+    return out
+
+
+def disk_full_at(monkeypatch, n: int) -> list[str]:
+    """Make the ``n``-th shard commit fail as a full disk does (the real commit's clean-up of its
+    temporary file included); returns the shards committed so far."""
+    real = ShardSink._commit
+    calls: list[str] = []
+
+    def commit(self, f, tmp, rel, idx):
+        calls.append(rel)
+        if len(calls) == n:
+            f.close()
+            os.remove(tmp)
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), tmp)
+        return real(self, f, tmp, rel, idx)
+
+    monkeypatch.setattr(ShardSink, "_commit", commit)
+    return calls
+
+
+def test_a_rerun_with_changed_content_of_an_indexable_source_is_refused(tmp_path, monkeypatch):
+    out, ref = tmp_path / "out", tmp_path / "ref"
+    disk_full_at(monkeypatch, 14)  # in block 2: blocks 0 and 1 (6 shards each) finished
+    with pytest.raises(OSError, match="No space left on device") as info:
+        build_shards(items(200), out, **OPTS)
+    assert "rerun with the same options to resume" in info.value.__notes__[0]
+    assert not list(out.rglob("*.tmp-*"))  # the failed block's files are gone, finished ones kept
+    monkeypatch.undo()
+    finished = _finished_blocks(out)
+    assert sorted(finished) == ["block-00000.json", "block-00001.json"]
+    before = {p: (p.stat().st_ino, p.stat().st_mtime_ns) for p in out.rglob("*") if p.is_file()}
+    # same kind, length, keys and schema; other content from item 60 on (block 1 holds 40-79)
+    msg = (
+        r"finished block 1 of the unfinished build \(source items 40-79\) was written from "
+        r"other data: source item 79, the block's last item, differs \(sample '000000079' has "
+        r"other content or split .*pass overwrite=True to start over"
+    )
+    with pytest.raises(SourceChangedError, match=msg):
+        build_shards(changed_items(200, 60), out, **OPTS)
+    after = {p: (p.stat().st_ino, p.stat().st_mtime_ns) for p in out.rglob("*") if p.is_file()}
+    assert after == before  # refused before writing anything
+    # the data it was written from resumes; the changed data starts over with overwrite
+    build_shards(items(200), out, **OPTS)
+    build_shards(items(200), ref, **OPTS)
+    assert_same_build(out, ref)
+    build_shards(changed_items(200, 60), out, overwrite=True, **OPTS)
+    build_shards(changed_items(200, 60), ref, overwrite=True, **OPTS)
+    assert_same_build(out, ref)
+
+
+def test_a_rerun_with_a_changed_stream_never_mixes_old_and_new_samples(tmp_path):
+    out, ref = tmp_path / "out", tmp_path / "ref"
+    with pytest.raises(OSError, match="went away at item 130"):
+        build_shards(stream(200, fail_at=130), out, **OPTS)
+    assert len(_finished_blocks(out)) == 3  # items 0-119
+    with pytest.raises(SourceChangedError, match=r"block 2 .*source item 119, the block's last"):
+        build_shards(iter(changed_items(200, 100)), out, **OPTS)
+    assert not (out / "manifest.json").exists()
+    with pytest.raises(SourceChangedError, match="source ended before item 119, the last item of"):
+        build_shards(stream(100), out, **OPTS)  # a shorter stream: block 2 is not all there
+    assert not (out / "manifest.json").exists()
+    build_shards(iter(changed_items(200, 100)), out, overwrite=True, **OPTS)
+    build_shards(iter(changed_items(200, 100)), ref, **OPTS)
+    assert_same_build(out, ref)

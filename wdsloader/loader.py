@@ -233,6 +233,11 @@ def create_loader(
     variant fields by one output field drawn per sample and epoch; None uses the manifest's
     default (``loader_defaults["curriculum"]``), False none. ``gather=False`` turns off the
     whole-batch read of fixed-size fields (every sample is then parsed on its own).
+
+    ``read_options`` (a :class:`~wdsloader.fetch.ReadOptions`) sets retries, connect/read
+    timeouts and the per-request deadline of remote reads (the manifest's read too); the
+    arguments ``storage_options``, ``cache_dir``, ``cache_limit_bytes`` and ``verify_checksum``
+    override its fields.
     """
     if batch_size < 1:
         raise ValueError(f"batch_size must be >= 1, got {batch_size}")
@@ -245,7 +250,7 @@ def create_loader(
         options.cache_limit_bytes = cache_limit_bytes
     options.verify_checksum = verify_checksum or options.verify_checksum
     root = os.fspath(dataset_dir)
-    manifest = Manifest.load(root, options.storage_options)
+    manifest = Manifest.load(root, options.storage_options_for(root))  # under its timeouts
     split_info = manifest.split(split)
     store = ShardStore(root, options)
     if check_shards:
@@ -311,7 +316,7 @@ def create_loader(
     loader = WdsDataLoader(dataset, **kwargs)
     log.info(
         "%s/%s rank %d/%d: %d batches of %d per epoch, %d samples repeated, %d left out",
-        root,
+        store.redact(root),
         split,
         r,
         world,

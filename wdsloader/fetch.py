@@ -185,6 +185,9 @@ class ShardStore:
             setattr(self, key, value)
         self._init_runtime()
 
+    def __repr__(self) -> str:
+        return f"ShardStore({self._shown_root!r}, {self.options!r})"
+
     def __enter__(self) -> ShardStore:
         return self
 

@@ -15,6 +15,7 @@ from wdsloader import plan
 from wdsloader.collate import get_collator
 from wdsloader.dataset import ShardStreamDataset
 from wdsloader.decode import SampleDecoder
+from wdsloader.errors import ManifestError
 from wdsloader.fetch import ReadOptions, ShardStore
 from wdsloader.format import Manifest
 from wdsloader.state import check_state, make_state, resume_from_dict
@@ -250,9 +251,12 @@ def create_loader(
         options.cache_limit_bytes = cache_limit_bytes
     options.verify_checksum = verify_checksum or options.verify_checksum
     root = os.fspath(dataset_dir)
-    manifest = Manifest.load(root, options.storage_options_for(root))  # under its timeouts
-    split_info = manifest.split(split)
     store = ShardStore(root, options)
+    try:
+        manifest = Manifest.load(root, options.storage_options_for(root))  # under its timeouts
+    except ManifestError as exc:  # its message shows the root as given, userinfo included
+        raise ManifestError(store.redact(exc)) from None
+    split_info = manifest.split(split)
     if check_shards:
         store.check_shards(split_info.shards)
     is_train = split == "train"

@@ -9,6 +9,9 @@ under a dataset root that is a local folder or any fsspec URL.
   exponential backoff; a retry asks only for the bytes not received yet (HTTP(S) range GETs use
   the filesystem's own aiohttp session, with its headers, auth and client options; other
   filesystems, e.g. s3fs, gcsfs, memory, re-send a failed request of ``fs.cat_file`` whole).
+  Connect and read timeouts reach the HTTP and S3 clients, and a deadline bounds each request
+  with its retries (see :class:`ReadOptions`). Messages and logs show URLs and storage errors
+  with credentials redacted (:mod:`wdsloader.redact`).
 - Cache (``cache_dir``, remote roots only): the first access to a shard downloads it whole into
   a :class:`~wdsloader.shard_cache.ShardCache`; later reads are local preads.
 
@@ -107,12 +110,9 @@ class ReadOptions:
             raise ValueError("connect_timeout, read_timeout and deadline must be > 0")
 
     def __repr__(self) -> str:
-        fields = ", ".join(
-            f"{f.name}={redact_options(v) if f.name == 'storage_options' else v!r}"
-            for f in dataclasses.fields(self)
-            if (v := getattr(self, f.name)) is not None or f.name == "deadline"
-        )
-        return f"ReadOptions({fields})"
+        shown = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        shown["storage_options"] = redact_options(self.storage_options)  # no credentials
+        return f"ReadOptions({', '.join(f'{k}={v!r}' for k, v in shown.items())})"
 
     def storage_options_for(self, url: str) -> dict[str, Any]:
         """``storage_options`` with these connect and read timeouts for ``url``'s filesystem

@@ -6,7 +6,7 @@ import argparse
 import json
 import sys
 
-from wdsloader.redact import redact
+from wdsloader.redact import redact, secrets_of
 from wdsloader.storage import parse_storage_options
 
 EPILOG = """examples:
@@ -137,8 +137,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _secrets(args: argparse.Namespace) -> tuple[str, ...]:
-    from wdsloader.redact import secrets_of
-
+    """The credentials given on the command line, masked in error messages."""
     try:
         options = parse_storage_options(args.storage_option)
     except ValueError:

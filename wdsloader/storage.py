@@ -31,7 +31,7 @@ def url_to_fs(
     connect_timeout: float = DEFAULT_CONNECT_TIMEOUT,
     read_timeout: float = DEFAULT_READ_TIMEOUT,
     client_retries: bool = True,
-):
+) -> tuple[Any, str]:
     """``(filesystem, path)`` for a local path or any fsspec URL, with the timeouts and client
     retries of :func:`with_timeouts` (HTTP(S) and S3)."""
     text = os.fspath(url)

@@ -21,6 +21,7 @@ from typing import Any, NoReturn
 
 from build_shards.lock import DEFAULT_LOCK_TIMEOUT
 from wdsloader.errors import WdsLoaderError
+from wdsloader.redact import redact
 from wdsloader.storage import parse_storage_options
 
 PROG = "build-shards"
@@ -86,7 +87,7 @@ class _Parser(argparse.ArgumentParser):
 
 
 def _fail(message: str) -> NoReturn:
-    one_line = " ".join(str(message).split())
+    one_line = " ".join(redact(message).split())
     sys.stderr.write(f"{PROG}: error: {one_line}\n")
     raise SystemExit(2)
 
@@ -315,7 +316,8 @@ def format_summary(manifest: Any, where: str, elapsed: float, verb: str = "built
     lines.insert(-1, "-" * len(lines[0]))
     rate = total[2] / elapsed if elapsed > 0 else float("inf")
     mbps = total[3] / elapsed / 1e6 if elapsed > 0 else float("inf")
-    lines.append(f"{verb} {where} in {elapsed:.2f} s ({rate:,.0f} samples/s, {mbps:.1f} MB/s)")
+    shown = redact(where)
+    lines.append(f"{verb} {shown} in {elapsed:.2f} s ({rate:,.0f} samples/s, {mbps:.1f} MB/s)")
     return "\n".join(lines)
 
 

@@ -8,7 +8,14 @@ Faults apply to GETs of paths ending with ``Faults.suffix``:
 - ``at_byte=X, at_byte_times=M``: the first M such GETs whose range covers byte X send the bytes
   before X, then close the connection (so X is the first byte the client did not receive);
 - ``gate``: a ``threading.Barrier`` each such GET waits at before answering (a test of concurrency:
-  it only opens when that many requests are in flight at once).
+  it only opens when that many requests are in flight at once);
+- ``stall="answer"``: such GETs are read and never answered; ``stall="body"``: they get their
+  status and headers, then no byte of the body (both until the server stops);
+- ``status=S``: such GETs are answered with HTTP status S and an empty body; with
+  ``redirect_query=Q`` a GET without a query string is first redirected (302) to the same path
+  with ``?Q`` (as a CDN redirects to a signed URL), and only that GET gets status S.
+
+:class:`SilentServer` is a TCP server that accepts connections and never reads or answers.
 """
 
 from __future__ import annotations
@@ -39,6 +46,9 @@ class Faults:
     at_byte_times: int = 0
     suffix: str = ".tar"
     gate: threading.Barrier | None = None
+    stall: str | None = None
+    status: int | None = None
+    redirect_query: str | None = None
 
 
 @dataclass(frozen=True)
@@ -64,6 +74,7 @@ class _State:
     first_gets_done: int = 0
     at_byte_done: int = 0
     lock: threading.Lock = field(default_factory=threading.Lock)
+    release: threading.Event = field(default_factory=threading.Event)  # ends stalls
 
 
 def parse_range(header: str | None, size: int) -> tuple[int, int] | None | str:
@@ -113,6 +124,8 @@ class _Handler(BaseHTTPRequestHandler):
             self._listing(record, target, body)
         elif not target.is_file():
             self._finish(record, HTTPStatus.NOT_FOUND)
+        elif body and self._status_fault(record, url_path):
+            return
         else:
             self._file(record, target, body)
 
@@ -158,15 +171,23 @@ class _Handler(BaseHTTPRequestHandler):
         start, stop = span if isinstance(span, tuple) else (0, size)
         record.update(start=start, stop=stop)
         status = HTTPStatus.PARTIAL_CONTENT if isinstance(span, tuple) else HTTPStatus.OK
-        cut = self._fault_cut(record["path"], start, stop) if body else None
+        stall = self._stall(record["path"]) if body else None
+        cut = 0 if stall else self._fault_cut(record["path"], start, stop) if body else None
         limit = stop - start if cut is None else cut
         self._record(record, status, sent=limit if body else 0, dropped=cut is not None)
+        if stall == "answer":
+            self._hold()
+            return
         self.send_response(status)
         self.send_header("Accept-Ranges", "bytes")
         self.send_header("Content-Length", str(stop - start))
         if status == HTTPStatus.PARTIAL_CONTENT:
             self.send_header("Content-Range", f"bytes {start}-{stop - 1}/{size}")
         self.end_headers()
+        if stall == "body":
+            self.wfile.flush()
+            self._hold()
+            return
         sent = 0
         if body:
             with open(path, "rb") as f:
@@ -181,6 +202,32 @@ class _Handler(BaseHTTPRequestHandler):
                 self.wfile.flush()
                 self.connection.shutdown(socket.SHUT_WR)  # FIN after the partial body
                 self.close_connection = True
+
+    def _status_fault(self, record: dict, path: str) -> bool:
+        """Answer a GET with the ``status`` fault (after the ``redirect_query`` redirect)."""
+        faults = self.server.state.faults
+        if faults.status is None or not path.endswith(faults.suffix):
+            return False
+        query = urllib.parse.urlsplit(self.path).query
+        if faults.redirect_query and not query:
+            self._record(record, HTTPStatus.FOUND)
+            self.send_response(HTTPStatus.FOUND)
+            self.send_header("Location", f"{urllib.parse.quote(path)}?{faults.redirect_query}")
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+        else:
+            self._finish(record, faults.status)
+        return True
+
+    def _stall(self, path: str) -> str | None:
+        """``"answer"`` or ``"body"`` when this GET is to stall, else None."""
+        faults = self.server.state.faults
+        return faults.stall if faults.stall and path.endswith(faults.suffix) else None
+
+    def _hold(self) -> None:
+        """Keep the connection open and silent until the server stops, then close it."""
+        self.server.state.release.wait()
+        self.close_connection = True
 
     def _fault_cut(self, path: str, start: int, stop: int) -> int | None:
         """Bytes to send before dropping this GET, or None to serve it whole."""
@@ -263,6 +310,7 @@ class RangeHTTPServer:
         gate = self.faults.gate
         if gate is not None:
             gate.abort()
+        self._server.state.release.set()
         self._server.shutdown()
         self._server.server_close()
         if self._thread is not None:
@@ -273,6 +321,46 @@ class RangeHTTPServer:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+class SilentServer:
+    """A TCP server on ``127.0.0.1:<free port>`` that accepts connections and never reads or
+    answers them (a hung HTTP or S3 endpoint); ``accepted`` counts the connections."""
+
+    def __init__(self) -> None:
+        self._sock = socket.create_server(("127.0.0.1", 0))
+        self._sock.settimeout(0.05)
+        self._conns: list[socket.socket] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._accept, name="test-silent-server", daemon=True)
+
+    @property
+    def url(self) -> str:
+        host, port = self._sock.getsockname()[:2]
+        return f"http://{host}:{port}"
+
+    @property
+    def accepted(self) -> int:
+        return len(self._conns)
+
+    def _accept(self) -> None:
+        while not self._stop.is_set():
+            try:
+                conn, _ = self._sock.accept()
+            except TimeoutError:
+                continue
+            self._conns.append(conn)
+
+    def __enter__(self) -> SilentServer:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+        for conn in self._conns:
+            conn.close()
+        self._sock.close()
 
 
 @pytest.fixture(name="http_server")

@@ -9,17 +9,24 @@ import multiprocessing
 import os
 import pickle
 import threading
+import time
 from pathlib import Path
 
 import numpy as np
 import pytest
 
 from tests.dataset_factory import write_dataset
-from tests.http_server import Faults, RangeHTTPServer, http_server_fixture  # noqa: F401
-from wdsloader.errors import ShardFormatError
+from tests.http_server import (  # noqa: F401
+    Faults,
+    RangeHTTPServer,
+    SilentServer,
+    http_server_fixture,
+)
+from wdsloader import create_loader
+from wdsloader.errors import ManifestError, ShardFormatError
 from wdsloader.fetch import ReadOptions, ShardReadError, ShardStore
 from wdsloader.format import Manifest, ShardInfo, scan_tar
-from wdsloader.storage import url_to_fs
+from wdsloader.storage import url_to_fs, with_timeouts
 
 Req = tuple[ShardInfo, int, int]
 
@@ -466,3 +473,118 @@ def test_store_used_before_fork_works_in_the_child(http_server):
             proc.kill()
     assert got == expected(folder, reqs)
     assert requests == pieces(reqs, 4096)  # counted by the child's own fresh stats
+
+
+# -- dead servers: bounded timeouts ----------------------------------------------------------------
+FAST = {"connect_timeout": 0.5, "read_timeout": 0.5, "retries": 1, "backoff": 0.01}
+
+
+@pytest.mark.parametrize("stall", ["answer", "body"])
+def test_loader_over_a_server_that_stops_answering_fails_in_seconds(http_server, stall):
+    """The manifest, listing and index are served; every shard GET is accepted and never
+    answered (or gets its headers and no body): a ShardReadError naming the shard and the URL
+    without the password, after 2 attempts of 0.5 s, not 2 x 300 s."""
+    m = write_dataset(str(http_server.root / "ds"), {"train": [6]})
+    root = http_server.url.replace("http://", "http://bob:s3cret-pw@") + "/ds"
+    loader = create_loader(root, "train", batch_size=2, read_options=ReadOptions(**FAST))
+    http_server.faults = Faults(stall=stall)
+    t0 = time.monotonic()
+    with pytest.raises(ShardReadError) as info:
+        next(iter(loader))
+    elapsed = time.monotonic() - t0
+    shown = http_server.url.replace("http://", "http://***@")
+    assert str(info.value).startswith(
+        f"{shown}/ds/train/shard-000000.tar: read failed at byte offset 0 after 1 retries in "
+    )
+    assert "read_timeout=0.5s" in str(info.value) and "s3cret-pw" not in str(info.value)
+    assert len(gets(http_server, m.splits["train"].shards[0])) == 2
+    assert 1.0 <= elapsed < 5.0
+
+
+def test_deadline_cuts_retries_and_an_attempt_in_flight(http_server):
+    """read_timeout alone would allow 100 retries of 5 s: the 1.5 s deadline ends it all."""
+    root, m, _ = served_dataset(http_server, [6])
+    shard = m.splits["train"].shards[0]
+    http_server.faults = Faults(stall="body")
+    options = ReadOptions(read_timeout=5, retries=100, backoff=0.01, deadline=1.5)
+    t0 = time.monotonic()
+    with pytest.raises(ShardReadError, match=r"the deadline of 1\.5s reached: .*TimeoutError"):
+        ShardStore(root, options).read_ranges([(shard, 0, 100)])
+    assert 1.5 <= time.monotonic() - t0 < 3.0
+    assert len(gets(http_server, shard)) == 1
+
+
+def test_silent_server_bounds_manifest_index_checks_and_verify(http_server, tmp_path):
+    """A server that accepts connections and never answers: every kind of read gives up in
+    seconds (the manifest in create_loader, the index, the start-up check, checksums, the
+    cache download)."""
+    m = write_dataset(str(tmp_path / "ds"), {"train": [4]})
+    shard = m.splits["train"].shards[0]
+    with SilentServer() as silent:
+        root = f"{silent.url}/ds"
+        t0 = time.monotonic()
+        with pytest.raises(ManifestError, match=r"/ds/manifest\.json: manifest unreadable"):
+            create_loader(root, "train", batch_size=2, read_options=ReadOptions(**FAST))
+        assert time.monotonic() - t0 < 3.0
+        calls = {
+            "index": lambda s: s.index(shard),
+            "check_shards": lambda s: s.check_shards([shard]),
+            "verify": lambda s: s.verify(shard),
+            "cached read": lambda s: s.read_ranges([(shard, 0, 10)]),
+        }
+        for name, call in calls.items():
+            cache = str(tmp_path / "cache") if name == "cached read" else None
+            store = ShardStore(root, ReadOptions(**FAST, cache_dir=cache))
+            t0 = time.monotonic()
+            with pytest.raises(ShardReadError, match=r"/ds/train/shard-000000\.tar"):
+                call(store)
+            assert time.monotonic() - t0 < 3.0, name
+
+
+def test_s3_endpoint_that_never_answers_fails_in_seconds():
+    """s3fs and botocore retry on their own (5 x 5 attempts of 15 s by default): the store turns
+    theirs off and counts attempts itself, so 1 retry means 2 connections."""
+    pytest.importorskip("s3fs")
+    shard = ShardInfo(
+        path="train/shard-000000.tar",
+        idx_path="train/shard-000000.tar.idx",
+        num_samples=1,
+        num_bytes=1024,
+    )
+    with SilentServer() as silent:
+        options = {
+            "key": "AKIAEXAMPLEKEY",
+            "secret": "SECRET-never-shown",
+            "client_kwargs": {"endpoint_url": silent.url},
+        }
+        store = ShardStore("s3://bucket/ds", ReadOptions(**FAST, storage_options=options))
+        t0 = time.monotonic()
+        with pytest.raises(ShardReadError) as info:
+            store.read_ranges([(shard, 0, 100)])
+        assert time.monotonic() - t0 < 5.0
+        assert silent.accepted == 2
+    assert str(info.value).startswith(
+        "s3://bucket/ds/train/shard-000000.tar: read failed at byte offset 0 after 1 retries"
+    )
+    assert "ReadTimeoutError" in str(info.value) and "SECRET-never-shown" not in str(info.value)
+
+
+def test_timeouts_reach_the_http_and_s3_clients_unless_set_in_the_options():
+    import aiohttp
+
+    assert (ReadOptions().connect_timeout, ReadOptions().read_timeout) == (10.0, 20.0)
+    assert ReadOptions().deadline == 60.0
+    with pytest.raises(ValueError, match="must be > 0"):
+        ReadOptions(read_timeout=0)
+    fs, _ = url_to_fs("http://127.0.0.1:1/ds", connect_timeout=1.5, read_timeout=2.5)
+    assert fs.client_kwargs["timeout"] == aiohttp.ClientTimeout(
+        total=None, sock_connect=1.5, sock_read=2.5
+    )
+    own = aiohttp.ClientTimeout(total=7)
+    fs, _ = url_to_fs("https://h/ds", {"client_kwargs": {"timeout": own}})
+    assert fs.client_kwargs["timeout"] is own
+    options = ReadOptions(read_timeout=3, storage_options={"config_kwargs": {"connect_timeout": 4}})
+    s3 = with_timeouts("s3://b/ds", options.storage_options, read_timeout=options.read_timeout)
+    assert s3["config_kwargs"] == {"connect_timeout": 4, "read_timeout": 3}
+    assert options.storage_options_for("s3://b/ds")["config_kwargs"]["read_timeout"] == 3
+    assert with_timeouts("memory://ds", None) == {}

@@ -156,6 +156,7 @@ def run_cli(args: argparse.Namespace) -> int:
     """``wdsloader bench DATASET [--split S] [--num-workers N] [--batch-size B]
     [--max-batches K] [--storage-option KEY=VALUE ...]``: read with a progress bar, print
     samples/s, MB/s and time to first batch. Returns the exit status."""
+    from wdsloader.redact import redact
     from wdsloader.storage import parse_storage_options
 
     options = parse_storage_options(getattr(args, "storage_option", None) or [])
@@ -170,7 +171,7 @@ def run_cli(args: argparse.Namespace) -> int:
     )
     ttfb = result.time_to_first_batch_s
     lines = [
-        f"{args.dataset} [{args.split}], batch {args.batch_size}, "
+        f"{redact(args.dataset)} [{args.split}], batch {args.batch_size}, "
         f"num_workers {args.num_workers}: {result.samples:,} samples in {result.batches:,} "
         f"batches, {result.seconds:.2f} s",
         f"samples/s:           {result.samples_per_s:,.0f}",

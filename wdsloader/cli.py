@@ -7,6 +7,7 @@ import json
 import sys
 from typing import Any
 
+from wdsloader.redact import redact, secrets_of
 from wdsloader.storage import parse_storage_options
 
 EPILOG = """examples:
@@ -24,7 +25,7 @@ def _info(args: argparse.Namespace) -> int:
 
     m = Manifest.load(args.dataset, parse_storage_options(args.storage_option))
     print(
-        f"{args.dataset}: format {m.format} {m.version}, {m.num_samples} samples, "
+        f"{redact(args.dataset)}: format {m.format} {m.version}, {m.num_samples} samples, "
         f"{m.num_bytes / 1e6:.1f} MB"
     )
     print(f"{'split':10s} {'shards':>7s} {'samples':>10s} {'MB':>10s}")
@@ -111,7 +112,7 @@ def _validate(args: argparse.Namespace) -> int:
     if report.ok:
         print(f"OK: {checked}{mode}")
         return 0
-    print(f"{len(report.problems)} problems in {args.dataset}: {checked}{mode}")
+    print(f"{len(report.problems)} problems in {redact(args.dataset)}: {checked}{mode}")
     return 1
 
 
@@ -162,8 +163,17 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return commands[args.command](args)
     except (WdsLoaderError, ValueError, OSError) as exc:
-        print(f"wdsloader: error: {exc}", file=sys.stderr)
+        print(f"wdsloader: error: {redact(exc, _secrets(args))}", file=sys.stderr)
         return 2
+
+
+def _secrets(args: argparse.Namespace) -> tuple[str, ...]:
+    """The credentials given on the command line, masked in error messages."""
+    try:
+        options = parse_storage_options(args.storage_option)
+    except ValueError:
+        options = {}
+    return secrets_of(options, args.dataset)
 
 
 if __name__ == "__main__":

@@ -409,7 +409,7 @@ def validate_dataset(
         store.close()
     log.info(
         "%s: %d shards, %d samples checked, %d problems",
-        os.fspath(root),
+        store.redact(os.fspath(root)),
         report.shards_checked,
         report.samples_checked,
         len(report.problems),

@@ -9,6 +9,9 @@ under a dataset root that is a local folder or any fsspec URL.
   exponential backoff; a retry asks only for the bytes not received yet (HTTP(S) range GETs use
   the filesystem's own aiohttp session, with its headers, auth and client options; other
   filesystems, e.g. s3fs, gcsfs, memory, re-send a failed request of ``fs.cat_file`` whole).
+  Connect and read timeouts reach the HTTP and S3 clients, and a deadline bounds each request
+  with its retries (see :class:`ReadOptions`). Messages and logs show URLs and storage errors
+  with credentials redacted (:mod:`wdsloader.redact`).
 - Cache (``cache_dir``, remote roots only): the first access to a shard downloads it whole into
   a :class:`~wdsloader.shard_cache.ShardCache`; later reads are local preads.
 
@@ -19,6 +22,7 @@ filesystem, threads and descriptors are opened lazily in each process, and reset
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import errno
 import hashlib
 import logging
@@ -38,8 +42,15 @@ from fsspec.core import split_protocol
 
 from wdsloader.errors import ShardFormatError, ShardReadError, WdsLoaderError
 from wdsloader.format import ShardInfo, decode_index
+from wdsloader.redact import redact, redact_options, secrets_of
 from wdsloader.shard_cache import OpenFiles, ShardCache, hash_fd, pwrite_all
-from wdsloader.storage import join, url_to_fs
+from wdsloader.storage import (
+    DEFAULT_CONNECT_TIMEOUT,
+    DEFAULT_READ_TIMEOUT,
+    join,
+    url_to_fs,
+    with_timeouts,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -63,11 +74,24 @@ class ReadOptions:
     ``concurrency`` threads serve remote requests. ``cache_dir`` keeps whole remote shards and
     indexes, ``cache_limit_bytes`` caps it. ``verify_checksum`` checks a shard's sha256 when it is
     first downloaded into the cache or first opened.
+
+    Timeouts (seconds) bound a server that accepts a connection and never answers:
+    ``connect_timeout`` for opening a connection, ``read_timeout`` for the wait for any bytes of
+    an answer (HTTP(S): aiohttp's ``sock_connect``/``sock_read``; S3: botocore's
+    ``connect_timeout``/``read_timeout``; a timeout set in ``storage_options`` wins), and
+    ``deadline`` for one request with all its retries: an attempt still running at the
+    deadline is cancelled (filesystems with an async API: HTTP(S), S3, GCS ...) and no retry
+    starts after it; None means no deadline. The client libraries' own retries are turned off:
+    ``retries`` counts them all. Then :class:`ShardReadError` names the file and the URL
+    (credentials redacted). With the defaults a dead server is reported after about a minute.
     """
 
     storage_options: dict[str, Any] | None = None
     retries: int = 5
     backoff: float = 0.05
+    connect_timeout: float = DEFAULT_CONNECT_TIMEOUT
+    read_timeout: float = DEFAULT_READ_TIMEOUT
+    deadline: float | None = 60.0
     max_request_bytes: int = 8 * 2**20
     concurrency: int = 8
     cache_dir: str | None = None
@@ -80,6 +104,25 @@ class ReadOptions:
             raise ValueError("retries, backoff and cache_limit_bytes must be >= 0")
         if min(self.max_request_bytes, self.concurrency, self.max_open_files) < 1:
             raise ValueError("max_request_bytes, concurrency and max_open_files must be >= 1")
+        if not (self.connect_timeout > 0 and self.read_timeout > 0) or (
+            self.deadline is not None and not self.deadline > 0
+        ):
+            raise ValueError("connect_timeout, read_timeout and deadline must be > 0")
+
+    def __repr__(self) -> str:
+        shown = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        shown["storage_options"] = redact_options(self.storage_options)  # no credentials
+        return f"ReadOptions({', '.join(f'{k}={v!r}' for k, v in shown.items())})"
+
+    def storage_options_for(self, url: str) -> dict[str, Any]:
+        """``storage_options`` with these connect and read timeouts for ``url``'s filesystem
+        (for other readers of the same dataset, e.g. its manifest)."""
+        return with_timeouts(
+            url,
+            self.storage_options,
+            connect_timeout=self.connect_timeout,
+            read_timeout=self.read_timeout,
+        )
 
 
 class ShardStore:
@@ -124,6 +167,8 @@ class ShardStore:
             )
         self._indexes: dict[str, np.ndarray] = {}
         self._verified: set[str] = set()
+        self._secrets = secrets_of(self.options.storage_options, self.root)
+        self._shown_root = redact(self.root, self._secrets)
 
     def _ensure_process(self) -> None:
         """After a fork, drop the parent's threads, loop-bound sessions and descriptors."""
@@ -139,6 +184,9 @@ class ShardStore:
         for key, value in state.items():
             setattr(self, key, value)
         self._init_runtime()
+
+    def __repr__(self) -> str:
+        return f"ShardStore({self._shown_root!r}, {self.options!r})"
 
     def __enter__(self) -> ShardStore:
         return self
@@ -163,15 +211,26 @@ class ShardStore:
         return self.is_local or bool(self.options.cache_dir)
 
     def url(self, shard: ShardInfo) -> str:
-        """Full path or URL of a shard, for messages."""
+        """Full path or URL of a shard, for messages (credentials redacted)."""
         return self._url(shard.path)
 
+    def redact(self, text: object) -> str:
+        """``text`` with this store's credentials (URL userinfo, secret storage options, signed
+        query strings) replaced by ``***``."""
+        return redact(text, self._secrets)
+
     def _url(self, rel: str) -> str:
-        return f"{self.root}/{rel}"
+        return f"{self._shown_root}/{rel}"
 
     def _filesystem(self) -> Any:
         if self._fs is None:
-            self._fs, self._base = url_to_fs(self.root, self.options.storage_options)
+            self._fs, self._base = url_to_fs(
+                self.root,
+                self.options.storage_options,
+                connect_timeout=self.options.connect_timeout,
+                read_timeout=self.options.read_timeout,
+                client_retries=False,  # _fetch retries, under the deadline
+            )
             self._http = _is_http(self._fs)
         return self._fs
 
@@ -388,6 +447,7 @@ class ShardStore:
         transient errors and resumed at the first byte not received."""
         path, url = join(self._base, rel), self._url(rel)
         buf = bytearray()
+        clock = _Deadline(self.options.deadline)
         attempt = 0
         while True:
             before = len(buf)
@@ -395,16 +455,16 @@ class ShardStore:
             self._count("requests")
             try:
                 if stop is None:
-                    buf[:] = fs.cat_file(path)
+                    buf[:] = _call_fs(fs, clock.remaining(), "cat_file", path)
                 elif self._http:
-                    from fsspec.asyn import sync
-
-                    sync(fs.loop, _http_range, fs, path, pos, stop, buf)
+                    _run_coro(fs, clock.remaining(), _http_range(fs, path, pos, stop, buf))
                 else:
-                    buf += fs.cat_file(path, start=pos, end=stop)[: stop - pos]
-            except Exception as exc:
+                    data = _call_fs(fs, clock.remaining(), "cat_file", path, start=pos, end=stop)
+                    buf += data[: stop - pos]
+            except Exception as exc:  # sorted by _retry_or_raise: retried or raised, never lost
                 self._count("bytes_fetched", len(buf) - before)
-                self._retry_or_raise(exc, url, start + len(buf), attempt, stop is not None)
+                offset = start + len(buf)
+                self._retry_or_raise(exc, url, offset, attempt, stop is not None, clock)
                 attempt += 1
                 continue
             self._count("bytes_fetched", len(buf) - before)
@@ -413,28 +473,60 @@ class ShardStore:
             return bytes(buf)
 
     def _retry_or_raise(
-        self, exc: Exception, url: str, offset: int, attempt: int, ranged: bool
+        self,
+        exc: Exception,
+        url: str,
+        offset: int | None,
+        attempt: int,
+        ranged: bool,
+        clock: _Deadline,
     ) -> None:
-        """Sleep before the next attempt, or raise the error the caller should see."""
+        """Sleep before the next attempt, or raise the error the caller should see (its text
+        and cause free of credentials: the storage error is described, not chained)."""
+        at = f" at byte offset {offset}" if offset is not None else ""
+        cause = exc.__cause__
+        if (
+            isinstance(exc, FileNotFoundError)
+            and isinstance(cause, Exception)
+            and _is_transient(cause)
+        ):
+            exc = cause  # fsspec's HTTP info() calls a file that did not answer "not found"
         if ranged and _range_unsatisfiable(exc):
-            raise _truncated(url, offset) from None
+            raise _truncated(url, offset or 0) from None
         if isinstance(exc, FileNotFoundError):
-            raise FileNotFoundError(errno.ENOENT, "file not found", url) from exc
+            raise FileNotFoundError(errno.ENOENT, "file not found", url) from None
         if isinstance(exc, PermissionError):
-            raise PermissionError(errno.EACCES, f"access denied ({exc})", url) from exc
+            raise PermissionError(
+                errno.EACCES, f"access denied ({self._describe(exc)})", url
+            ) from None
         if isinstance(exc, WdsLoaderError):
             raise exc
         if not _is_transient(exc):
-            raise ShardReadError(f"{url}: read failed at byte offset {offset}: {exc!r}") from exc
-        if attempt >= self.options.retries:
-            raise ShardReadError(
-                f"{url}: read failed at byte offset {offset} after {attempt} retries: {exc!r}"
-            ) from exc
-        self._count("retries")
+            raise ShardReadError(f"{url}: read failed{at}: {self._describe(exc)}") from None
         delay = min(self.options.backoff * 2**attempt, MAX_BACKOFF_S)
-        logger.info("%s: retrying at byte offset %d in %.3fs after %r", url, offset, delay, exc)
+        left = clock.remaining()
+        expired = left is not None and left <= delay
+        if attempt >= self.options.retries or expired:
+            why = f", the deadline of {clock.limit:g}s reached" if expired else ""
+            raise ShardReadError(
+                f"{url}: read failed{at} after {attempt} retries in "
+                f"{clock.elapsed():.1f}s{why}: {self._describe(exc)}"
+            ) from None
+        self._count("retries")
+        logger.info("%s: retrying%s in %.3fs after %s", url, at, delay, self._describe(exc))
         if delay > 0:
             time.sleep(delay)
+
+    def _describe(self, exc: BaseException) -> str:
+        """A storage error in words, credentials redacted; timeouts say which limits applied."""
+        inner = exc.__cause__ if not str(exc) and exc.__cause__ is not None else exc
+        text = f"{type(inner).__name__}: {inner}" if str(inner) else type(inner).__name__
+        if _is_timeout(exc) or _is_timeout(inner):
+            o = self.options
+            deadline = "none" if o.deadline is None else f"{o.deadline:g}s"
+            text += f" (timed out: connect_timeout={o.connect_timeout:g}s, "
+            text += f"read_timeout={o.read_timeout:g}s, deadline={deadline})"
+        return self.redact(text)
 
     def _run_all(self, fn: Callable[[_T], _R], items: Sequence[_T]) -> list[_R]:
         """``[fn(x) for x in items]`` on the thread pool; raises the first error once none runs."""
@@ -527,7 +619,7 @@ class ShardStore:
                         size = listing[name]
                     else:
                         try:
-                            size = fs.info(join(self._base, rel)).get("size")
+                            size = self._info(fs, rel).get("size")
                         except FileNotFoundError:
                             missing.append(self._url(rel))
                             continue
@@ -541,13 +633,26 @@ class ShardStore:
                     errno.ENOENT, f"{len(missing)} shard file(s) missing: {shown}", missing[0]
                 )
 
+    def _info(self, fs: Any, rel: str) -> dict[str, Any]:
+        """``fs.info`` of a file under the root, with the retries and deadline of reads."""
+        clock = _Deadline(self.options.deadline)
+        attempt = 0
+        while True:
+            self._count("requests")
+            try:
+                return _call_fs(fs, clock.remaining(), "info", join(self._base, rel))
+            except Exception as exc:  # sorted by _retry_or_raise: retried or raised, never lost
+                self._retry_or_raise(exc, self._url(rel), None, attempt, False, clock)
+                attempt += 1
+
     def _list_dir(self, fs: Any, path: str) -> dict[str, int | None] | None:
         """``{basename: size or None}`` of the files in one directory, or None if it cannot list."""
         try:
             fs.invalidate_cache(path)
-            entries = fs.ls(path, detail=True)
+            entries = _call_fs(fs, self.options.deadline, "ls", path, detail=True)
         except Exception as exc:  # a listing only saves requests; the files are then probed
-            logger.debug("%s: no listing (%r); probing files one by one", path, exc)
+            shown = self.redact(f"{path}: no listing ({exc!r}); probing files one by one")
+            logger.debug("%s", shown)
             return None
         out: dict[str, int | None] = {}
         for e in entries:
@@ -573,7 +678,7 @@ async def _http_range(fs: Any, url: str, start: int, stop: int, sink: bytearray)
         skip = start if resp.status == 200 else 0  # 200: the server ignored the range
         content_range = resp.headers.get("Content-Range", "")
         if resp.status == 206 and not content_range.startswith(f"bytes {start}-"):
-            raise ValueError(f"{url}: asked for bytes from {start}, got {content_range!r}")
+            raise ValueError(f"asked for bytes from {start}, got {content_range!r}")
         need = stop - start
         while need > 0:
             chunk = await resp.content.read(_STREAM_CHUNK)
@@ -584,6 +689,47 @@ async def _http_range(fs: Any, url: str, start: int, stop: int, sink: bytearray)
             chunk = chunk[:need]
             sink += chunk
             need -= len(chunk)
+
+
+class _Deadline:
+    """Time left of a ``limit`` in seconds (None: no limit) started when made."""
+
+    __slots__ = ("limit", "_start")
+
+    def __init__(self, limit: float | None) -> None:
+        self.limit = limit
+        self._start = time.monotonic()
+
+    def elapsed(self) -> float:
+        return time.monotonic() - self._start
+
+    def remaining(self) -> float | None:
+        return None if self.limit is None else max(0.0, self.limit - self.elapsed())
+
+
+def _call_fs(fs: Any, timeout: float | None, method: str, *args: Any, **kwargs: Any) -> Any:
+    """``fs.<method>(*args, **kwargs)``; on a filesystem with an async API (HTTP, S3, GCS ...)
+    its coroutine runs on the filesystem's loop and is cancelled after ``timeout`` seconds."""
+    if getattr(fs, "async_impl", False) and hasattr(fs, f"_{method}"):
+        return _run_coro(fs, timeout, getattr(fs, f"_{method}")(*args, **kwargs))
+    return getattr(fs, method)(*args, **kwargs)
+
+
+def _run_coro(fs: Any, timeout: float | None, coro: Any) -> Any:
+    """Run ``coro`` on ``fs``'s event loop from this thread, cancelled after ``timeout`` s (a
+    timeout raises fsspec's FSTimeoutError, a TimeoutError)."""
+    from fsspec.asyn import sync
+
+    return sync(fs.loop, _within, coro, timeout)
+
+
+async def _within(coro: Any, timeout: float | None) -> Any:
+    return await asyncio.wait_for(coro, timeout)
+
+
+def _is_timeout(exc: BaseException) -> bool:
+    """A timeout of the client (aiohttp, botocore) or of the deadline."""
+    return isinstance(exc, (TimeoutError, asyncio.TimeoutError)) or "Timeout" in type(exc).__name__
 
 
 def _is_http(fs: Any) -> bool:

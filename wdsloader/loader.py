@@ -15,6 +15,7 @@ from wdsloader import plan
 from wdsloader.collate import get_collator
 from wdsloader.dataset import ShardStreamDataset
 from wdsloader.decode import SampleDecoder
+from wdsloader.errors import ManifestError
 from wdsloader.fetch import ReadOptions, ShardStore
 from wdsloader.format import Manifest
 from wdsloader.start_method import check_sendable
@@ -238,6 +239,11 @@ def create_loader(
     ``multiprocessing_context`` (``"fork"``, ``"spawn"``, ``"forkserver"`` or a context) picks
     how workers start; under spawn/forkserver a collator, decoder or schedule that cannot be
     pickled (a lambda, a closure) is a ValueError here, naming it.
+
+    ``read_options`` (a :class:`~wdsloader.fetch.ReadOptions`) sets retries, connect/read
+    timeouts and the per-request deadline of remote reads (the manifest's read too); the
+    arguments ``storage_options``, ``cache_dir``, ``cache_limit_bytes`` and ``verify_checksum``
+    override its fields.
     """
     if batch_size < 1:
         raise ValueError(f"batch_size must be >= 1, got {batch_size}")
@@ -250,9 +256,12 @@ def create_loader(
         options.cache_limit_bytes = cache_limit_bytes
     options.verify_checksum = verify_checksum or options.verify_checksum
     root = os.fspath(dataset_dir)
-    manifest = Manifest.load(root, options.storage_options)
-    split_info = manifest.split(split)
     store = ShardStore(root, options)
+    try:
+        manifest = Manifest.load(root, options.storage_options_for(root))  # under its timeouts
+    except ManifestError as exc:  # its message shows the root as given, userinfo included
+        raise ManifestError(store.redact(exc)) from None
+    split_info = manifest.split(split)
     if check_shards:
         store.check_shards(split_info.shards)
     is_train = split == "train"
@@ -317,7 +326,7 @@ def create_loader(
     loader = WdsDataLoader(dataset, **kwargs)
     log.info(
         "%s/%s rank %d/%d: %d batches of %d per epoch, %d samples repeated, %d left out",
-        root,
+        store.redact(root),
         split,
         r,
         world,

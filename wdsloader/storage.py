@@ -1,4 +1,9 @@
-"""fsspec glue: one place that turns a path or URL into a filesystem and writes atomically."""
+"""fsspec glue: one place that turns a path or URL into a filesystem and writes atomically.
+
+Every filesystem made here for HTTP(S) or S3 has bounded connect and read timeouts (see
+:func:`with_timeouts`), unless the storage options set their own: a server that accepts a
+connection and never answers raises an error instead of hanging.
+"""
 
 from __future__ import annotations
 
@@ -10,13 +15,77 @@ from collections.abc import Sequence
 from typing import Any
 
 import fsspec
+from fsspec.core import split_protocol
 from fsspec.implementations.local import LocalFileSystem
 
+DEFAULT_CONNECT_TIMEOUT = 10.0
+DEFAULT_READ_TIMEOUT = 20.0
+_HTTP = ("http", "https")
+_S3 = ("s3", "s3a")
 
-def url_to_fs(url: str | os.PathLike[str], storage_options: dict[str, Any] | None = None):
-    """``(filesystem, path)`` for a local path or any fsspec URL."""
-    fs, path = fsspec.core.url_to_fs(os.fspath(url), **(storage_options or {}))
+
+def url_to_fs(
+    url: str | os.PathLike[str],
+    storage_options: dict[str, Any] | None = None,
+    *,
+    connect_timeout: float = DEFAULT_CONNECT_TIMEOUT,
+    read_timeout: float = DEFAULT_READ_TIMEOUT,
+    client_retries: bool = True,
+) -> tuple[Any, str]:
+    """``(filesystem, path)`` for a local path or any fsspec URL, with the timeouts and client
+    retries of :func:`with_timeouts` (HTTP(S) and S3)."""
+    text = os.fspath(url)
+    options = with_timeouts(
+        text,
+        storage_options,
+        connect_timeout=connect_timeout,
+        read_timeout=read_timeout,
+        client_retries=client_retries,
+    )
+    fs, path = fsspec.core.url_to_fs(text, **options)
+    if not client_retries and split_protocol(text)[0] in _S3 and hasattr(fs, "retries"):
+        fs.retries = 1  # s3fs's own retry loop (a private instance: skip_instance_cache)
     return fs, path.rstrip("/") or path
+
+
+def with_timeouts(
+    url: str,
+    storage_options: dict[str, Any] | None,
+    *,
+    connect_timeout: float = DEFAULT_CONNECT_TIMEOUT,
+    read_timeout: float = DEFAULT_READ_TIMEOUT,
+    client_retries: bool = True,
+) -> dict[str, Any]:
+    """A copy of ``storage_options`` with connect and read timeouts for ``url``'s filesystem.
+
+    ``connect_timeout`` bounds opening a connection, ``read_timeout`` the wait for any bytes of
+    an answer (seconds). HTTP(S): an aiohttp ``ClientTimeout(sock_connect, sock_read)`` as
+    ``client_kwargs["timeout"]`` (no total: a long download that keeps receiving is fine).
+    S3 (s3fs): ``config_kwargs`` ``connect_timeout``/``read_timeout``. A timeout the options set
+    themselves wins. ``client_retries=False`` turns off the client's own retries (botocore's
+    attempts and s3fs's retry loop) for a caller that retries itself under a deadline. Other
+    protocols are returned unchanged.
+    """
+    options = dict(storage_options or {})
+    protocol = split_protocol(url)[0]
+    if protocol in _HTTP:
+        import aiohttp
+
+        client = dict(options.get("client_kwargs") or {})
+        client.setdefault(
+            "timeout",
+            aiohttp.ClientTimeout(total=None, sock_connect=connect_timeout, sock_read=read_timeout),
+        )
+        options["client_kwargs"] = client
+    elif protocol in _S3:
+        config = dict(options.get("config_kwargs") or {})
+        config.setdefault("connect_timeout", connect_timeout)
+        config.setdefault("read_timeout", read_timeout)
+        if not client_retries:
+            config.setdefault("retries", {"total_max_attempts": 1})
+            options["skip_instance_cache"] = True  # fs.retries is set on this instance
+        options["config_kwargs"] = config
+    return options
 
 
 def join(base: str, *parts: str) -> str:

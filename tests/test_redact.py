@@ -194,6 +194,18 @@ def test_create_loader_manifest_error_shows_no_password(http_server):
     assert PASSWORD not in "".join(traceback.format_exception(info.value))
 
 
+def test_manifest_load_and_validate_dataset_show_no_password(http_server):
+    from wdsloader.dataset_check import validate_dataset
+    from wdsloader.format import Manifest
+
+    root = f"{http_server.url.replace('http://', f'http://bob:{PASSWORD}@')}/nothing-here"
+    for call in (lambda: Manifest.load(root), lambda: validate_dataset(root)):
+        with pytest.raises(ManifestError) as info:
+            call()
+        assert "http://***@" in str(info.value)
+        assert PASSWORD not in "".join(traceback.format_exception(info.value))
+
+
 def test_build_command_errors_show_no_password(http_server, capsys):
     from build_shards.cli import main
 

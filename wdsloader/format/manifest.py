@@ -24,6 +24,7 @@ from wdsloader.format.checks import (
     check_str,
     path_problem,
 )
+from wdsloader.redact import redact, secrets_of
 from wdsloader.storage import join, url_to_fs, write_atomic
 
 FORMAT_NAME = "wdsloader"
@@ -233,7 +234,8 @@ class Manifest:
         """Read ``manifest.json`` under ``root`` (a folder or URL), with clear errors."""
         fs, path = url_to_fs(root, storage_options)
         target = join(path, MANIFEST_NAME)
-        where = f"{os.fspath(root).rstrip('/')}/{MANIFEST_NAME}"
+        secrets = secrets_of(storage_options, os.fspath(root))
+        where = redact(f"{os.fspath(root).rstrip('/')}/{MANIFEST_NAME}", secrets)
         try:
             raw = fs.cat_file(target)
         except FileNotFoundError:
@@ -242,7 +244,7 @@ class Manifest:
                 "finish? `build-shards adopt` makes one for existing shards)"
             ) from None
         except OSError as exc:
-            raise ManifestError(f"{where}: manifest unreadable: {exc}") from None
+            raise ManifestError(f"{where}: manifest unreadable: {redact(exc, secrets)}") from None
         try:
             data = json.loads(raw)
         except RecursionError:

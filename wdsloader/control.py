@@ -3,7 +3,8 @@
 Persistent workers keep the copy of the dataset they were started with, so anything that changes
 between epochs (the epoch, a forced curriculum variant, a resume point) travels through a tensor
 in shared memory instead of an attribute. Workers read it when an iteration starts; they write
-only their own row of counters. The memory is released with the last reference (no named
+only their own row of counters, of samples skipped in the current pass, and the shard they are
+reading (which the main process names when a worker dies). The memory is released with the last reference (no named
 segment that could leak after a crash).
 """
 
@@ -21,6 +22,8 @@ RESUME_CAPACITY = 1 << 16  # bytes of JSON for a resume chain
 
 # per-worker counters
 COUNTERS = ("samples", "batches", "skipped_samples", "skipped_batches", "gathered_batches")
+# per-worker slots of the current pass, after the counters in the same row
+_PASS_SKIPPED, _READING = len(COUNTERS), len(COUNTERS) + 1
 
 
 class Control:
@@ -29,8 +32,9 @@ class Control:
     def __init__(self, max_workers: int) -> None:
         self._slots = torch.zeros(_NSLOTS, dtype=torch.int64).share_memory_()
         self._resume = torch.zeros(RESUME_CAPACITY, dtype=torch.uint8).share_memory_()
+        # one segment (each holds a descriptor): counters, then the pass slots
         self._counters = torch.zeros(
-            (max(max_workers, 1), len(COUNTERS)), dtype=torch.int64
+            (max(max_workers, 1), len(COUNTERS) + 2), dtype=torch.int64
         ).share_memory_()
 
     # -- main process ----------------------------------------------------------------------
@@ -67,8 +71,13 @@ class Control:
 
     def counters(self) -> dict[str, int]:
         """Counters summed over workers."""
-        totals = self._counters.sum(dim=0).tolist()
+        totals = self._counters[:, : len(COUNTERS)].sum(dim=0).tolist()
         return dict(zip(COUNTERS, totals, strict=True))
+
+    def reading(self, worker: int) -> int | None:
+        """The index of the shard ``worker`` last started a batch of, or None."""
+        value = int(self._counters[worker, _READING])
+        return None if value == 0 else value - 1
 
     # -- workers -------------------------------------------------------------------------------
     def resume(self) -> dict[str, Any] | None:
@@ -80,3 +89,16 @@ class Control:
 
     def add(self, worker: int, name: str, value: int = 1) -> None:
         self._counters[worker, COUNTERS.index(name)] += value
+
+    def start_pass(self, worker: int) -> None:
+        """A new iteration of ``worker`` begins: nothing skipped, no shard read yet."""
+        self._counters[worker, _PASS_SKIPPED:] = 0
+
+    def add_skipped(self, worker: int) -> int:
+        """Count a sample ``worker`` skipped in this pass; returns the rank's total."""
+        self._counters[worker, _PASS_SKIPPED] += 1
+        return int(self._counters[:, _PASS_SKIPPED].sum())
+
+    def set_reading(self, worker: int, shard: int) -> None:
+        """Record the shard ``worker`` is now reading (by index in the split)."""
+        self._counters.numpy()[worker, _READING] = shard + 1

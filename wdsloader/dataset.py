@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import sys
+import weakref
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
@@ -15,7 +16,7 @@ from torch.utils.data import IterableDataset, get_worker_info
 from wdsloader import plan
 from wdsloader.control import Control
 from wdsloader.decode import SampleDecoder, parse_sample
-from wdsloader.errors import WdsLoaderError
+from wdsloader.errors import SkipLimitError, WdsLoaderError
 from wdsloader.fetch import ShardStore
 from wdsloader.format import FieldSpec, Manifest, ShardInfo
 from wdsloader.format.tar import BLOCK
@@ -28,7 +29,7 @@ from wdsloader.gather import (
     sample_keys,
     walk_members,
 )
-from wdsloader.state import resume_from_dict, resume_to_dict
+from wdsloader.state import resume_from_dict, resume_to_dict, shards_digest
 
 if TYPE_CHECKING:
     from wdsloader.curriculum import Curriculum
@@ -69,6 +70,41 @@ class _Fallback(Exception):
     """The whole-batch path cannot handle this batch; parse it sample by sample."""
 
 
+@dataclass(slots=True)
+class _Refill:
+    """The samples that stand in for batches whose every sample failed: found by searching
+    the worker's batches after ``searched_from`` (wrapping round) up to ``found``; every batch
+    in between failed too, so the same samples serve all of them."""
+
+    searched_from: int = -1
+    found: int = -1
+    samples: list[dict[str, Any]] | None = None
+
+    def covers(self, index: int) -> bool:
+        a, f = self.searched_from, self.found
+        if self.samples is None:
+            return False
+        return a < index < f if a < f else (index > a or index < f)
+
+
+class _StoreCloser:
+    """Close a store's files when the last read of an iteration is over (a Future callback);
+    nothing at interpreter exit, when the process's files go anyway."""
+
+    def __init__(self, store: ShardStore) -> None:
+        self.store = store
+        self.finalizing = sys.is_finalizing
+
+    def __call__(self, _future: Future | None = None) -> None:
+        if not self.finalizing():
+            self.store.close()
+
+
+def _close_store(store: ShardStore) -> None:
+    """Close a store whose dataset was collected (a weakref.finalize callback)."""
+    _StoreCloser(store)()
+
+
 class ShardStreamDataset(IterableDataset):
     """An IterableDataset that yields whole batches of one split, planned by :mod:`wdsloader.plan`.
 
@@ -76,7 +112,9 @@ class ShardStreamDataset(IterableDataset):
     reads the byte ranges those samples occupy (coalesced, one group of batches ahead), gathers
     fixed-size fields for the whole batch from the shard layout (falling back to parsing each
     sample), decodes only the requested fields, applies the curriculum and collates inside the
-    worker. ``len()`` is the number of batches this rank yields in a full epoch.
+    worker. ``len()`` is the number of batches this rank yields in a full epoch, also with
+    ``on_error="skip"`` (see :meth:`_refill`); more than ``max_skipped`` skipped samples in one
+    pass of a rank (None: no limit) raise :class:`~wdsloader.errors.SkipLimitError`.
     """
 
     def __init__(
@@ -93,21 +131,29 @@ class ShardStreamDataset(IterableDataset):
         readahead_batches: int = 1,
         curriculum: Curriculum | None = None,
         gather: bool = True,
+        max_skipped: int | None = None,
     ) -> None:
         super().__init__()
         if on_error not in ON_ERROR:
             raise ValueError(f"on_error must be one of {ON_ERROR}, got {on_error!r}")
+        if max_skipped is not None and (isinstance(max_skipped, bool) or max_skipped < 0):
+            raise ValueError(f"max_skipped must be None or >= 0, got {max_skipped!r}")
         if not 0 <= rank < config.world_size:
             raise ValueError(f"rank {rank} outside [0, {config.world_size})")
         self.manifest = manifest
         self.split = split
         self.shards: list[ShardInfo] = list(manifest.split(split).shards)
+        self.shards_digest = shards_digest(self.shards)
         self.store = store
+        # a loader that is collected without finishing an iteration closes its files too
+        weakref.finalize(self, _close_store, store).atexit = False
         self.config = config
         self.rank = rank
         self.decoder = decoder
         self.collate_fn = collate_fn
         self.on_error = on_error
+        self.max_skipped = max_skipped
+        self._last_skip = ""  # the last error skipped in this process
         self.readahead_batches = max(1, readahead_batches)
         self.curriculum = curriculum
         self.control = Control(config.num_workers)
@@ -250,9 +296,12 @@ class ShardStreamDataset(IterableDataset):
         raise ValueError(f"split {self.split!r} yields no batch on rank {self.rank}")
 
     def _iter_batches(self, batches: Sequence[np.ndarray], worker: int) -> Iterator[Any]:
+        self.control.start_pass(worker)
         if not batches:
             return
         epoch, forced = self.control.epoch, self.control.forced
+        refill = _Refill()
+        closer = _StoreCloser(self.store)  # bound now: the finally may run at interpreter exit
         # locally the first batch is read on its own so it arrives quickly, then a window at a
         # time; remotely its samples would each be a request (the window shuffle scatters them
         # over the window's spans), so the first window is read whole, a few requests per span
@@ -263,8 +312,9 @@ class ShardStreamDataset(IterableDataset):
         ]
         spare: list[np.ndarray] = []  # read buffers nothing refers to any more, for reuse
         pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="wdsloader-read")
+        pending: Future = pool.submit(self._read_group, groups[0])
         try:
-            pending: Future = pool.submit(self._read_group, groups[0])
+            index = 0  # of the batch in ``batches``
             for g in range(len(groups)):
                 raw_batches = pending.result()
                 if g + 1 < len(groups):
@@ -274,8 +324,10 @@ class ShardStreamDataset(IterableDataset):
                 raw = batch = None
                 for raw in raw_batches:
                     batch = self._make_batch(raw, worker, epoch, forced)
-                    if batch is not None:
-                        yield batch
+                    if batch is None:  # every sample failed: never yield fewer batches
+                        batch = self._refill(refill, batches, index, worker, epoch, forced)
+                    index += 1
+                    yield batch
                     del batch
                 del raw_batches, raw
                 # reuse the buffer unless a decoded value still refers to it (a custom decoder
@@ -284,8 +336,51 @@ class ShardStreamDataset(IterableDataset):
                     spare.append(owner)
                 owner = None
         finally:
-            # an iteration abandoned early does not wait for the read ahead of it
-            pool.shutdown(wait=False, cancel_futures=True)
+            # an iteration abandoned early does not wait for the read ahead of it; the store's
+            # files are closed once that read is over (cancelled or done). No cancel_futures:
+            # at interpreter exit its ``queue.Empty`` lookup fails on a torn-down module.
+            pending.cancel()
+            pool.shutdown(wait=False)
+            pending.add_done_callback(closer)
+
+    def _refill(
+        self,
+        refill: _Refill,
+        batches: Sequence[np.ndarray],
+        index: int,
+        worker: int,
+        epoch: int,
+        forced: int | None,
+    ) -> Any:
+        """The batch that stands in for batch ``index`` when every one of its samples failed
+        (on_error=skip): the samples that decode of the next batch of this worker that has
+        any (wrapping round to the worker's first batches). Those samples come twice this
+        epoch; the rank still yields ``len(loader)`` batches, so resume and DDP stay exact."""
+        self.control.add(worker, "skipped_batches")
+        if not refill.covers(index):
+            refill.searched_from, refill.samples = index, None
+            for step in range(1, len(batches)):
+                j = (index + step) % len(batches)
+                (raw,) = self._read_group([batches[j]])
+                samples = self._decode_samples(raw, worker, epoch, forced, count=False)
+                if samples:
+                    refill.found, refill.samples = j, samples
+                    break
+            else:
+                raise SkipLimitError(
+                    f"on_error='skip': no sample of the {len(batches)} batches of worker "
+                    f"{worker} on rank {self.rank} could be decoded "
+                    f"(split {self.split!r}); last error: {self._last_skip}"
+                )
+        log.warning(
+            "every sample of batch %d of worker %d failed: yielding the %d samples of its "
+            "batch %d in its place",
+            index,
+            worker,
+            len(refill.samples or ()),
+            refill.found,
+        )
+        return self.collate_fn(refill.samples)
 
     # -- reading -------------------------------------------------------------------------------
     def _read_group(
@@ -352,6 +447,8 @@ class ShardStreamDataset(IterableDataset):
         self, raw: _RawBatch, worker: int, epoch: int, forced: int | None, count: bool = True
     ) -> Any:
         """Decode and collate one batch (None when every sample was skipped)."""
+        if count:
+            self.control.set_reading(worker, int(raw.shard[0]))
         columns = None
         if self._tables and raw.buf is not None:
             try:
@@ -368,7 +465,7 @@ class ShardStreamDataset(IterableDataset):
         samples = self._decode_samples(raw, worker, epoch, forced, count)
         if count:
             self.control.add(worker, "samples", len(samples))
-            self.control.add(worker, "skipped_batches" if not samples else "batches")
+            self.control.add(worker, "batches")
         return self.collate_fn(samples) if samples else None
 
     def _variants(self, keys: Sequence[str], epoch: int, forced: int | None) -> np.ndarray:
@@ -510,6 +607,19 @@ class ShardStreamDataset(IterableDataset):
                 raise _Fallback from None
         return dict(zip(self._others, lists, strict=True))
 
+    def _skip(self, worker: int, what: str) -> None:
+        """Count a skipped sample; raise once the rank skipped more than ``max_skipped``."""
+        log.warning("skipping %s", what)
+        self._last_skip = what
+        self.control.add(worker, "skipped_samples")
+        skipped = self.control.add_skipped(worker)
+        if self.max_skipped is not None and skipped > self.max_skipped:
+            raise SkipLimitError(
+                f"on_error='skip': {skipped} samples skipped in this pass of rank {self.rank} "
+                f"(split {self.split!r}), more than max_skipped={self.max_skipped}; "
+                f"last error: {what}"
+            )
+
     def _decode_samples(
         self, raw: _RawBatch, worker: int, epoch: int, forced: int | None, count: bool
     ) -> list[dict[str, Any]]:
@@ -546,9 +656,8 @@ class ShardStreamDataset(IterableDataset):
             except WdsLoaderError as exc:
                 if self.on_error == "raise":
                     raise type(exc)(f"{exc} (sample #{local_index} of {source})") from exc
-                log.warning("skipping sample #%d of %s: %s", local_index, source, exc)
                 if count:
-                    self.control.add(worker, "skipped_samples")
+                    self._skip(worker, f"sample #{local_index} of {source}: {exc}")
                 continue
             samples.append(sample)
             keys.append(key)

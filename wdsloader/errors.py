@@ -29,3 +29,17 @@ class DecodeError(WdsLoaderError):
 
 class PickleNotAllowedError(DecodeError):
     """A pickle-based field was met and ``allow_pickle`` is off."""
+
+
+class StateMismatchError(WdsLoaderError, ValueError):
+    """A loader state is malformed or belongs to another dataset, split or plan (names the part)."""
+
+
+class SkipLimitError(WdsLoaderError, RuntimeError):
+    """``on_error="skip"`` skipped more than ``max_skipped`` samples in one pass, or found no
+    sample it could decode (names the count and the last error)."""
+
+
+class WorkerDiedError(WdsLoaderError, RuntimeError):
+    """A DataLoader worker process died (names the worker, its pid, exit code or signal and
+    the shard it was reading when known)."""

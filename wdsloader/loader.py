@@ -15,11 +15,12 @@ from wdsloader import plan
 from wdsloader.collate import get_collator
 from wdsloader.dataset import ShardStreamDataset
 from wdsloader.decode import SampleDecoder
-from wdsloader.errors import ManifestError
+from wdsloader.errors import ManifestError, StateMismatchError, WorkerDiedError
 from wdsloader.fetch import ReadOptions, ShardStore
 from wdsloader.format import Manifest
 from wdsloader.start_method import check_sendable
 from wdsloader.state import check_state, make_state, resume_from_dict
+from wdsloader.workers import WorkerWatch
 
 if TYPE_CHECKING:
     from wdsloader.curriculum import Curriculum
@@ -62,9 +63,18 @@ class WdsDataLoader(DataLoader):
         self._pending = None
         ds.set_resume(resume)
         self._started_from, self._yielded = resume, 0
-        for batch in super().__iter__():
+        watch = WorkerWatch(super().__iter__(), ds)
+        while True:
+            try:
+                batch = watch.next()
+            except StopIteration:
+                break
+            except WorkerDiedError:
+                self._iterator = None  # persistent workers: start a new pool next time
+                raise
             self._yielded += 1
             yield batch
+            del batch
         ds.set_resume(None)
         ds.set_epoch(ds.epoch + 1)
         self._started_from, self._yielded = None, 0
@@ -78,7 +88,7 @@ class WdsDataLoader(DataLoader):
         else:
             epoch = ds.epoch
             resume = plan.next_resume(ds.config, self._started_from, self._yielded)
-        return make_state(ds.split, epoch, ds.config, resume)
+        return make_state(ds.split, epoch, ds.config, resume, ds.shards_digest)
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Continue from ``state``: the next iteration yields the batches that followed it.
@@ -87,10 +97,13 @@ class WdsDataLoader(DataLoader):
         the samples not yet consumed in that epoch over the new topology (each delivered once).
         """
         ds = self.dataset_obj
-        check_state(state, ds.split, ds.config)
-        resume = resume_from_dict(state["resume"], ds.config)
-        epoch = int(state["epoch"])
-        plan.num_batches(ds.config, epoch=epoch, resume=resume)  # validates the resume point
+        check_state(state, ds.split, ds.config, ds.shards_digest)
+        epoch = state["epoch"]
+        try:
+            resume = resume_from_dict(state["resume"], ds.config)
+            plan.num_batches(ds.config, epoch=epoch, resume=resume)  # validates the resume point
+        except ValueError as exc:
+            raise StateMismatchError(f"the loader state's resume point is invalid: {exc}") from exc
         ds.set_epoch(epoch)
         trivial = resume.batches_done == 0 and resume.prior is None
         self._pending = None if trivial else (epoch, resume)
@@ -108,7 +121,8 @@ class WdsDataLoader(DataLoader):
 
     @property
     def stats(self) -> dict[str, int]:
-        """Counters summed over workers: samples, batches, skipped_samples, skipped_batches."""
+        """Counters summed over workers: samples, batches, skipped_samples, skipped_batches
+        (batches whose every sample failed, yielded with stand-in samples), gathered_batches."""
         return self.dataset_obj.control.counters()
 
 
@@ -216,6 +230,7 @@ def create_loader(
     multiprocessing_context: Any = None,
     curriculum: Curriculum | Mapping[str, Any] | bool | None = None,
     gather: bool = True,
+    max_skipped: int | None = None,
 ) -> WdsDataLoader:
     """A DataLoader over ``split`` of the dataset at ``dataset_dir`` (a path or fsspec URL).
 
@@ -244,6 +259,14 @@ def create_loader(
     timeouts and the per-request deadline of remote reads (the manifest's read too); the
     arguments ``storage_options``, ``cache_dir``, ``cache_limit_bytes`` and ``verify_checksum``
     override its fields.
+
+    ``on_error="skip"`` skips samples that fail to read or decode (logged, counted in
+    ``loader.stats``): a batch yields the samples that decoded; a batch whose every sample
+    failed yields instead the samples of the worker's next batch that has any, so every rank
+    still yields ``len(loader)`` batches and resume stays exact. More than ``max_skipped``
+    skipped samples in one pass of a rank (None: no limit) raise
+    :class:`~wdsloader.errors.SkipLimitError`. A worker process that dies raises
+    :class:`~wdsloader.errors.WorkerDiedError` (a RuntimeError).
     """
     if batch_size < 1:
         raise ValueError(f"batch_size must be >= 1, got {batch_size}")
@@ -310,6 +333,7 @@ def create_loader(
         readahead_batches=max(1, window // batch_size),
         curriculum=curr,
         gather=gather,
+        max_skipped=max_skipped,
     )
     dataset.set_epoch(epoch)
     kwargs: dict[str, Any] = {

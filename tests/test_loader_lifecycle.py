@@ -1,0 +1,152 @@
+"""What a loader leaves behind: no file descriptors after it is done or collected, a clean
+interpreter exit with an iterator still open, and one error type when a worker dies."""
+
+from __future__ import annotations
+
+import gc
+import multiprocessing
+import os
+import signal
+import subprocess
+import sys
+import threading
+
+import pytest
+
+from tests.dataset_factory import write_dataset
+from wdsloader import WorkerDiedError, create_loader, get_collator
+
+COUNTS = [5] * 12  # one descriptor per shard leaked before
+
+
+@pytest.fixture(scope="module")
+def ds(tmp_path_factory):
+    root = tmp_path_factory.mktemp("lifecycle") / "ds"
+    write_dataset(str(root), {"train": COUNTS})
+    return str(root)
+
+
+def open_fds() -> int:
+    return len(os.listdir("/proc/self/fd"))
+
+
+def settle() -> None:
+    """Collect, and let the read-ahead threads of finished iterations end (they close the
+    store's files when their last read is over)."""
+    gc.collect()
+    for t in threading.enumerate():
+        if t.name.startswith("wdsloader-read"):
+            t.join()
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/fd"), reason="needs /proc")
+def test_loaders_iterated_to_the_end_and_deleted_keep_no_descriptors(ds):
+    list(create_loader(ds, "train", batch_size=4))  # warm up (imports, caches)
+    settle()
+    before = open_fds()
+    for _ in range(10):
+        loader = create_loader(ds, "train", batch_size=4, num_workers=0)
+        assert len(list(loader)) == len(loader)
+        del loader
+    settle()
+    assert open_fds() == before
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/fd"), reason="needs /proc")
+def test_iteration_broken_off_early_keeps_no_descriptors(ds):
+    settle()
+    before = open_fds()
+    for _ in range(10):
+        loader = create_loader(ds, "train", batch_size=4, num_workers=0, shuffle=True)
+        own = open_fds()  # the loader's shared-memory control block
+        it = iter(loader)
+        next(it)
+        del it
+        settle()
+        assert open_fds() == own  # the loader lives on, the shards' files are closed
+        loader.dataset_obj.peek_batch()  # reads outside an iteration: the finalizer closes
+        del loader
+    settle()
+    assert open_fds() == before
+
+
+EXIT_SCRIPT = """
+from wdsloader import create_loader
+loader = create_loader({root!r}, "train", batch_size=2, num_workers={workers})
+it = iter(loader)
+next(it)
+"""
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_interpreter_exits_cleanly_with_an_iterator_open(ds, workers):
+    proc = subprocess.run(
+        [sys.executable, "-c", EXIT_SCRIPT.format(root=ds, workers=workers)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 0
+    assert "Exception ignored" not in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
+
+
+class KillOnKey:
+    """A collator (picklable, for workers) whose process kills itself on a chosen sample."""
+
+    def __init__(self, key: str, how: str = "kill") -> None:
+        self.key = key
+        self.how = how
+        self.inner = get_collator("default")
+
+    def __call__(self, samples):
+        if any(s["__key__"] == self.key for s in samples):
+            if self.how == "kill":
+                os.kill(os.getpid(), signal.SIGKILL)
+            os._exit(3)
+        return self.inner(samples)
+
+
+DIED = r"DataLoader worker [01] \(pid \d+\) of rank 0 died \({how}\)"
+
+
+@pytest.mark.parametrize(
+    ("position", "how", "text"),
+    [
+        (0, "kill", "killed by signal SIGKILL"),  # the first sample of the epoch
+        (29, "kill", "killed by signal SIGKILL"),  # mid-epoch, in the middle of a shard
+        (59, "kill", "killed by signal SIGKILL"),  # the last sample
+        (33, "exit", "exit code 3"),
+    ],
+)
+def test_a_dead_worker_is_one_error_naming_worker_pid_and_shard(ds, position, how, text):
+    loader = create_loader(
+        ds,
+        "train",
+        batch_size=2,
+        num_workers=2,
+        shuffle=False,
+        gather=False,  # every batch goes through the collator
+        collate_fn=KillOnKey(f"train{position:07d}", how),
+    )
+    shard = position // 5
+    with pytest.raises(
+        WorkerDiedError, match=DIED.format(how=text) + rf" while reading train/shard-{shard:06d}"
+    ) as info:
+        list(loader)
+    assert isinstance(info.value, RuntimeError)
+    assert "loader.load_state_dict(loader.state_dict())" in str(info.value)
+
+
+@pytest.mark.parametrize("after", [1, 5, 12])
+def test_a_worker_killed_from_the_main_process_is_the_same_error(ds, after):
+    loader = create_loader(ds, "train", batch_size=2, num_workers=2, shuffle=False)
+    before = {p.pid for p in multiprocessing.active_children()}
+    it = iter(loader)
+    for _ in range(after):
+        next(it)
+    victim = min({p.pid for p in multiprocessing.active_children()} - before)
+    os.kill(victim, signal.SIGKILL)
+    with pytest.raises(WorkerDiedError, match=DIED.format(how="killed by signal SIGKILL")) as info:
+        for _ in it:
+            pass
+    assert f"(pid {victim})" in str(info.value)

@@ -15,17 +15,23 @@ from torch.utils.data import IterableDataset, get_worker_info
 from wdsloader import plan
 from wdsloader.control import Control
 from wdsloader.decode import SampleDecoder, parse_sample
-from wdsloader.errors import WdsLoaderError
+from wdsloader.errors import ShardFormatError, WdsLoaderError
 from wdsloader.fetch import ShardStore
 from wdsloader.format import FieldSpec, Manifest, ShardInfo
-from wdsloader.format.tar import BLOCK
+from wdsloader.format.tar import BLOCK, checksum_ok
 from wdsloader.gather import (
+    FieldTable,
+    block_members_ok,
+    checksums_ok,
     field_tables,
     gather_rows,
-    keys_from_headers,
+    key_ends,
+    key_strings,
+    member_tail,
+    named_members,
     prefix_end,
     resolve_shape,
-    sample_keys,
+    uniform_key_end,
     walk_members,
 )
 from wdsloader.state import resume_from_dict, resume_to_dict
@@ -37,6 +43,7 @@ log = logging.getLogger(__name__)
 
 ON_ERROR = ("raise", "skip")
 SMALL_BLOCK = 16 * 2**10  # sample prefixes up to this size are gathered in one piece
+_NAME = 100  # bytes of the ustar name field
 
 
 @dataclass(slots=True, frozen=True)
@@ -63,6 +70,18 @@ class _RawBatch:
     shard: np.ndarray
     local: np.ndarray
     owner: np.ndarray | None = None  # the array ``buf`` was read into, when it can be reused
+
+
+@dataclass(slots=True, frozen=True)
+class _Heads:
+    """What the first headers of a batch tell the member checks of :meth:`_gather`: their name
+    fields, where each key ends (and that place when all keys have one length, else -1), and
+    the checksum verdict per sample of each field's header when already checked."""
+
+    names: np.ndarray
+    ends: np.ndarray
+    key_end: int
+    sound: dict[str, np.ndarray]
 
 
 class _Fallback(Exception):
@@ -386,16 +405,14 @@ class ShardStreamDataset(IterableDataset):
         buf = raw.buf
         assert buf is not None
         block = self._block(raw)
-        keys = sample_keys(buf, raw.start) if block is None else keys_from_headers(block)
-        if keys is None:
-            raise _Fallback
+        keys, heads = self._heads(raw, block)
         others = self._decode_others(raw, keys, block) if self._others else {}
         columns: dict[str, Any] = {"__key__": keys}
         for name in self.fields or ():
             if name in others:
                 columns[name] = others[name]
             else:
-                columns[name] = self._gather(name, buf, raw, block)
+                columns[name] = self._gather(name, buf, raw, block, heads)
         if self.curriculum is not None:
             variants = self._variants(keys, epoch, forced)
             assert self._zero is not None
@@ -405,11 +422,38 @@ class ShardStreamDataset(IterableDataset):
                 mask = variants == j
                 if name is None or not mask.any():
                     continue
-                out[mask] = self._gather(name, buf, raw, block, mask)
+                out[mask] = self._gather(name, buf, raw, block, heads, mask)
             columns[self.curriculum.output] = out
             if self.curriculum.index_output:
                 columns[self.curriculum.index_output] = variants
         return columns
+
+    def _heads(self, raw: _RawBatch, block: np.ndarray | None) -> tuple[list[str], _Heads]:
+        """The keys of the batch from the samples' first headers, and what :meth:`_gather`
+        needs to check member headers; the checksums of the first headers (and, from a block,
+        of every gathered field's header, in one pass) are checked here. A corrupt first
+        header raises :class:`_Fallback`: the per-sample parse raises or skips it."""
+        assert raw.buf is not None
+        first = gather_rows(raw.buf, raw.start, BLOCK) if block is None else block
+        ends = None if first is None else key_ends(first)
+        if first is None or ends is None:
+            raise _Fallback
+        key_end = uniform_key_end(ends)
+        sound: dict[str, np.ndarray] = {}
+        if block is not None:  # every header the block holds, in one pass
+            s0 = raw.shard[0]
+            cols = [0, *(int(t.offsets[s0]) - BLOCK for t in self._tables.values())]
+            tails = [None, *(member_tail(t.ext, t.nbytes) for t in self._tables.values())]
+            ok = block_members_ok(block, cols, key_end, tails)
+            sound = {name: ok[:, i + 1] for i, name in enumerate(self._tables)}
+            first_ok = ok[:, 0]
+            if not first_ok.all():
+                first_ok[~first_ok] = checksums_ok(first[~first_ok], key_end)
+        else:
+            first_ok = checksums_ok(first, key_end)
+        if not first_ok.all():
+            raise _Fallback
+        return key_strings(first, ends), _Heads(first[:, :_NAME], ends, key_end, sound)
 
     def _block(self, raw: _RawBatch) -> np.ndarray | None:
         """The first ``_block_len`` bytes of every sample as one ``(n, L)`` array, when the
@@ -431,30 +475,73 @@ class ShardStreamDataset(IterableDataset):
         buf: np.ndarray,
         raw: _RawBatch,
         block: np.ndarray | None,
+        heads: _Heads,
         mask: np.ndarray | None = None,
     ) -> Any:
-        """Field ``name`` of the batch's samples (those in ``mask``) as one array."""
+        """Field ``name`` of the batch's samples (those in ``mask``) as one array, after checking
+        that each gathered member header is this sample's member of the field, with a sound
+        checksum (``heads``: from :meth:`_heads`)."""
         table = self._tables.get(name)
         if table is None:
             raise _Fallback
+        rows = np.arange(len(raw.start)) if mask is None else np.flatnonzero(mask)
         if block is not None:
             offset = int(table.offsets[raw.shard[0]])
-            rows = block if mask is None else block[mask, offset : offset + table.nbytes]
-            values = table.from_block(rows, offset if mask is None else 0)
+            span = block[:, offset - BLOCK : offset + table.nbytes]
+            span = span if mask is None else span[mask]
+            headers = span[:, :BLOCK]
         else:
-            starts, shards = (
-                (raw.start, raw.shard)
-                if mask is None
-                else (
-                    raw.start[mask],
-                    raw.shard[mask],
-                )
-            )
-            positions = table.positions(starts, shards)
-            values = None if positions is None else table.gather(buf, positions)
+            positions = table.positions(raw.start[rows], raw.shard[rows])
+            headers = None if positions is None else gather_rows(buf, positions - BLOCK, BLOCK)
+            if headers is None:
+                raise _Fallback
+        known = heads.sound.get(name)
+        ok = np.zeros(len(rows), dtype=bool) if known is None else known[rows].copy()
+        if not ok.all():  # not proven in one pass: the general checks, then a parse
+            rest = ~ok
+            named = named_members(
+                headers[rest], heads.names[rows[rest]], heads.ends[rows[rest]], table.ext,
+                table.nbytes,
+            )  # fmt: skip
+            ok[rest] = named & checksums_ok(headers[rest], heads.key_end)
+        for j in rows[~ok].tolist():
+            self._check_member(name, table, raw, j)
+        values = (
+            table.from_block(span, BLOCK) if block is not None else table.gather(buf, positions)
+        )
         if values is None:
             raise _Fallback
         return values
+
+    def _check_member(self, name: str, table: FieldTable, raw: _RawBatch, j: int) -> None:
+        """Sample ``j``'s member of field ``name`` where the layout puts it, checked by parsing
+        the sample: the same bytes pass; a sample that does not parse is left to the per-sample
+        path (:class:`_Fallback`); a member elsewhere means the manifest's layout does not
+        describe this shard: a :class:`ShardFormatError` naming shard, sample and field."""
+        start, stop, base = int(raw.start[j]), int(raw.stop[j]), int(raw.base[j])
+        source = self.store.url(self.shards[raw.shard[j]])
+        try:
+            key, members = parse_sample(raw.data[j], start, stop, base_offset=base, source=source)
+        except WdsLoaderError:
+            raise _Fallback from None
+        member = members.get(table.ext)
+        if member is None:
+            raise _Fallback  # the per-sample path names the missing field
+        offset = int(table.offsets[raw.shard[j]])
+        at = start + offset
+        assert raw.buf is not None
+        if member.nbytes == table.nbytes and member == raw.buf[at : at + table.nbytes].data:
+            return
+        header = raw.buf[at - BLOCK : at].tobytes()
+        there = header[:_NAME].split(b"\0", 1)[0].decode("utf-8", "replace")
+        sound = len(header) == BLOCK and checksum_ok(header)
+        found = f"the header of {there!r}" if sound else "no such member header"
+        raise ShardFormatError(
+            f"{source}: sample {key!r}, field {name!r}: the manifest's layout puts the member "
+            f"{key}.{table.ext} at byte {offset} of the sample (byte {base + at} of the shard), "
+            f"where the shard has {found}: the manifest does not describe this shard (rebuild "
+            "or re-adopt it; gather=False reads it by parsing)"
+        )
 
     def _decode_others(
         self, raw: _RawBatch, keys: list[str], block: np.ndarray | None = None

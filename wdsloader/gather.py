@@ -8,11 +8,14 @@ the buffer holding the read bytes, instead of a header parse and a decode per sa
 Everything here is a pure function of numpy arrays. Anything unexpected (a header that is not
 plain ustar, ``.npy`` headers that differ between samples, a range past the buffer) makes the
 functions return None, and the caller falls back to parsing samples one by one, which also
-words the errors.
+words the errors. Every tar header a gather relies on is checked as the parser checks it: its
+checksum (:func:`checksums_ok`) and, for a field read at the layout's offset, that it is the
+header of this sample's member of that field (:func:`named_members`).
 """
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping, Sequence
 
 import numpy as np
@@ -20,12 +23,13 @@ from numpy.lib.stride_tricks import sliding_window_view
 
 from wdsloader.decode import read_npy_header
 from wdsloader.format.manifest import FieldSpec, ShardInfo
-from wdsloader.format.tar import BLOCK, padded
+from wdsloader.format.tar import BLOCK, checksum_ok, padded, parse_octal
 
 _NAME = 100  # bytes of the ustar name field
 _TYPEFLAG = 156
 _DOT, _SLASH = ord("."), ord("/")
 _PREFIX = 345  # first byte of the ustar prefix field
+_SIZE = slice(124, 136)
 
 
 def gather_rows(buf: np.ndarray, positions: np.ndarray, nbytes: int) -> np.ndarray | None:
@@ -46,7 +50,8 @@ def sample_keys(buf: np.ndarray, starts: np.ndarray) -> list[str] | None:
     """The sample key of each sample, read from the name of its first tar header.
 
     None unless every first header is a plain ustar regular member (no extension header, no
-    prefix, no directory part) named ``KEY.EXT``: the caller then parses those samples.
+    prefix, no directory part) named ``KEY.EXT``: the caller then parses those samples. The
+    checksums are the caller's to check (:func:`checksums_ok`).
     """
     headers = gather_rows(buf, starts, BLOCK)
     return None if headers is None else keys_from_headers(headers)
@@ -54,6 +59,13 @@ def sample_keys(buf: np.ndarray, starts: np.ndarray) -> list[str] | None:
 
 def keys_from_headers(headers: np.ndarray) -> list[str] | None:
     """:func:`sample_keys` from the ``(n, >= 512)`` first headers of the samples."""
+    ends = key_ends(headers)
+    return None if ends is None else key_strings(headers, ends)
+
+
+def key_ends(headers: np.ndarray) -> np.ndarray | None:
+    """Where the key ends (its dot) in the name of each of ``(n, >= 512)`` first headers; None
+    unless each is a plain ustar regular member named ``KEY.EXT`` (see :func:`sample_keys`)."""
     flags = headers[:, _TYPEFLAG]
     if not ((flags == 0x30) | (flags == 0) | (flags == 0x37)).all():  # '0', NUL, '7'
         return None
@@ -66,17 +78,197 @@ def keys_from_headers(headers: np.ndarray) -> list[str] | None:
     if not dot.any(axis=1).all():
         return None
     ends = dot.argmax(axis=1)
-    if (ends == 0).any():
-        return None
+    return None if (ends == 0).any() else ends
+
+
+def key_strings(headers: np.ndarray, ends: np.ndarray) -> list[str]:
+    """The keys named by first headers whose keys end at ``ends`` (:func:`key_ends`)."""
+    names = np.ascontiguousarray(headers[:, :_NAME])
     blob = names.tobytes()
-    width = names.shape[1]
     return [
-        blob[i * width : i * width + e].decode("utf-8", "surrogateescape")
+        blob[i * _NAME : i * _NAME + e].decode("utf-8", "surrogateescape")
         for i, e in enumerate(ends.tolist())
     ]
 
 
-_SIZE = slice(124, 136)
+_CHECKSUM = slice(148, 156)
+_SHIFTS = np.array([15, 12, 9, 6, 3, 0], dtype=np.uint32)
+
+
+def _usual_checksums(headers: np.ndarray) -> np.ndarray:
+    """Per row of ``(n, >= 512)`` headers: its checksum field holds, in the usual form (six octal
+    digits and a NUL, as our writer, tarfile and GNU tar write it), the byte sum of the header
+    with that field counted as spaces. False does not prove a header corrupt (other forms)."""
+    h = headers[:, :BLOCK]
+    field = h[:, _CHECKSUM]
+    total = h.sum(axis=1, dtype=np.uint32) - field.sum(axis=1, dtype=np.uint32) + 256
+    digits = (total[:, None] >> _SHIFTS) & 7
+    digits += 48
+    return (field[:, :6] == digits).all(axis=1) & (field[:, 6] == 0)
+
+
+def checksums_ok(headers: np.ndarray, key_end: int = -1) -> np.ndarray:
+    """Whether the checksum of each tar header holds, exactly as
+    :func:`wdsloader.format.tar.checksum_ok` decides: ``(n, >= 512)`` headers give ``(n,)``,
+    ``(n, k, 512)`` (``k`` headers per sample) give ``(n, k)``.
+
+    ``key_end``: where the key's dot lies in every name when all keys have one length (else
+    -1). Then the headers that differ from the first sample's header only in the key, the size
+    field and the checksum digits (every member header of one field, as writers write them)
+    are checked from those bytes alone; the other rows are summed whole, and the rows that
+    still fail (other forms of the field, or corrupt) are checked one by one.
+    """
+    h = headers[..., :BLOCK] if headers.ndim == 3 else headers[:, None, :BLOCK]
+    n, k = h.shape[:2]
+    ok = _like_first_sample(h, key_end) if n and key_end >= 0 else np.zeros((n, k), dtype=bool)
+    if not ok.all():
+        where = np.nonzero(~ok)
+        rest = h[where]
+        again = _usual_checksums(rest)
+        for i in np.flatnonzero(~again).tolist():
+            again[i] = checksum_ok(rest[i].tobytes())
+        ok[where] = again
+    return ok if headers.ndim == 3 else ok[:, 0]
+
+
+_OCTAL6 = 8 ** np.arange(5, -1, -1, dtype=np.int64)
+
+
+def _like_first_sample(h: np.ndarray, key_end: int) -> np.ndarray:
+    """``(n, k)``: header ``h[j, t]`` has the first sample's bytes ``h[0, t]`` except in the key
+    (up to ``key_end``), the size field and the checksum digits, and a checksum that differs
+    from that (sound) header's by what those bytes add. That is exact: the checksum holds."""
+    n, k = h.shape[:2]
+    for t in range(k):
+        ref = h[0, t].tobytes()
+        if not (checksum_ok(ref) and ref[148:154].isdigit() and ref[154] == 0):
+            return np.zeros((n, k), dtype=bool)
+    diff = h ^ h[0]
+    diff[..., : key_end + 1] = 0
+    diff[..., _SIZE] = 0
+    diff[..., 148:154] = 0
+    same = ~diff.reshape(n * k, BLOCK).view(np.uint64).any(axis=1).reshape(n, k)
+    varying = h[..., : key_end + 1].sum(axis=2, dtype=np.int64)
+    varying += h[..., _SIZE].sum(axis=2, dtype=np.int64)
+    digits = h[..., 148:154] - np.uint8(48)
+    stored = digits @ _OCTAL6
+    return same & (digits <= 7).all(axis=2) & (stored - varying == stored[0] - varying[0])
+
+
+def block_members_ok(
+    block: np.ndarray, cols: Sequence[int], key_end: int, tails: Sequence[bytes | None]
+) -> np.ndarray:
+    """``(n, k)``: whether the header at ``block[j, c : c + 512]`` (``c = cols[t]``) is proven
+    sound (its checksum) and, for ``tails[t]`` (``b"ext"`` and the member size as a size field),
+    the header of the member ``KEY.ext`` of that size, KEY being sample ``j``'s key (the name of
+    its first header, at column 0, up to ``key_end``; keys of one length).
+
+    One pass over the batch: sample 0's headers are checked in full, every other one must
+    equal them but for its key and checksum digits, and carry the checksum that difference
+    makes. False proves nothing (another form, a varying mtime...): check those rows with
+    :func:`checksums_ok` and :func:`named_members`.
+    """
+    n, k = len(block), len(cols)
+    e = key_end
+    pairs = zip(cols, tails, strict=True)
+    if n == 0 or e < 0 or not all(_first_ok(block, c, e, tail) for c, tail in pairs):
+        return np.zeros((n, k), dtype=bool)
+    diff = np.empty((n, k, BLOCK), dtype=np.uint8)
+    for t, c in enumerate(cols):
+        np.bitwise_xor(block[:, c : c + BLOCK], block[0, c : c + BLOCK], out=diff[:, t])
+    diff[..., : e + 1] = 0
+    diff[..., 148:154] = 0
+    same = ~diff.reshape(n * k, BLOCK).view(np.uint64).any(axis=1).reshape(n, k)
+    picked = block[:, _varying_columns(tuple(cols), e)].reshape(n, k, e + 7)
+    keys, digits = picked[..., : e + 1], picked[..., e + 1 :] - np.uint8(48)
+    varying = keys.sum(axis=2, dtype=np.int64)
+    stored = digits @ _OCTAL6
+    ok = same & (digits <= 7).all(axis=2) & (stored - varying == stored[0] - varying[0])
+    return ok & (keys == keys[:, :1]).all(axis=2)
+
+
+@functools.lru_cache(maxsize=64)
+def _varying_columns(cols: tuple[int, ...], key_end: int) -> np.ndarray:
+    """Block columns of each header's key and checksum digits (see :func:`block_members_ok`)."""
+    one = [*range(key_end + 1), *range(148, 154)]
+    return np.array([c + i for c in cols for i in one], dtype=np.intp)
+
+
+def _first_ok(block: np.ndarray, col: int, key_end: int, tail: bytes | None) -> bool:
+    """Sample 0's header at ``col``: a sound checksum in the usual form and, with ``tail``
+    (``ext`` and its size field), a plain regular member ``KEY.ext`` of that size."""
+    h = block[0, col : col + BLOCK].tobytes()
+    if len(h) < BLOCK or not (checksum_ok(h) and h[148:154].isdigit() and h[154] == 0):
+        return False
+    if tail is None:
+        return True
+    key = block[0, : key_end + 1].tobytes()
+    ext, size_field = tail[:-12], tail[-12:]
+    name = h[:_NAME].split(b"\0", 1)[0]
+    regular = h[_TYPEFLAG] in (0x30, 0, 0x37) and h[_PREFIX] == 0
+    return regular and name == key + ext and parse_octal(h[_SIZE]) == parse_octal(size_field)
+
+
+def member_tail(ext: str, size: int) -> bytes:
+    """What :func:`block_members_ok` checks of a field's header: ``ext``, then its size field."""
+    return ext.encode("utf-8", "surrogateescape") + b"%011o\0" % size
+
+
+def uniform_key_end(ends: np.ndarray) -> int:
+    """The one position of the keys' dots (:func:`key_ends`), or -1 when keys differ in length."""
+    return int(ends[0]) if len(ends) and (ends == ends[0]).all() else -1
+
+
+def named_members(
+    headers: np.ndarray, first_names: np.ndarray, ends: np.ndarray, ext: str, size: int
+) -> np.ndarray:
+    """Per sample ``j``: whether ``headers[j]`` is a plain ustar header (its checksum is the
+    caller's: :func:`checksums_ok`) of a regular member of ``size`` bytes named ``KEY.ext``, KEY being the key of the sample's
+    first header (``first_names[j]``, its name field; the key ends at ``ends[j]``).
+
+    A cheap filter: True proves it; False may also mean a form only the full parser reads
+    (an upper-case extension, a 100-byte name, other numeric forms), to be checked by parsing.
+    """
+    if len(headers) == 0:
+        return np.ones(0, dtype=bool)
+    end = int(ends[0])
+    if (ends == end).all():  # keys of one length (the usual case): constant columns
+        cols, const = _constant_part(end, ext, size)
+        ok = (headers[:, cols] == const).all(axis=1)
+        ok &= (headers[:, : end + 1] == first_names[:, : end + 1]).all(axis=1)
+    else:
+        cols, const = _constant_part(-1, ext, size)
+        ok = (headers[:, cols] == const).all(axis=1)
+        tail = _name_tail(ext)
+        at = ends[:, None] + 1 + np.arange(len(tail))
+        ok &= (np.take_along_axis(headers, at, axis=1) == tail).all(axis=1)
+        in_key = np.arange(_NAME) <= ends[:, None]
+        ok &= ((headers[:, :_NAME] == first_names[:, :_NAME]) | ~in_key).all(axis=1)
+    return ok
+
+
+def _name_tail(ext: str) -> np.ndarray:
+    return np.frombuffer(ext.encode("utf-8", "surrogateescape") + b"\0", dtype=np.uint8)
+
+
+@functools.lru_cache(maxsize=256)
+def _constant_part(end: int, ext: str, size: int) -> tuple[np.ndarray, np.ndarray]:
+    """Columns of a member header that hold the same bytes in every sample whose key ends at
+    ``end`` (-1: key lengths vary), and those bytes: the extension and its NUL (when it fits
+    the name field), the size field as our writer and most tools write it, the typeflag '0'
+    and an empty prefix."""
+    size_field = b"%011o\0" % size
+    cols = [*range(124, 136), _TYPEFLAG, _PREFIX]
+    const = [*size_field, 0x30, 0]
+    tail = _name_tail(ext)
+    if end >= 0 and end + 1 + len(tail) <= _NAME:
+        cols += range(end + 1, end + 1 + len(tail))
+        const += tail.tolist()
+    elif end >= 0:  # a name that fills the field: leave it to the parser
+        cols, const = [0], [256]
+    return np.array(cols, dtype=np.intp), np.array(const, dtype=np.int16)
+
+
 _OCTAL = 8 ** np.arange(10, -1, -1, dtype=np.int64)
 MAX_MEMBERS = 64
 
@@ -105,11 +297,14 @@ def walk_members(
     ``starts`` when the caller has them already.
 
     Every sample must hold the same extensions in the same order, in plain ustar headers named
-    ``KEY.EXT`` with the sample's own key; otherwise None (the caller parses sample by sample).
+    ``KEY.EXT`` with the sample's own key and sound checksums; otherwise None (the caller parses
+    sample by sample).
     """
     out: dict[str, tuple[np.ndarray, np.ndarray]] = {}
     pos = np.asarray(starts, dtype=np.int64).copy()
     encoded = [k.encode("utf-8", "surrogateescape") + b"." for k in keys]
+    lengths = {len(e) for e in encoded}
+    key_end = lengths.pop() - 1 if len(lengths) == 1 else -1
     for _ in range(MAX_MEMBERS):
         active = pos < stops
         if not active.any():
@@ -120,7 +315,7 @@ def walk_members(
             headers, first_headers = first_headers, None
         else:
             headers = gather_rows(buf, pos, BLOCK)
-        if headers is None:
+        if headers is None or not checksums_ok(headers, key_end).all():
             return None
         flags = headers[:, _TYPEFLAG]
         if not ((flags == 0x30) | (flags == 0) | (flags == 0x37)).all():

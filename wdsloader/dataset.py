@@ -21,17 +21,14 @@ from wdsloader.format import FieldSpec, Manifest, ShardInfo
 from wdsloader.format.tar import BLOCK, checksum_ok
 from wdsloader.gather import (
     FieldTable,
-    block_members_ok,
     checksums_ok,
     field_tables,
     gather_rows,
     key_ends,
     key_strings,
-    member_tail,
     named_members,
     prefix_end,
     resolve_shape,
-    uniform_key_end,
     walk_members,
 )
 from wdsloader.state import resume_from_dict, resume_to_dict
@@ -75,13 +72,10 @@ class _RawBatch:
 @dataclass(slots=True, frozen=True)
 class _Heads:
     """What the first headers of a batch tell the member checks of :meth:`_gather`: their name
-    fields, where each key ends (and that place when all keys have one length, else -1), and
-    the checksum verdict per sample of each field's header when already checked."""
+    fields and where each key ends."""
 
     names: np.ndarray
     ends: np.ndarray
-    key_end: int
-    sound: dict[str, np.ndarray]
 
 
 class _Fallback(Exception):
@@ -429,31 +423,15 @@ class ShardStreamDataset(IterableDataset):
         return columns
 
     def _heads(self, raw: _RawBatch, block: np.ndarray | None) -> tuple[list[str], _Heads]:
-        """The keys of the batch from the samples' first headers, and what :meth:`_gather`
-        needs to check member headers; the checksums of the first headers (and, from a block,
-        of every gathered field's header, in one pass) are checked here. A corrupt first
-        header raises :class:`_Fallback`: the per-sample parse raises or skips it."""
+        """The keys of the batch from the samples' first headers (their checksums checked),
+        and what :meth:`_gather` needs to check member headers. A corrupt first header raises
+        :class:`_Fallback`: the per-sample parse raises or skips it, naming its offset."""
         assert raw.buf is not None
         first = gather_rows(raw.buf, raw.start, BLOCK) if block is None else block
         ends = None if first is None else key_ends(first)
-        if first is None or ends is None:
+        if first is None or ends is None or not checksums_ok(first).all():
             raise _Fallback
-        key_end = uniform_key_end(ends)
-        sound: dict[str, np.ndarray] = {}
-        if block is not None:  # every header the block holds, in one pass
-            s0 = raw.shard[0]
-            cols = [0, *(int(t.offsets[s0]) - BLOCK for t in self._tables.values())]
-            tails = [None, *(member_tail(t.ext, t.nbytes) for t in self._tables.values())]
-            ok = block_members_ok(block, cols, key_end, tails)
-            sound = {name: ok[:, i + 1] for i, name in enumerate(self._tables)}
-            first_ok = ok[:, 0]
-            if not first_ok.all():
-                first_ok[~first_ok] = checksums_ok(first[~first_ok], key_end)
-        else:
-            first_ok = checksums_ok(first, key_end)
-        if not first_ok.all():
-            raise _Fallback
-        return key_strings(first, ends), _Heads(first[:, :_NAME], ends, key_end, sound)
+        return key_strings(first, ends), _Heads(first[:, :_NAME], ends)
 
     def _block(self, raw: _RawBatch) -> np.ndarray | None:
         """The first ``_block_len`` bytes of every sample as one ``(n, L)`` array, when the
@@ -495,15 +473,10 @@ class ShardStreamDataset(IterableDataset):
             headers = None if positions is None else gather_rows(buf, positions - BLOCK, BLOCK)
             if headers is None:
                 raise _Fallback
-        known = heads.sound.get(name)
-        ok = np.zeros(len(rows), dtype=bool) if known is None else known[rows].copy()
-        if not ok.all():  # not proven in one pass: the general checks, then a parse
-            rest = ~ok
-            named = named_members(
-                headers[rest], heads.names[rows[rest]], heads.ends[rows[rest]], table.ext,
-                table.nbytes,
-            )  # fmt: skip
-            ok[rest] = named & checksums_ok(headers[rest], heads.key_end)
+        ok = named_members(headers, heads.names[rows], heads.ends[rows], table.ext, table.nbytes)
+        first = table.offsets[raw.shard[rows]] == BLOCK  # a first header: checked already
+        if not first.all():
+            ok &= first | checksums_ok(headers)
         for j in rows[~ok].tolist():
             self._check_member(name, table, raw, j)
         values = (

@@ -23,7 +23,7 @@ from numpy.lib.stride_tricks import sliding_window_view
 
 from wdsloader.decode import read_npy_header
 from wdsloader.format.manifest import FieldSpec, ShardInfo
-from wdsloader.format.tar import BLOCK, checksum_ok, padded, parse_octal
+from wdsloader.format.tar import BLOCK, checksum_ok, padded
 
 _NAME = 100  # bytes of the ustar name field
 _TYPEFLAG = 156
@@ -107,116 +107,15 @@ def _usual_checksums(headers: np.ndarray) -> np.ndarray:
     return (field[:, :6] == digits).all(axis=1) & (field[:, 6] == 0)
 
 
-def checksums_ok(headers: np.ndarray, key_end: int = -1) -> np.ndarray:
-    """Whether the checksum of each tar header holds, exactly as
-    :func:`wdsloader.format.tar.checksum_ok` decides: ``(n, >= 512)`` headers give ``(n,)``,
-    ``(n, k, 512)`` (``k`` headers per sample) give ``(n, k)``.
-
-    ``key_end``: where the key's dot lies in every name when all keys have one length (else
-    -1). Then the headers that differ from the first sample's header only in the key, the size
-    field and the checksum digits (every member header of one field, as writers write them)
-    are checked from those bytes alone; the other rows are summed whole, and the rows that
-    still fail (other forms of the field, or corrupt) are checked one by one.
-    """
-    h = headers[..., :BLOCK] if headers.ndim == 3 else headers[:, None, :BLOCK]
-    n, k = h.shape[:2]
-    ok = _like_first_sample(h, key_end) if n and key_end >= 0 else np.zeros((n, k), dtype=bool)
+def checksums_ok(headers: np.ndarray) -> np.ndarray:
+    """Per row of ``(n, >= 512)`` tar headers: whether its checksum holds, exactly as
+    :func:`wdsloader.format.tar.checksum_ok` decides (vectorised for the usual form of the
+    field, the other rows one by one)."""
+    ok = _usual_checksums(headers)
     if not ok.all():
-        where = np.nonzero(~ok)
-        rest = h[where]
-        again = _usual_checksums(rest)
-        for i in np.flatnonzero(~again).tolist():
-            again[i] = checksum_ok(rest[i].tobytes())
-        ok[where] = again
-    return ok if headers.ndim == 3 else ok[:, 0]
-
-
-_OCTAL6 = 8 ** np.arange(5, -1, -1, dtype=np.int64)
-
-
-def _like_first_sample(h: np.ndarray, key_end: int) -> np.ndarray:
-    """``(n, k)``: header ``h[j, t]`` has the first sample's bytes ``h[0, t]`` except in the key
-    (up to ``key_end``), the size field and the checksum digits, and a checksum that differs
-    from that (sound) header's by what those bytes add. That is exact: the checksum holds."""
-    n, k = h.shape[:2]
-    for t in range(k):
-        ref = h[0, t].tobytes()
-        if not (checksum_ok(ref) and ref[148:154].isdigit() and ref[154] == 0):
-            return np.zeros((n, k), dtype=bool)
-    diff = h ^ h[0]
-    diff[..., : key_end + 1] = 0
-    diff[..., _SIZE] = 0
-    diff[..., 148:154] = 0
-    same = ~diff.reshape(n * k, BLOCK).view(np.uint64).any(axis=1).reshape(n, k)
-    varying = h[..., : key_end + 1].sum(axis=2, dtype=np.int64)
-    varying += h[..., _SIZE].sum(axis=2, dtype=np.int64)
-    digits = h[..., 148:154] - np.uint8(48)
-    stored = digits @ _OCTAL6
-    return same & (digits <= 7).all(axis=2) & (stored - varying == stored[0] - varying[0])
-
-
-def block_members_ok(
-    block: np.ndarray, cols: Sequence[int], key_end: int, tails: Sequence[bytes | None]
-) -> np.ndarray:
-    """``(n, k)``: whether the header at ``block[j, c : c + 512]`` (``c = cols[t]``) is proven
-    sound (its checksum) and, for ``tails[t]`` (``b"ext"`` and the member size as a size field),
-    the header of the member ``KEY.ext`` of that size, KEY being sample ``j``'s key (the name of
-    its first header, at column 0, up to ``key_end``; keys of one length).
-
-    One pass over the batch: sample 0's headers are checked in full, every other one must
-    equal them but for its key and checksum digits, and carry the checksum that difference
-    makes. False proves nothing (another form, a varying mtime...): check those rows with
-    :func:`checksums_ok` and :func:`named_members`.
-    """
-    n, k = len(block), len(cols)
-    e = key_end
-    pairs = zip(cols, tails, strict=True)
-    if n == 0 or e < 0 or not all(_first_ok(block, c, e, tail) for c, tail in pairs):
-        return np.zeros((n, k), dtype=bool)
-    diff = np.empty((n, k, BLOCK), dtype=np.uint8)
-    for t, c in enumerate(cols):
-        np.bitwise_xor(block[:, c : c + BLOCK], block[0, c : c + BLOCK], out=diff[:, t])
-    diff[..., : e + 1] = 0
-    diff[..., 148:154] = 0
-    same = ~diff.reshape(n * k, BLOCK).view(np.uint64).any(axis=1).reshape(n, k)
-    picked = block[:, _varying_columns(tuple(cols), e)].reshape(n, k, e + 7)
-    keys, digits = picked[..., : e + 1], picked[..., e + 1 :] - np.uint8(48)
-    varying = keys.sum(axis=2, dtype=np.int64)
-    stored = digits @ _OCTAL6
-    ok = same & (digits <= 7).all(axis=2) & (stored - varying == stored[0] - varying[0])
-    return ok & (keys == keys[:, :1]).all(axis=2)
-
-
-@functools.lru_cache(maxsize=64)
-def _varying_columns(cols: tuple[int, ...], key_end: int) -> np.ndarray:
-    """Block columns of each header's key and checksum digits (see :func:`block_members_ok`)."""
-    one = [*range(key_end + 1), *range(148, 154)]
-    return np.array([c + i for c in cols for i in one], dtype=np.intp)
-
-
-def _first_ok(block: np.ndarray, col: int, key_end: int, tail: bytes | None) -> bool:
-    """Sample 0's header at ``col``: a sound checksum in the usual form and, with ``tail``
-    (``ext`` and its size field), a plain regular member ``KEY.ext`` of that size."""
-    h = block[0, col : col + BLOCK].tobytes()
-    if len(h) < BLOCK or not (checksum_ok(h) and h[148:154].isdigit() and h[154] == 0):
-        return False
-    if tail is None:
-        return True
-    key = block[0, : key_end + 1].tobytes()
-    ext, size_field = tail[:-12], tail[-12:]
-    name = h[:_NAME].split(b"\0", 1)[0]
-    regular = h[_TYPEFLAG] in (0x30, 0, 0x37) and h[_PREFIX] == 0
-    return regular and name == key + ext and parse_octal(h[_SIZE]) == parse_octal(size_field)
-
-
-def member_tail(ext: str, size: int) -> bytes:
-    """What :func:`block_members_ok` checks of a field's header: ``ext``, then its size field."""
-    return ext.encode("utf-8", "surrogateescape") + b"%011o\0" % size
-
-
-def uniform_key_end(ends: np.ndarray) -> int:
-    """The one position of the keys' dots (:func:`key_ends`), or -1 when keys differ in length."""
-    return int(ends[0]) if len(ends) and (ends == ends[0]).all() else -1
+        for j in np.flatnonzero(~ok).tolist():
+            ok[j] = checksum_ok(headers[j, :BLOCK].tobytes())
+    return ok
 
 
 def named_members(
@@ -303,8 +202,6 @@ def walk_members(
     out: dict[str, tuple[np.ndarray, np.ndarray]] = {}
     pos = np.asarray(starts, dtype=np.int64).copy()
     encoded = [k.encode("utf-8", "surrogateescape") + b"." for k in keys]
-    lengths = {len(e) for e in encoded}
-    key_end = lengths.pop() - 1 if len(lengths) == 1 else -1
     for _ in range(MAX_MEMBERS):
         active = pos < stops
         if not active.any():
@@ -315,7 +212,7 @@ def walk_members(
             headers, first_headers = first_headers, None
         else:
             headers = gather_rows(buf, pos, BLOCK)
-        if headers is None or not checksums_ok(headers, key_end).all():
+        if headers is None or not checksums_ok(headers).all():
             return None
         flags = headers[:, _TYPEFLAG]
         if not ((flags == 0x30) | (flags == 0) | (flags == 0x37)).all():

@@ -226,15 +226,17 @@ def test_read_buffers_are_reused_only_when_nothing_refers_to_them(ds, monkeypatc
 N_BUILT = 37
 
 
-def _built(tmp_path) -> str:
+def _built(tmp_path, labels: int = N_BUILT) -> str:
     """A builder dataset of one shard: emb f32[8] and neg f32[2, 8] at constant offsets (the
-    layout), then label and text (value ``i`` in sample ``s{i:05d}``)."""
+    layout), then label (``i % labels``: of one size for 10, then in the layout too, so the
+    walk over the variable members starts at the first header) and text (sample
+    ``s{i:05d}``)."""
     rows = [
         {
             "__key__": f"s{i:05d}",
             "emb": np.full(8, i, np.float32),
             "neg": np.full((2, 8), -i, np.float32),
-            "label": i,
+            "label": i % labels,
             "text": "x" * (i % 5),
         }
         for i in range(N_BUILT)
@@ -293,11 +295,12 @@ def test_a_flipped_byte_in_a_first_header_is_an_error_never_a_wrong_key(tmp_path
     assert loader.stats["skipped_samples"] == 1
 
 
+@pytest.mark.parametrize("labels", [N_BUILT, 10])
 @pytest.mark.parametrize("ext", ["emb.npy", "neg.npy", "label.cls", "text.txt"])
-def test_a_corrupt_member_header_is_an_error_on_the_gathered_path_too(tmp_path, ext):
+def test_a_corrupt_member_header_is_an_error_on_the_gathered_path_too(tmp_path, ext, labels):
     """A flipped byte in the mtime of a gathered member's header (fixed-size fields read at the
     layout's offset, variable ones walked for the whole batch): the error the parser gives."""
-    root = _built(tmp_path)
+    root = _built(tmp_path, labels)
     at = {}
 
     def flip(data, idx):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import sys
 from collections.abc import Callable, Iterator, Sequence
@@ -72,10 +73,12 @@ class _RawBatch:
 @dataclass(slots=True, frozen=True)
 class _Heads:
     """What the first headers of a batch tell the member checks of :meth:`_gather`: their name
-    fields and where each key ends."""
+    fields and where each key ends; and the data positions of the members the batch's walk
+    over its headers found (named and checksummed already), by extension."""
 
     names: np.ndarray
     ends: np.ndarray
+    walked: dict[str, np.ndarray] = dataclasses.field(default_factory=dict)
 
 
 class _Fallback(Exception):
@@ -400,7 +403,7 @@ class ShardStreamDataset(IterableDataset):
         assert buf is not None
         block = self._block(raw)
         keys, heads = self._heads(raw, block)
-        others = self._decode_others(raw, keys, block) if self._others else {}
+        others = self._decode_others(raw, keys, block, heads) if self._others else {}
         columns: dict[str, Any] = {"__key__": keys}
         for name in self.fields or ():
             if name in others:
@@ -473,12 +476,17 @@ class ShardStreamDataset(IterableDataset):
             headers = None if positions is None else gather_rows(buf, positions - BLOCK, BLOCK)
             if headers is None:
                 raise _Fallback
-        ok = named_members(headers, heads.names[rows], heads.ends[rows], table.ext, table.nbytes)
-        first = table.offsets[raw.shard[rows]] == BLOCK  # a first header: checked already
-        if not first.all():
-            ok &= first | checksums_ok(headers)
-        for j in rows[~ok].tolist():
-            self._check_member(name, table, raw, j)
+        at = raw.start[rows] + table.offsets[raw.shard[rows]]
+        walked = heads.walked.get(table.ext)
+        if walked is None or not np.array_equal(walked[rows], at):  # else: checked in the walk
+            ok = named_members(
+                headers, heads.names[rows], heads.ends[rows], table.ext, table.nbytes
+            )  # fmt: skip
+            first = at - raw.start[rows] == BLOCK  # a first header: checked already
+            if not first.all():
+                ok &= first | checksums_ok(headers)
+            for j in rows[~ok].tolist():
+                self._check_member(name, table, raw, j)
         values = (
             table.from_block(span, BLOCK) if block is not None else table.gather(buf, positions)
         )
@@ -517,19 +525,28 @@ class ShardStreamDataset(IterableDataset):
         )
 
     def _decode_others(
-        self, raw: _RawBatch, keys: list[str], block: np.ndarray | None = None
+        self,
+        raw: _RawBatch,
+        keys: list[str],
+        block: np.ndarray | None = None,
+        heads: _Heads | None = None,
     ) -> dict[str, list[Any]]:
         """Decode the fields that are not gathered: their members are found for the whole batch
-        at once (parsing only the headers after the constant-offset prefix), else per sample."""
+        at once (parsing only the headers after the constant-offset prefix), else per sample.
+        The members found so (their headers checked) are noted in ``heads``."""
         assert raw.buf is not None
         parse_from = self._parse_from[raw.shard]
         first = None
         if block is not None:
             at = int(parse_from[0])
             first = block[:, at : at + BLOCK] if block.shape[1] >= at + BLOCK else None
-        members = walk_members(raw.buf, raw.start + parse_from, raw.stop, keys, first)
+        starts = raw.start + parse_from
+        first_checked = heads is not None and bool((parse_from == 0).all())
+        members = walk_members(raw.buf, starts, raw.stop, keys, first, first_checked)
         if members is None:
             return self._parse_others(raw, keys)
+        if heads is not None:
+            heads.walked.update({ext: found[0] for ext, found in members.items()})
         view = memoryview(raw.buf)  # type: ignore[arg-type]
         out: dict[str, list[Any]] = {}
         for field in self._others:

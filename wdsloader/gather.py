@@ -190,10 +190,11 @@ def walk_members(
     stops: np.ndarray,
     keys: Sequence[str],
     first_headers: np.ndarray | None = None,
+    first_checked: bool = False,
 ) -> dict[str, tuple[np.ndarray, np.ndarray]] | None:
     """The members lying in ``buf[starts[j]:stops[j]]`` for every sample ``j`` at once:
     ``{ext: (data positions, sizes)}``. ``first_headers`` may hold the ``(n, 512)`` headers at
-    ``starts`` when the caller has them already.
+    ``starts`` when the caller has them already (``first_checked``: and their checksums).
 
     Every sample must hold the same extensions in the same order, in plain ustar headers named
     ``KEY.EXT`` with the sample's own key and sound checksums; otherwise None (the caller parses
@@ -208,11 +209,12 @@ def walk_members(
             return out
         if not active.all():
             return None  # samples with different numbers of members
+        checked = False
         if first_headers is not None:
-            headers, first_headers = first_headers, None
+            headers, first_headers, checked = first_headers, None, first_checked
         else:
             headers = gather_rows(buf, pos, BLOCK)
-        if headers is None or not checksums_ok(headers).all():
+        if headers is None or not (checked or checksums_ok(headers).all()):
             return None
         flags = headers[:, _TYPEFLAG]
         if not ((flags == 0x30) | (flags == 0) | (flags == 0x37)).all():

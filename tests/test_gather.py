@@ -4,7 +4,9 @@ falls back to that parse whenever the shard layout cannot be trusted."""
 from __future__ import annotations
 
 import io
+import re
 import tarfile
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -13,7 +15,7 @@ import torch
 from build_shards import build_shards
 from tests.dataset_factory import write_dataset
 from wdsloader import create_loader
-from wdsloader.errors import DecodeError
+from wdsloader.errors import DecodeError, ShardFormatError
 from wdsloader.format import BLOCK, Manifest
 from wdsloader.gather import gather_rows, prefix_end, sample_keys
 
@@ -218,3 +220,168 @@ def test_read_buffers_are_reused_only_when_nothing_refers_to_them(ds, monkeypatc
     import json
 
     assert {k: json.loads(bytes(m)) for k, m in kept} == expected
+
+
+# -- what the whole-batch path reads is checked like the parser checks it ------------------------
+N_BUILT = 37
+
+
+def _built(tmp_path, labels: int = N_BUILT) -> str:
+    """A builder dataset of one shard: emb f32[8] and neg f32[2, 8] at constant offsets (the
+    layout), then label (``i % labels``: of one size for 10, then in the layout too, so the
+    walk over the variable members starts at the first header) and text (sample
+    ``s{i:05d}``)."""
+    rows = [
+        {
+            "__key__": f"s{i:05d}",
+            "emb": np.full(8, i, np.float32),
+            "neg": np.full((2, 8), -i, np.float32),
+            "label": i % labels,
+            "text": "x" * (i % 5),
+        }
+        for i in range(N_BUILT)
+    ]
+    root = str(tmp_path / "b")
+    build_shards(rows, root)
+    return root
+
+
+def _one_batch(root, **kwargs):
+    loader = create_loader(
+        root, "train", batch_size=N_BUILT, shuffle=False, drop_last=False, **kwargs
+    )
+    return loader, passes(loader)
+
+
+def _patch_shard(root, patch):
+    """Apply ``patch(data, idx)`` to the bytes of the only shard; returns its relative path."""
+    shard = Manifest.load(root).split("train").shards[0]
+    path = f"{root}/{shard.path}"
+    data = bytearray(open(path, "rb").read())
+    patch(data, np.fromfile(f"{root}/{shard.idx_path}", dtype="<u8").astype(np.int64))
+    with open(path, "wb") as f:
+        f.write(bytes(data))
+    return shard.path
+
+
+def _header_of(data, idx, i, ext):
+    """Offset of the header of sample ``i``'s member ``ext``."""
+    from wdsloader.format import iter_members
+
+    (m,) = [
+        m for m in iter_members(bytes(data), int(idx[i]), int(idx[i + 1])) if m.name.endswith(ext)
+    ]
+    return m.data_offset - BLOCK
+
+
+@pytest.mark.parametrize("fields", [None, ["emb", "neg"], ["emb"]])
+@pytest.mark.parametrize("gather", [True, False])
+def test_a_flipped_byte_in_a_first_header_is_an_error_never_a_wrong_key(tmp_path, gather, fields):
+    root = _built(tmp_path)
+    at = {}
+
+    def flip(data, idx):
+        at["header"] = int(idx[5])
+        assert data[at["header"] : at["header"] + 7] == b"s00005."
+        data[at["header"] + 5] ^= 0x01  # s00005 -> s00004, a key of another sample
+
+    rel = _patch_shard(root, flip)
+    expected = rf"{re.escape(rel)} at byte {at['header']}: corrupt tar header \(checksum mismatch\)"
+    with pytest.raises(ShardFormatError, match=expected):
+        _one_batch(root, gather=gather, fields=fields)
+    loader, (batch,) = _one_batch(root, gather=gather, fields=fields, on_error="skip")
+    assert batch["__key__"] == [f"s{i:05d}" for i in range(N_BUILT) if i != 5]
+    assert batch["emb"][:, 0].tolist() == [i for i in range(N_BUILT) if i != 5]
+    assert loader.stats["skipped_samples"] == 1
+
+
+@pytest.mark.parametrize("labels", [N_BUILT, 10])
+@pytest.mark.parametrize("ext", ["emb.npy", "neg.npy", "label.cls", "text.txt"])
+def test_a_corrupt_member_header_is_an_error_on_the_gathered_path_too(tmp_path, ext, labels):
+    """A flipped byte in the mtime of a gathered member's header (fixed-size fields read at the
+    layout's offset, variable ones walked for the whole batch): the error the parser gives."""
+    root = _built(tmp_path, labels)
+    at = {}
+
+    def flip(data, idx):
+        at["header"] = _header_of(data, idx, 7, ext)
+        data[at["header"] + 140] ^= 0x01  # mtime: the name, size and data stay intact
+
+    rel = _patch_shard(root, flip)
+    expected = rf"{re.escape(rel)} at byte {at['header']}: corrupt tar header \(checksum mismatch\)"
+    for gather in (True, False):
+        with pytest.raises(ShardFormatError, match=expected):
+            _one_batch(root, gather=gather)
+
+
+@pytest.mark.parametrize("shift", ["next_sample", "other_member", "one_byte", "one_block"])
+def test_a_layout_that_lies_is_an_error_never_wrong_values(tmp_path, shift):
+    root = _built(tmp_path)
+    m = Manifest.load(root)
+    shard = m.split("train").shards[0]
+    idx = np.fromfile(f"{root}/{shard.idx_path}", dtype="<u8").astype(np.int64)
+    off, size = shard.layout["emb.npy"]
+    moved = {
+        "next_sample": off + int(idx[1] - idx[0]),  # sample s00001's emb: its values
+        "other_member": shard.layout["neg.npy"][0],
+        "one_byte": off + 1,
+        "one_block": off + BLOCK,
+    }[shift]
+    shard.layout["emb.npy"] = [moved, size]
+    (Path(root) / "manifest.json").unlink()
+    m.save(root)
+    expected = (
+        rf"{re.escape(shard.path)}: sample 's00000', field 'emb': the manifest's layout puts the "
+        rf"member s00000\.emb\.npy at byte {moved} of the sample \(byte {int(idx[0]) + moved} "
+        r"of the shard\), where the shard has .*: the manifest does not describe this shard"
+    )
+    for on_error in ("raise", "skip"):  # the manifest is wrong, not one sample: never skipped
+        with pytest.raises(ShardFormatError, match=expected):
+            _one_batch(root, on_error=on_error)
+    _, (batch,) = _one_batch(root, gather=False)
+    assert batch["emb"][:, 0].tolist() == list(range(N_BUILT))
+
+
+def test_named_members_and_checksums_on_raw_headers():
+    from wdsloader.format import encode_header
+    from wdsloader.gather import checksums_ok, key_ends, named_members
+
+    first = np.frombuffer(encode_header("k1.a", 3) + encode_header("k22.a", 3), np.uint8)
+    first = first.reshape(2, BLOCK)
+    ends = key_ends(first)
+    assert ends.tolist() == [2, 3]
+    good = np.frombuffer(encode_header("k1.b.npy", 9) + encode_header("k22.b.npy", 9), np.uint8)
+    good = good.reshape(2, BLOCK).copy()
+    assert named_members(good, first[:, :100], ends, "b.npy", 9).tolist() == [True, True]
+    assert named_members(good, first[:, :100], ends, "b.np", 9).tolist() == [False, False]
+    assert named_members(good, first[:, :100], ends, "b.npy", 8).tolist() == [False, False]
+    assert named_members(good[::-1], first[:, :100], ends, "b.npy", 9).tolist() == [False, False]
+    assert checksums_ok(good).tolist() == [True, True]
+    good[1, 140] ^= 1
+    assert checksums_ok(good).tolist() == [True, False]
+    # another form of the checksum field (seven digits and a NUL) is read like the parser does
+    other = bytearray(encode_header("k1.b", 1))
+    other[148:156] = b"%07o\0" % int(bytes(other[148:154]), 8)
+    assert checksums_ok(np.frombuffer(bytes(other), np.uint8).reshape(1, BLOCK)).tolist() == [True]
+
+
+def test_a_curriculum_variant_with_a_lying_layout_is_an_error(tmp_path):
+    """The variant fields of a curriculum are gathered for the samples that drew them only (a
+    mask): their headers are checked too. Here steer_a's layout points at steer_b's member."""
+    from tests.test_curriculum_loader import CURR, write_curriculum_dataset
+
+    root = write_curriculum_dataset(tmp_path / "c", [20], curriculum=CURR)
+    m = Manifest.load(root)
+    shard = m.split("train").shards[0]
+    shard.layout["steer_a.npy"] = list(shard.layout["steer_b.npy"])
+    (Path(root) / "manifest.json").unlink()
+    m.save(root)
+    loader = create_loader(root, "train", batch_size=20, shuffle=False)
+    loader.dataset_obj.force_steering("a")
+    with pytest.raises(
+        ShardFormatError, match=r"sample 'k0000000', field 'steer_a': .*k0000000\.steer_b\.npy"
+    ):
+        passes(loader)
+    loader.dataset_obj.force_steering("b")
+    (batch,) = passes(loader)
+    assert batch["steering"][:, 0].tolist() == [i * 10 + 2 for i in range(20)]

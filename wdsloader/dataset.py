@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import sys
 import weakref
@@ -16,17 +17,20 @@ from torch.utils.data import IterableDataset, get_worker_info
 from wdsloader import plan
 from wdsloader.control import Control
 from wdsloader.decode import SampleDecoder, parse_sample
-from wdsloader.errors import SkipLimitError, WdsLoaderError
+from wdsloader.errors import ShardFormatError, SkipLimitError, WdsLoaderError
 from wdsloader.fetch import ShardStore
 from wdsloader.format import FieldSpec, Manifest, ShardInfo
-from wdsloader.format.tar import BLOCK
+from wdsloader.format.tar import BLOCK, checksum_ok
 from wdsloader.gather import (
+    FieldTable,
+    checksums_ok,
     field_tables,
     gather_rows,
-    keys_from_headers,
+    key_ends,
+    key_strings,
+    named_members,
     prefix_end,
     resolve_shape,
-    sample_keys,
     walk_members,
 )
 from wdsloader.state import resume_from_dict, resume_to_dict, shards_digest
@@ -38,6 +42,7 @@ log = logging.getLogger(__name__)
 
 ON_ERROR = ("raise", "skip")
 SMALL_BLOCK = 16 * 2**10  # sample prefixes up to this size are gathered in one piece
+_NAME = 100  # bytes of the ustar name field
 
 
 @dataclass(slots=True, frozen=True)
@@ -64,6 +69,17 @@ class _RawBatch:
     shard: np.ndarray
     local: np.ndarray
     owner: np.ndarray | None = None  # the array ``buf`` was read into, when it can be reused
+
+
+@dataclass(slots=True, frozen=True)
+class _Heads:
+    """What the first headers of a batch tell the member checks of :meth:`_gather`: their name
+    fields and where each key ends; and the data positions of the members the batch's walk
+    over its headers found (named and checksummed already), by extension."""
+
+    names: np.ndarray
+    ends: np.ndarray
+    walked: dict[str, np.ndarray] = dataclasses.field(default_factory=dict)
 
 
 class _Fallback(Exception):
@@ -483,16 +499,14 @@ class ShardStreamDataset(IterableDataset):
         buf = raw.buf
         assert buf is not None
         block = self._block(raw)
-        keys = sample_keys(buf, raw.start) if block is None else keys_from_headers(block)
-        if keys is None:
-            raise _Fallback
-        others = self._decode_others(raw, keys, block) if self._others else {}
+        keys, heads = self._heads(raw, block)
+        others = self._decode_others(raw, keys, block, heads) if self._others else {}
         columns: dict[str, Any] = {"__key__": keys}
         for name in self.fields or ():
             if name in others:
                 columns[name] = others[name]
             else:
-                columns[name] = self._gather(name, buf, raw, block)
+                columns[name] = self._gather(name, buf, raw, block, heads)
         if self.curriculum is not None:
             variants = self._variants(keys, epoch, forced)
             assert self._zero is not None
@@ -502,11 +516,22 @@ class ShardStreamDataset(IterableDataset):
                 mask = variants == j
                 if name is None or not mask.any():
                     continue
-                out[mask] = self._gather(name, buf, raw, block, mask)
+                out[mask] = self._gather(name, buf, raw, block, heads, mask)
             columns[self.curriculum.output] = out
             if self.curriculum.index_output:
                 columns[self.curriculum.index_output] = variants
         return columns
+
+    def _heads(self, raw: _RawBatch, block: np.ndarray | None) -> tuple[list[str], _Heads]:
+        """The keys of the batch from the samples' first headers (their checksums checked),
+        and what :meth:`_gather` needs to check member headers. A corrupt first header raises
+        :class:`_Fallback`: the per-sample parse raises or skips it, naming its offset."""
+        assert raw.buf is not None
+        first = gather_rows(raw.buf, raw.start, BLOCK) if block is None else block
+        ends = None if first is None else key_ends(first)
+        if first is None or ends is None or not checksums_ok(first).all():
+            raise _Fallback
+        return key_strings(first, ends), _Heads(first[:, :_NAME], ends)
 
     def _block(self, raw: _RawBatch) -> np.ndarray | None:
         """The first ``_block_len`` bytes of every sample as one ``(n, L)`` array, when the
@@ -528,45 +553,97 @@ class ShardStreamDataset(IterableDataset):
         buf: np.ndarray,
         raw: _RawBatch,
         block: np.ndarray | None,
+        heads: _Heads,
         mask: np.ndarray | None = None,
     ) -> Any:
-        """Field ``name`` of the batch's samples (those in ``mask``) as one array."""
+        """Field ``name`` of the batch's samples (those in ``mask``) as one array, after checking
+        that each gathered member header is this sample's member of the field, with a sound
+        checksum (``heads``: from :meth:`_heads`)."""
         table = self._tables.get(name)
         if table is None:
             raise _Fallback
+        rows = np.arange(len(raw.start)) if mask is None else np.flatnonzero(mask)
         if block is not None:
             offset = int(table.offsets[raw.shard[0]])
-            rows = block if mask is None else block[mask, offset : offset + table.nbytes]
-            values = table.from_block(rows, offset if mask is None else 0)
+            span = block[:, offset - BLOCK : offset + table.nbytes]
+            span = span if mask is None else span[mask]
+            headers = span[:, :BLOCK]
         else:
-            starts, shards = (
-                (raw.start, raw.shard)
-                if mask is None
-                else (
-                    raw.start[mask],
-                    raw.shard[mask],
-                )
-            )
-            positions = table.positions(starts, shards)
-            values = None if positions is None else table.gather(buf, positions)
+            positions = table.positions(raw.start[rows], raw.shard[rows])
+            headers = None if positions is None else gather_rows(buf, positions - BLOCK, BLOCK)
+            if headers is None:
+                raise _Fallback
+        at = raw.start[rows] + table.offsets[raw.shard[rows]]
+        walked = heads.walked.get(table.ext)
+        if walked is None or not np.array_equal(walked[rows], at):  # else: checked in the walk
+            ok = named_members(
+                headers, heads.names[rows], heads.ends[rows], table.ext, table.nbytes
+            )  # fmt: skip
+            first = at - raw.start[rows] == BLOCK  # a first header: checked already
+            if not first.all():
+                ok &= first | checksums_ok(headers)
+            for j in rows[~ok].tolist():
+                self._check_member(name, table, raw, j)
+        values = (
+            table.from_block(span, BLOCK) if block is not None else table.gather(buf, positions)
+        )
         if values is None:
             raise _Fallback
         return values
 
+    def _check_member(self, name: str, table: FieldTable, raw: _RawBatch, j: int) -> None:
+        """Sample ``j``'s member of field ``name`` where the layout puts it, checked by parsing
+        the sample: the same bytes pass; a sample that does not parse is left to the per-sample
+        path (:class:`_Fallback`); a member elsewhere means the manifest's layout does not
+        describe this shard: a :class:`ShardFormatError` naming shard, sample and field."""
+        start, stop, base = int(raw.start[j]), int(raw.stop[j]), int(raw.base[j])
+        source = self.store.url(self.shards[raw.shard[j]])
+        try:
+            key, members = parse_sample(raw.data[j], start, stop, base_offset=base, source=source)
+        except WdsLoaderError:
+            raise _Fallback from None
+        member = members.get(table.ext)
+        if member is None:
+            raise _Fallback  # the per-sample path names the missing field
+        offset = int(table.offsets[raw.shard[j]])
+        at = start + offset
+        assert raw.buf is not None
+        if member.nbytes == table.nbytes and member == raw.buf[at : at + table.nbytes].data:
+            return
+        header = raw.buf[at - BLOCK : at].tobytes()
+        there = header[:_NAME].split(b"\0", 1)[0].decode("utf-8", "replace")
+        sound = len(header) == BLOCK and checksum_ok(header)
+        found = f"the header of {there!r}" if sound else "no such member header"
+        raise ShardFormatError(
+            f"{source}: sample {key!r}, field {name!r}: the manifest's layout puts the member "
+            f"{key}.{table.ext} at byte {offset} of the sample (byte {base + at} of the shard), "
+            f"where the shard has {found}: the manifest does not describe this shard (rebuild "
+            "or re-adopt it; gather=False reads it by parsing)"
+        )
+
     def _decode_others(
-        self, raw: _RawBatch, keys: list[str], block: np.ndarray | None = None
+        self,
+        raw: _RawBatch,
+        keys: list[str],
+        block: np.ndarray | None = None,
+        heads: _Heads | None = None,
     ) -> dict[str, list[Any]]:
         """Decode the fields that are not gathered: their members are found for the whole batch
-        at once (parsing only the headers after the constant-offset prefix), else per sample."""
+        at once (parsing only the headers after the constant-offset prefix), else per sample.
+        The members found so (their headers checked) are noted in ``heads``."""
         assert raw.buf is not None
         parse_from = self._parse_from[raw.shard]
         first = None
         if block is not None:
             at = int(parse_from[0])
             first = block[:, at : at + BLOCK] if block.shape[1] >= at + BLOCK else None
-        members = walk_members(raw.buf, raw.start + parse_from, raw.stop, keys, first)
+        starts = raw.start + parse_from
+        first_checked = heads is not None and bool((parse_from == 0).all())
+        members = walk_members(raw.buf, starts, raw.stop, keys, first, first_checked)
         if members is None:
             return self._parse_others(raw, keys)
+        if heads is not None:
+            heads.walked.update({ext: found[0] for ext, found in members.items()})
         view = memoryview(raw.buf)  # type: ignore[arg-type]
         out: dict[str, list[Any]] = {}
         for field in self._others:

@@ -85,10 +85,15 @@ def _parse_plain(
         hdr = src[pos : pos + BLOCK] if src is not None else bytes(view[pos : pos + BLOCK])
         if hdr[156] not in _REGULAR_FLAGS or (hdr[345] and hdr[257:262] == b"ustar"):
             raise _NotPlain
+        # plain fields are octal digits only (no sign, "_" or inner blank: int() would take
+        # those); anything else is left to the general parser, which refuses what is malformed
+        size_field, sum_field = hdr[124:136].strip(_STRIP), hdr[148:156].strip(_STRIP)
+        if not (size_field.isdigit() and sum_field.isdigit()):
+            raise _NotPlain
         try:
-            size = int(hdr[124:136].strip(_STRIP), 8)
-            checksum = int(hdr[148:156].strip(_STRIP), 8)
-        except ValueError:
+            size = int(size_field, 8)
+            checksum = int(sum_field, 8)
+        except ValueError:  # the digits 8 and 9
             raise _NotPlain from None
         # The tar checksum is the byte sum with its own field counted as spaces. Adler-32's low
         # half is 1 + that sum modulo 65521, computed in C; a header sums to at most 130560, so

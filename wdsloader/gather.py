@@ -8,11 +8,14 @@ the buffer holding the read bytes, instead of a header parse and a decode per sa
 Everything here is a pure function of numpy arrays. Anything unexpected (a header that is not
 plain ustar, ``.npy`` headers that differ between samples, a range past the buffer) makes the
 functions return None, and the caller falls back to parsing samples one by one, which also
-words the errors.
+words the errors. Every tar header a gather relies on is checked as the parser checks it: its
+checksum (:func:`checksums_ok`) and, for a field read at the layout's offset, that it is the
+header of this sample's member of that field (:func:`named_members`).
 """
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping, Sequence
 
 import numpy as np
@@ -20,12 +23,13 @@ from numpy.lib.stride_tricks import sliding_window_view
 
 from wdsloader.decode import read_npy_header
 from wdsloader.format.manifest import FieldSpec, ShardInfo
-from wdsloader.format.tar import BLOCK, padded
+from wdsloader.format.tar import BLOCK, checksum_ok, padded
 
 _NAME = 100  # bytes of the ustar name field
 _TYPEFLAG = 156
 _DOT, _SLASH = ord("."), ord("/")
 _PREFIX = 345  # first byte of the ustar prefix field
+_SIZE = slice(124, 136)
 
 
 def gather_rows(buf: np.ndarray, positions: np.ndarray, nbytes: int) -> np.ndarray | None:
@@ -46,7 +50,8 @@ def sample_keys(buf: np.ndarray, starts: np.ndarray) -> list[str] | None:
     """The sample key of each sample, read from the name of its first tar header.
 
     None unless every first header is a plain ustar regular member (no extension header, no
-    prefix, no directory part) named ``KEY.EXT``: the caller then parses those samples.
+    prefix, no directory part) named ``KEY.EXT``: the caller then parses those samples. The
+    checksums are the caller's to check (:func:`checksums_ok`).
     """
     headers = gather_rows(buf, starts, BLOCK)
     return None if headers is None else keys_from_headers(headers)
@@ -54,6 +59,13 @@ def sample_keys(buf: np.ndarray, starts: np.ndarray) -> list[str] | None:
 
 def keys_from_headers(headers: np.ndarray) -> list[str] | None:
     """:func:`sample_keys` from the ``(n, >= 512)`` first headers of the samples."""
+    ends = key_ends(headers)
+    return None if ends is None else key_strings(headers, ends)
+
+
+def key_ends(headers: np.ndarray) -> np.ndarray | None:
+    """Where the key ends (its dot) in the name of each of ``(n, >= 512)`` first headers; None
+    unless each is a plain ustar regular member named ``KEY.EXT`` (see :func:`sample_keys`)."""
     flags = headers[:, _TYPEFLAG]
     if not ((flags == 0x30) | (flags == 0) | (flags == 0x37)).all():  # '0', NUL, '7'
         return None
@@ -66,17 +78,96 @@ def keys_from_headers(headers: np.ndarray) -> list[str] | None:
     if not dot.any(axis=1).all():
         return None
     ends = dot.argmax(axis=1)
-    if (ends == 0).any():
-        return None
+    return None if (ends == 0).any() else ends
+
+
+def key_strings(headers: np.ndarray, ends: np.ndarray) -> list[str]:
+    """The keys named by first headers whose keys end at ``ends`` (:func:`key_ends`)."""
+    names = np.ascontiguousarray(headers[:, :_NAME])
     blob = names.tobytes()
-    width = names.shape[1]
     return [
-        blob[i * width : i * width + e].decode("utf-8", "surrogateescape")
+        blob[i * _NAME : i * _NAME + e].decode("utf-8", "surrogateescape")
         for i, e in enumerate(ends.tolist())
     ]
 
 
-_SIZE = slice(124, 136)
+_CHECKSUM = slice(148, 156)
+_SHIFTS = np.array([15, 12, 9, 6, 3, 0], dtype=np.uint32)
+
+
+def _usual_checksums(headers: np.ndarray) -> np.ndarray:
+    """Per row of ``(n, >= 512)`` headers: its checksum field holds, in the usual form (six octal
+    digits and a NUL, as our writer, tarfile and GNU tar write it), the byte sum of the header
+    with that field counted as spaces. False does not prove a header corrupt (other forms)."""
+    h = headers[:, :BLOCK]
+    field = h[:, _CHECKSUM]
+    total = h.sum(axis=1, dtype=np.uint32) - field.sum(axis=1, dtype=np.uint32) + 256
+    digits = (total[:, None] >> _SHIFTS) & 7
+    digits += 48
+    return (field[:, :6] == digits).all(axis=1) & (field[:, 6] == 0)
+
+
+def checksums_ok(headers: np.ndarray) -> np.ndarray:
+    """Per row of ``(n, >= 512)`` tar headers: whether its checksum holds, exactly as
+    :func:`wdsloader.format.tar.checksum_ok` decides (vectorised for the usual form of the
+    field, the other rows one by one)."""
+    ok = _usual_checksums(headers)
+    if not ok.all():
+        for j in np.flatnonzero(~ok).tolist():
+            ok[j] = checksum_ok(headers[j, :BLOCK].tobytes())
+    return ok
+
+
+def named_members(
+    headers: np.ndarray, first_names: np.ndarray, ends: np.ndarray, ext: str, size: int
+) -> np.ndarray:
+    """Per sample ``j``: whether ``headers[j]`` is a plain ustar header (its checksum is the
+    caller's: :func:`checksums_ok`) of a regular member of ``size`` bytes named ``KEY.ext``, KEY being the key of the sample's
+    first header (``first_names[j]``, its name field; the key ends at ``ends[j]``).
+
+    A cheap filter: True proves it; False may also mean a form only the full parser reads
+    (an upper-case extension, a 100-byte name, other numeric forms), to be checked by parsing.
+    """
+    if len(headers) == 0:
+        return np.ones(0, dtype=bool)
+    end = int(ends[0])
+    if (ends == end).all():  # keys of one length (the usual case): constant columns
+        cols, const = _constant_part(end, ext, size)
+        ok = (headers[:, cols] == const).all(axis=1)
+        ok &= (headers[:, : end + 1] == first_names[:, : end + 1]).all(axis=1)
+    else:
+        cols, const = _constant_part(-1, ext, size)
+        ok = (headers[:, cols] == const).all(axis=1)
+        tail = _name_tail(ext)
+        at = ends[:, None] + 1 + np.arange(len(tail))
+        ok &= (np.take_along_axis(headers, at, axis=1) == tail).all(axis=1)
+        in_key = np.arange(_NAME) <= ends[:, None]
+        ok &= ((headers[:, :_NAME] == first_names[:, :_NAME]) | ~in_key).all(axis=1)
+    return ok
+
+
+def _name_tail(ext: str) -> np.ndarray:
+    return np.frombuffer(ext.encode("utf-8", "surrogateescape") + b"\0", dtype=np.uint8)
+
+
+@functools.lru_cache(maxsize=256)
+def _constant_part(end: int, ext: str, size: int) -> tuple[np.ndarray, np.ndarray]:
+    """Columns of a member header that hold the same bytes in every sample whose key ends at
+    ``end`` (-1: key lengths vary), and those bytes: the extension and its NUL (when it fits
+    the name field), the size field as our writer and most tools write it, the typeflag '0'
+    and an empty prefix."""
+    size_field = b"%011o\0" % size
+    cols = [*range(124, 136), _TYPEFLAG, _PREFIX]
+    const = [*size_field, 0x30, 0]
+    tail = _name_tail(ext)
+    if end >= 0 and end + 1 + len(tail) <= _NAME:
+        cols += range(end + 1, end + 1 + len(tail))
+        const += tail.tolist()
+    elif end >= 0:  # a name that fills the field: leave it to the parser
+        cols, const = [0], [256]
+    return np.array(cols, dtype=np.intp), np.array(const, dtype=np.int16)
+
+
 _OCTAL = 8 ** np.arange(10, -1, -1, dtype=np.int64)
 MAX_MEMBERS = 64
 
@@ -99,13 +190,15 @@ def walk_members(
     stops: np.ndarray,
     keys: Sequence[str],
     first_headers: np.ndarray | None = None,
+    first_checked: bool = False,
 ) -> dict[str, tuple[np.ndarray, np.ndarray]] | None:
     """The members lying in ``buf[starts[j]:stops[j]]`` for every sample ``j`` at once:
     ``{ext: (data positions, sizes)}``. ``first_headers`` may hold the ``(n, 512)`` headers at
-    ``starts`` when the caller has them already.
+    ``starts`` when the caller has them already (``first_checked``: and their checksums).
 
     Every sample must hold the same extensions in the same order, in plain ustar headers named
-    ``KEY.EXT`` with the sample's own key; otherwise None (the caller parses sample by sample).
+    ``KEY.EXT`` with the sample's own key and sound checksums; otherwise None (the caller parses
+    sample by sample).
     """
     out: dict[str, tuple[np.ndarray, np.ndarray]] = {}
     pos = np.asarray(starts, dtype=np.int64).copy()
@@ -116,11 +209,12 @@ def walk_members(
             return out
         if not active.all():
             return None  # samples with different numbers of members
+        checked = False
         if first_headers is not None:
-            headers, first_headers = first_headers, None
+            headers, first_headers, checked = first_headers, None, first_checked
         else:
             headers = gather_rows(buf, pos, BLOCK)
-        if headers is None:
+        if headers is None or not (checked or checksums_ok(headers).all()):
             return None
         flags = headers[:, _TYPEFLAG]
         if not ((flags == 0x30) | (flags == 0) | (flags == 0x37)).all():

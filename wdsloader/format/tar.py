@@ -108,36 +108,113 @@ def _field_str(raw: bytes) -> str:
     return raw.split(b"\0", 1)[0].decode("utf-8", "surrogateescape")
 
 
-def _parse_size(field: bytes, where: str) -> int:
-    if field[0] & 0x80:  # GNU base-256 encoding for large sizes
-        return int.from_bytes(field[1:], "big")
-    text = field.split(b"\0", 1)[0].strip()
-    try:
-        return int(text, 8) if text else 0
-    except ValueError:
-        raise ShardFormatError(f"{where}: bad size field {field!r}") from None
+MAX_EXTENSION_BYTES = 1 << 20
+"""Data of one PAX or GNU long-name header larger than this is refused as malformed."""
+
+_OCTAL_DIGITS = b"01234567"
 
 
-def _checksum_ok(header: memoryview) -> bool:
-    stored = bytes(header[148:156]).split(b"\0", 1)[0].strip()
-    try:
-        expected = int(stored, 8)
-    except ValueError:
+def parse_octal(field: bytes | bytearray | memoryview) -> int | None:
+    """The value of a ustar numeric field, or None when it is malformed.
+
+    Octal digits, optionally led by spaces and ended by a NUL or spaces (an empty field is 0),
+    or GNU base-256 with a leading 0x80 byte. Signs, other characters and negative base-256
+    values are malformed.
+    """
+    raw = bytes(field)
+    if raw[:1] == b"\x80":
+        return int.from_bytes(raw[1:], "big")
+    text = raw.split(b"\0", 1)[0].strip(b" ")
+    if text.translate(None, _OCTAL_DIGITS):
+        return None
+    return int(text, 8) if text else 0
+
+
+def checksum_ok(header: bytes | bytearray | memoryview) -> bool:
+    """Whether a 512-byte header's checksum field matches its bytes (the sum with the field
+    itself counted as spaces; the signed-byte sum of old writers is accepted too)."""
+    stored = parse_octal(header[148:156])
+    if stored is None:
         return False
-    total = sum(header[:148]) + 256 + sum(header[156:])
-    return total == expected
+    raw = bytes(header)
+    total = sum(raw) - sum(raw[148:156]) + 256
+    if total == stored:
+        return True
+    high = sum(1 for b in raw[:148] + raw[156:] if b & 0x80)
+    return total - 256 * high == stored
 
 
-def _parse_pax(data: bytes) -> dict[str, str]:
+def _parse_pax(data: bytes, where: str) -> dict[str, str]:
+    """The records ``LENGTH KEY=VALUE\\n`` of a PAX extended header's data."""
     records: dict[str, str] = {}
-    pos = 0
-    while pos < len(data):
-        space = data.index(b" ", pos)
-        length = int(data[pos:space])
-        key, _, value = data[space + 1 : pos + length - 1].partition(b"=")
-        records[key.decode()] = value.decode("utf-8", "surrogateescape")
-        pos += length
+    pos, end = 0, len(data)
+    while pos < end:
+        if data[pos] == 0 and not data[pos:].strip(b"\0"):  # NUL padding after the records
+            break
+        space = data.find(b" ", pos, pos + 20)
+        digits = data[pos:space] if space > pos else b""
+        length = int(digits) if digits.isdigit() else -1
+        stop = pos + length
+        if length < space - pos + 3 or stop > end or data[stop - 1] != 0x0A:
+            raise ShardFormatError(
+                f"{where}: malformed PAX record at byte {pos} of the extended header: "
+                f"length {digits[:20]!r} does not frame a 'LENGTH KEY=VALUE\\n' record"
+            )
+        key, eq, value = data[space + 1 : stop - 1].partition(b"=")
+        try:
+            name = key.decode("utf-8")
+        except UnicodeDecodeError:
+            name = ""
+        if not eq or not name:
+            raise ShardFormatError(
+                f"{where}: malformed PAX record at byte {pos} of the extended header: "
+                f"{data[pos:stop][:60]!r} has no UTF-8 'KEY='"
+            )
+        records[name] = value.decode("utf-8", "surrogateescape")
+        pos = stop
     return records
+
+
+def _pax_size(pax: dict[str, str], where: str) -> int | None:
+    value = pax.get("size")
+    if value is None:
+        return None
+    if not value.isascii() or not value.isdigit():
+        raise ShardFormatError(f"{where}: PAX size {value[:40]!r} is not a byte count")
+    return int(value)
+
+
+def _extension_data(view: memoryview, data_offset: int, size: int, stop: int, where: str) -> bytes:
+    """The data of a PAX or GNU long-name header, which must lie before ``stop``."""
+    if data_offset + size > stop:
+        raise ShardFormatError(
+            f"{where}: extension header data ({size} bytes) runs past the end of the data"
+        )
+    if size > MAX_EXTENSION_BYTES:
+        raise ShardFormatError(
+            f"{where}: extension header of {size} bytes (more than {MAX_EXTENSION_BYTES})"
+        )
+    return bytes(view[data_offset : data_offset + size])
+
+
+def _long_name(data: bytes, where: str) -> str:
+    name = data.split(b"\0", 1)[0]
+    if not name:
+        raise ShardFormatError(f"{where}: empty GNU long name")
+    return name.decode("utf-8", "surrogateescape")
+
+
+def _member_name(header: memoryview, pax: dict[str, str], long_name: str | None) -> str:
+    if "path" in pax:
+        return pax["path"]
+    if long_name is not None:
+        return long_name
+    name = _field_str(bytes(header[0:100]))
+    if bytes(header[257:262]) == b"ustar":
+        prefix = _field_str(bytes(header[345:500]))
+        if prefix:
+            name = prefix + "/" + name
+    return name
 
 
 def iter_members(
@@ -153,10 +230,13 @@ def iter_members(
     Offsets in the yielded members are ``base_offset`` plus the position in ``buf``, so a caller
     that read a byte range of a shard gets shard offsets. Stops at the end-of-archive marker or at
     ``end``. Raises :class:`ShardFormatError` naming ``source`` and the byte offset on a corrupt
-    header or data that runs past the buffer.
+    header (checksum, size field, PAX record, GNU long name), a truncated header, or data that
+    runs past the buffer (extension headers: past ``end``). Every step moves forward by at
+    least one block, so any input ends in time linear in its length.
     """
     view = memoryview(buf)
-    stop = len(view) if end is None else end
+    limit = len(view) if end is None else end
+    stop = min(limit, len(view))
     pos = start
     long_name: str | None = None
     pax: dict[str, str] = {}
@@ -166,42 +246,42 @@ def iter_members(
         if header[0] == 0 and not any(header):
             return
         where = f"{source} at byte {base_offset + pos}"
-        if not _checksum_ok(header):
+        if not checksum_ok(header):
             raise ShardFormatError(f"{where}: corrupt tar header (checksum mismatch)")
-        size = _parse_size(bytes(header[124:136]), where)
+        size = parse_octal(header[124:136])
+        if size is None:
+            raise ShardFormatError(f"{where}: bad size field {bytes(header[124:136])!r}")
         typeflag = bytes(header[156:157])
         data_offset = pos + BLOCK
-        next_pos = data_offset + padded(size)
-        if data_offset + size > len(view):
-            raise ShardFormatError(
-                f"{where}: member data ({size} bytes) runs past the end of the data "
-                f"(truncated shard?)"
-            )
         if typeflag in _REGULAR:
-            if "path" in pax:
-                name = pax["path"]
-            elif long_name is not None:
-                name = long_name
-            else:
-                name = _field_str(bytes(header[0:100]))
-                if bytes(header[257:262]) == b"ustar":
-                    prefix = _field_str(bytes(header[345:500]))
-                    if prefix:
-                        name = prefix + "/" + name
-            if "size" in pax:
-                size = int(pax["size"])
-                next_pos = data_offset + padded(size)
+            # a PAX size overrides the header's; errors name the chain's first header
+            chain = (
+                where if first_header is None else f"{source} at byte {base_offset + first_header}"
+            )
+            size = _pax_size(pax, chain) if "size" in pax else size
+            if data_offset + size > len(view):
+                what = "PAX size" if "size" in pax else "member data"
+                raise ShardFormatError(
+                    f"{chain}: {what} ({size} bytes) runs past the end of the data "
+                    f"(truncated shard?)"
+                )
+            name = _member_name(header, pax, long_name)
             start_offset = pos if first_header is None else first_header
             yield Member(name, base_offset + start_offset, base_offset + data_offset, size)
             long_name, pax, first_header = None, {}, None
         elif typeflag == b"L":
-            long_name = bytes(view[data_offset : data_offset + size]).rstrip(b"\0").decode()
+            long_name = _long_name(_extension_data(view, data_offset, size, stop, where), where)
             first_header = pos if first_header is None else first_header
         elif typeflag == b"x":
-            pax = _parse_pax(bytes(view[data_offset : data_offset + size]))
+            pax = _parse_pax(_extension_data(view, data_offset, size, stop, where), where)
             first_header = pos if first_header is None else first_header
         else:  # links, devices, directories, fifos, global PAX headers: skipped
+            if data_offset + size > len(view):
+                raise ShardFormatError(
+                    f"{where}: member data ({size} bytes) runs past the end of the data "
+                    f"(truncated shard?)"
+                )
             long_name, pax, first_header = None, {}, None
-        pos = next_pos
-    if pos < stop:
+        pos = data_offset + padded(size)
+    if pos < limit:
         raise ShardFormatError(f"{source} at byte {base_offset + pos}: truncated tar header")

@@ -21,6 +21,7 @@ from typing import Any, NoReturn
 
 from build_shards.lock import DEFAULT_LOCK_TIMEOUT
 from wdsloader.errors import WdsLoaderError
+from wdsloader.progress import progress_bar
 from wdsloader.redact import redact
 from wdsloader.storage import parse_storage_options
 
@@ -284,9 +285,7 @@ class _Progress:
     terminal (so errors stay one line in logs and tests)."""
 
     def __init__(self, unit: str, enabled: bool) -> None:
-        from tqdm import tqdm
-
-        self._bar = tqdm(unit=unit, unit_scale=True, disable=None if enabled else True)
+        self._bar = progress_bar(unit=unit, unit_scale=True, enabled=enabled)
 
     def __call__(self, done: int, total: int | None = None) -> None:
         bar = self._bar

@@ -49,7 +49,7 @@ def test_loaders_iterated_to_the_end_and_deleted_keep_no_descriptors(ds):
         assert len(list(loader)) == len(loader)
         del loader
     settle()
-    assert open_fds() == before
+    assert open_fds() <= before  # other tests' leftovers may close meanwhile; a leak grows it
 
 
 @pytest.mark.skipif(not os.path.isdir("/proc/self/fd"), reason="needs /proc")
@@ -67,7 +67,7 @@ def test_iteration_broken_off_early_keeps_no_descriptors(ds):
         loader.dataset_obj.peek_batch()  # reads outside an iteration: the finalizer closes
         del loader
     settle()
-    assert open_fds() == before
+    assert open_fds() <= before  # other tests' leftovers may close meanwhile; a leak grows it
 
 
 EXIT_SCRIPT = """

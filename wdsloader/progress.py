@@ -6,12 +6,22 @@ from typing import Any
 
 
 def progress_bar(
-    *, total: int | None = None, unit: str = "it", desc: str | None = None, enabled: bool = True
+    *,
+    total: int | None = None,
+    unit: str = "it",
+    unit_scale: bool = False,
+    desc: str | None = None,
+    enabled: bool = True,
 ) -> Any:
     """A tqdm bar on stderr. It draws only when ``enabled`` and stderr is a terminal: written to
     a pipe or a file (a job's log), its ``\\r`` frames would fill the log, so it stays silent."""
     from tqdm import tqdm
 
     return tqdm(
-        total=total, unit=unit, desc=desc, disable=None if enabled else True, dynamic_ncols=True
+        total=total,
+        unit=unit,
+        unit_scale=unit_scale,
+        desc=desc,
+        disable=None if enabled else True,
+        dynamic_ncols=True,
     )

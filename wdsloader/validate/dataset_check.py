@@ -15,15 +15,15 @@ from typing import Any
 import numpy as np
 import torch
 
-from wdsloader.decode import SampleDecoder, parse_sample
+from wdsloader.cli.progress import progress_bar
+from wdsloader.decode.codecs import SampleDecoder, parse_sample
 from wdsloader.errors import WdsLoaderError
-from wdsloader.fetch import ReadOptions, ShardStore
 from wdsloader.format import FieldSpec, Manifest, ShardInfo
 from wdsloader.format.index import INDEX_DTYPE
 from wdsloader.format.tar import BLOCK
-from wdsloader.progress import progress_bar
-from wdsloader.storage import join, url_to_fs
-from wdsloader.validate import (
+from wdsloader.io.fetch import ReadOptions, ShardStore
+from wdsloader.io.storage import join, url_to_fs
+from wdsloader.validate.batch import (
     _TENSOR,
     MANIFEST_DIMS,
     _expected_tail,

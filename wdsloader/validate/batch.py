@@ -3,7 +3,7 @@
 :func:`validate_batch` checks one collated batch (field set, dtypes, shapes with symbolic dims,
 finiteness, declared ranges) and raises :class:`BatchValidationError` naming the field, the rule,
 the offending value and the sample keys; :func:`validate_first_batch` does so for the first batch
-a loader made by :func:`wdsloader.create_loader` would yield. :func:`wdsloader.dataset_check.validate_dataset`
+a loader made by :func:`wdsloader.create_loader` would yield. :func:`wdsloader.validate.validate_dataset`
 checks whole datasets.
 """
 
@@ -337,8 +337,8 @@ def validate_first_batch(loader: Any) -> bool:
 
     ``loader`` must come from :func:`wdsloader.create_loader` (TypeError otherwise).
     """
-    from wdsloader.dataset import ShardStreamDataset
-    from wdsloader.loader import WdsDataLoader
+    from wdsloader.stream.dataset import ShardStreamDataset
+    from wdsloader.stream.loader import WdsDataLoader
 
     ds = getattr(loader, "dataset_obj", None)
     if not isinstance(loader, WdsDataLoader) or not isinstance(ds, ShardStreamDataset):

@@ -2,7 +2,7 @@
 
 A :class:`Curriculum` names the variants of one output field (for instance ``steering`` stored as
 ``steering_centroid.npy``, ``steering_keyword.npy``, ... plus a synthetic all-zeros variant) and a
-:class:`~wdsloader.schedule.Schedule` giving each variant's probability at each epoch. The variant
+:class:`~wdsloader.curriculum.Schedule` giving each variant's probability at each epoch. The variant
 of a sample is a pure function of ``(seed, epoch, key)``: it does not depend on workers, ranks,
 order, batching or resume. The schedules are re-exported here.
 """
@@ -16,8 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from wdsloader.format.manifest import FieldSpec
-from wdsloader.schedule import (
+from wdsloader.curriculum.schedule import (
     _NAME_RE,
     CallableSchedule,
     CosineSchedule,
@@ -37,6 +36,7 @@ from wdsloader.schedule import (
     steps,
     zero_decay,
 )
+from wdsloader.format.manifest import FieldSpec
 
 __all__ = [
     "CallableSchedule",

@@ -16,8 +16,8 @@ from collections.abc import Callable
 from typing import Any
 
 from wdsloader import create_loader, plan
-from wdsloader.dataset import _collate_columns
-from wdsloader.gather import keys_from_headers
+from wdsloader.decode.gather import keys_from_headers
+from wdsloader.stream.dataset import _collate_columns
 
 
 def best_of(n: int, fn: Callable[[], Any]) -> float:

@@ -15,7 +15,7 @@ import numpy as np
 from scipy.stats import spearmanr
 
 from wdsloader import plan
-from wdsloader.loader import default_span_window
+from wdsloader.stream.loader import default_span_window
 
 
 def main() -> None:

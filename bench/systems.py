@@ -316,7 +316,7 @@ READ: dict[str, Callable[..., Any]] = {
     "hf": read_hf,
 }
 IMPORTS: dict[str, Callable[[], Any]] = {
-    "ours": lambda: importlib.import_module("wdsloader.loader"),
+    "ours": lambda: importlib.import_module("wdsloader.stream"),
     "webdataset": lambda: importlib.import_module("webdataset"),
     "mosaic": import_mosaic,
     "litdata": lambda: importlib.import_module("litdata"),

@@ -25,7 +25,6 @@ from typing import Any
 
 import numpy as np
 
-from wdsloader.decode import read_npy_header
 from wdsloader.errors import ManifestError, ShardFormatError
 from wdsloader.format import (
     MANIFEST_NAME,
@@ -38,8 +37,9 @@ from wdsloader.format import (
     index_path,
     iter_samples,
     padded,
+    read_npy_header,
 )
-from wdsloader.storage import is_local, join, url_to_fs, write_atomic
+from wdsloader.io.storage import is_local, join, url_to_fs, write_atomic
 
 logger = logging.getLogger(__name__)
 

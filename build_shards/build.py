@@ -27,7 +27,7 @@ from build_shards.state import OutputState
 from build_shards.writer import BlockJob, item_digest, prepare, run_block
 from wdsloader.errors import SchemaError
 from wdsloader.format import FORMAT_VERSION, FieldSpec, Manifest, ShardInfo, SplitInfo
-from wdsloader.storage import url_to_fs
+from wdsloader.io.storage import url_to_fs
 
 log = logging.getLogger("build_shards")
 

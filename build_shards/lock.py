@@ -33,7 +33,7 @@ from types import TracebackType
 from typing import Any
 
 from build_shards.errors import BuildError, naming_options
-from wdsloader.storage import is_local, join, write_atomic
+from wdsloader.io.storage import is_local, join, write_atomic
 
 log = logging.getLogger("build_shards")
 

@@ -31,7 +31,7 @@ from typing import Any
 
 from build_shards.errors import BuildError, BuildWorkerError
 from build_shards.writer import BUILD_DIR, BlockJob, run_block, spool_items
-from wdsloader.storage import is_local, join
+from wdsloader.io.storage import is_local, join
 
 GUARD_HINT = (
     'if your script calls build_shards at top level, put it under `if __name__ == "__main__":` '
@@ -112,7 +112,7 @@ def init_worker(
     table: RunningTable,
 ) -> None:
     """ProcessPoolExecutor initializer: load the job, open the output filesystem once."""
-    from wdsloader.storage import url_to_fs
+    from wdsloader.io.storage import url_to_fs
 
     with open(job_path, "rb") as f:
         job = pickle.load(f)  # noqa: S301 - written by the parent process of this build

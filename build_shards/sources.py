@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 
 from build_shards.errors import BuildError
-from wdsloader.storage import url_to_fs
+from wdsloader.io.storage import url_to_fs
 
 JSONL_SUFFIXES = (".jsonl", ".ndjson")
 TEXT_SUFFIXES = (".txt", ".text", ".md")

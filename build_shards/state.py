@@ -23,7 +23,7 @@ from build_shards.errors import BuildError, OutputExistsError, naming_options
 from build_shards.writer import BUILD_DIR, SHARD_PREFIXES, TMP_MARK
 from wdsloader.errors import WdsLoaderError
 from wdsloader.format import MANIFEST_NAME, Manifest
-from wdsloader.storage import is_local, join, write_atomic
+from wdsloader.io.storage import is_local, join, write_atomic
 
 log = logging.getLogger("build_shards")
 

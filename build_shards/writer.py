@@ -43,7 +43,7 @@ from build_shards.encode import SampleEncoder
 from build_shards.errors import BuildError, SampleKeyError
 from build_shards.splits import Splitter
 from wdsloader.format import ShardInfo, TarStreamWriter, index_path, validate_key
-from wdsloader.storage import is_local, join, write_atomic
+from wdsloader.io.storage import is_local, join, write_atomic
 
 log = logging.getLogger("build_shards")
 

@@ -14,7 +14,7 @@ from collections.abc import Callable
 import numpy as np
 
 from wdsloader.format import FieldSpec, Manifest, ShardInfo, SplitInfo, TarStreamWriter, index_path
-from wdsloader.storage import join, url_to_fs, write_atomic
+from wdsloader.io.storage import join, url_to_fs, write_atomic
 
 SCHEMA = {
     "vec": FieldSpec(ext="vec.npy", encoding="npy", dtype="float32", shape=["D"]),

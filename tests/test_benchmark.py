@@ -1,8 +1,7 @@
-"""``wdsloader.benchmark`` (measure_loader, the ``wdsloader bench`` command) and the bench suite."""
+"""``wdsloader.cli.benchmark`` (measure_loader, the ``wdsloader bench`` command) and the bench suite."""
 
 from __future__ import annotations
 
-import argparse
 import importlib.util
 import json
 import os
@@ -12,7 +11,7 @@ import sys
 import pytest
 
 from tests.dataset_factory import write_dataset
-from wdsloader.benchmark import BenchResult, batch_size_of, measure_loader, run_cli
+from wdsloader.cli import BenchResult, batch_size_of, main, measure_loader
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 COUNTS = [50, 30, 20]
@@ -65,24 +64,17 @@ def test_batch_size_of():
         batch_size_of(3)
 
 
-def test_run_cli_prints_the_three_numbers(tiny, capsys):
+def test_bench_command_prints_the_three_numbers(tiny, capsys):
     root, _ = tiny
-    args = argparse.Namespace(
-        dataset=root,
-        split="train",
-        num_workers=0,
-        batch_size=8,
-        max_batches=None,
-        storage_option=[],
-    )
-    assert run_cli(args) == 0
+    argv = ["bench", str(root), "--split", "train", "--num-workers", "0", "--batch-size", "8"]
+    assert main(argv) == 0
     out = capsys.readouterr().out
     assert "samples/s:" in out and "MB/s:" in out and "time to first batch:" in out
     assert "96 samples in 12 batches" in out  # drop_last for train: 100 -> 12 full batches
 
 
-def test_run_cli_passes_storage_options(tiny, capsys, monkeypatch):
-    import wdsloader.benchmark as bm
+def test_bench_command_passes_storage_options(tiny, capsys, monkeypatch):
+    import wdsloader.cli.benchmark as bm
 
     seen = {}
 
@@ -94,15 +86,10 @@ def test_run_cli_passes_storage_options(tiny, capsys, monkeypatch):
         )  # fmt: skip
 
     monkeypatch.setattr(bm, "measure_loader", fake)
-    args = argparse.Namespace(
-        dataset="s3://b/x",
-        split="val",
-        num_workers=2,
-        batch_size=4,
-        max_batches=5,
-        storage_option=["anon=true", "client_kwargs.endpoint_url=http://127.0.0.1:9"],
-    )
-    assert run_cli(args) == 0
+    argv = ["bench", "s3://b/x", "--split", "val", "--num-workers", "2", "--batch-size", "4"]
+    argv += ["--max-batches", "5", "--storage-option", "anon=true"]
+    argv += ["--storage-option", "client_kwargs.endpoint_url=http://127.0.0.1:9"]
+    assert main(argv) == 0
     assert seen["storage_options"] == {
         "anon": True,
         "client_kwargs": {"endpoint_url": "http://127.0.0.1:9"},

@@ -22,7 +22,7 @@ from wdsloader.format import (
     iter_samples,
     scan_tar,
 )
-from wdsloader.storage import join, url_to_fs
+from wdsloader.io.storage import join, url_to_fs
 
 # ------------------------------------------------------------------------------------------------
 # helpers (also used by the other test_build_* modules)

@@ -11,7 +11,7 @@ import pytest
 from build_shards import build_shards
 from tests.test_build_core import read_dataset
 from wdsloader.format import Manifest
-from wdsloader.storage import join, url_to_fs
+from wdsloader.io.storage import join, url_to_fs
 
 N = 40
 

@@ -21,7 +21,7 @@ import pytest
 from build_shards import OutputLockedError, build_shards
 from build_shards.lock import LOCK_NAME, BuildLock
 from tests.test_build_core import gen_samples, read_dataset
-from wdsloader.storage import join, url_to_fs
+from wdsloader.io.storage import join, url_to_fs
 
 OPTS = dict(shard_max_count=5, block_size=10, splits={"train": 0.7, "val": 0.3})
 

@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 import torch
 
-from wdsloader import collate as col
 from wdsloader.collate import CollatorInfo, get_collator, list_collators, register_collator
+from wdsloader.collate import collators as col
 
 
 @pytest.fixture(autouse=True)

@@ -163,7 +163,7 @@ def test_zero_probability_never_drawn() -> None:
 
 
 def test_zero_probability_at_extreme_uniforms(monkeypatch: pytest.MonkeyPatch) -> None:
-    import wdsloader.curriculum as mod
+    import wdsloader.curriculum.curriculum as mod
 
     u = np.array([0.0, 1e-300, 2.0**-53, 0.55, 1.0 - 2.0**-52, 1.0 - 2.0**-53])
     monkeypatch.setattr(mod, "_uniforms", lambda keys, epoch, seed: u[: len(keys)])

@@ -13,7 +13,6 @@ import pytest
 import torch
 
 from tests.dataset_factory import SCHEMA, npy_bytes, sample_members, write_dataset
-from wdsloader import decode as dec
 from wdsloader.decode import (
     SampleDecoder,
     decode_image,
@@ -22,6 +21,7 @@ from wdsloader.decode import (
     parse_sample,
     register_decoder,
 )
+from wdsloader.decode import codecs as dec
 from wdsloader.errors import DecodeError, PickleNotAllowedError, ShardFormatError
 from wdsloader.format import (
     FieldSpec,
@@ -514,14 +514,14 @@ def test_unrequested_schema_fields_are_not_prepared():
      b'[1, 2.5, "x"]', b'"s"', b"12", b"true", b"null"],
 )  # fmt: skip
 def test_json_decodes_exactly_like_json_loads(doc):
-    from wdsloader.decode import decode_json
+    from wdsloader.decode.codecs import decode_json
 
     assert decode_json(memoryview(doc)) == json.loads(doc)
 
 
 @pytest.mark.parametrize("doc", [b'{"a": 1} x', b"", b"{", b"1 2", b"\xff{}"])
 def test_json_errors_are_json_loads_errors(doc):
-    from wdsloader.decode import decode_json
+    from wdsloader.decode.codecs import decode_json
 
     with pytest.raises(ValueError) as ours:
         decode_json(memoryview(doc))

@@ -12,7 +12,8 @@ import torch
 
 from tests.dataset_factory import write_dataset
 from wdsloader import DevicePrefetcher, create_loader
-from wdsloader.cli import main, show_value
+from wdsloader.cli import main
+from wdsloader.cli.commands import show_value
 
 
 @pytest.fixture(scope="module")
@@ -124,7 +125,7 @@ class _Terminal:
 @pytest.mark.parametrize(("tty", "enabled", "shown"), [(True, True, True), (False, True, False),
                                                        (True, False, False)])  # fmt: skip
 def test_progress_bar_draws_only_on_a_terminal_when_asked(monkeypatch, tty, enabled, shown):
-    from wdsloader.progress import progress_bar
+    from wdsloader.cli import progress_bar
 
     err = _Terminal(tty)
     monkeypatch.setattr(sys, "stderr", err)

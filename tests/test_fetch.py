@@ -23,10 +23,10 @@ from tests.http_server import (  # noqa: F401
     http_server_fixture,
 )
 from wdsloader import create_loader
-from wdsloader.errors import ManifestError, ShardFormatError
-from wdsloader.fetch import ReadOptions, ShardReadError, ShardStore
+from wdsloader.errors import ManifestError, ShardFormatError, ShardReadError
 from wdsloader.format import Manifest, ShardInfo, scan_tar
-from wdsloader.storage import url_to_fs, with_timeouts
+from wdsloader.io import ReadOptions, ShardStore
+from wdsloader.io.storage import url_to_fs, with_timeouts
 
 Req = tuple[ShardInfo, int, int]
 

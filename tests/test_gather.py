@@ -15,9 +15,9 @@ import torch
 from build_shards import build_shards
 from tests.dataset_factory import write_dataset
 from wdsloader import create_loader
+from wdsloader.decode.gather import gather_rows, prefix_end, sample_keys
 from wdsloader.errors import DecodeError, ShardFormatError
 from wdsloader.format import BLOCK, Manifest
-from wdsloader.gather import gather_rows, prefix_end, sample_keys
 
 COUNTS = [37, 50, 13]
 
@@ -190,7 +190,7 @@ def _tar(members):
 
 
 def test_walk_members_finds_every_member_of_every_sample():
-    from wdsloader.gather import walk_members
+    from wdsloader.decode.gather import walk_members
 
     buf, starts, end = _tar(
         [("k1.a", b"x" * 3), ("k1.json", b"{}"), ("k2.a", b"y" * 700), ("k2.json", b"[1]")]
@@ -209,7 +209,7 @@ def test_walk_members_finds_every_member_of_every_sample():
 
 
 def test_read_buffers_are_reused_only_when_nothing_refers_to_them(ds, monkeypatch):
-    from wdsloader import decode
+    from wdsloader.decode import codecs as decode
 
     loader = create_loader(ds, "train", batch_size=4, shuffle_window=8, drop_last=False)
     expected = {k: m for b in passes(loader) for k, m in zip(b["__key__"], b["meta"], strict=True)}
@@ -343,8 +343,8 @@ def test_a_layout_that_lies_is_an_error_never_wrong_values(tmp_path, shift):
 
 
 def test_named_members_and_checksums_on_raw_headers():
+    from wdsloader.decode.gather import checksums_ok, key_ends, named_members
     from wdsloader.format import encode_header
-    from wdsloader.gather import checksums_ok, key_ends, named_members
 
     first = np.frombuffer(encode_header("k1.a", 3) + encode_header("k22.a", 3), np.uint8)
     first = first.reshape(2, BLOCK)

@@ -12,8 +12,14 @@ from tests.dataset_factory import write_dataset
 from tests.http_server import Faults, http_server_fixture  # noqa: F401
 from wdsloader import create_loader
 from wdsloader.errors import ManifestError, ShardReadError
-from wdsloader.fetch import ReadOptions, ShardStore
-from wdsloader.redact import RedactingFilter, redact, redact_options, secrets_of
+from wdsloader.io import (
+    ReadOptions,
+    RedactingFilter,
+    ShardStore,
+    redact,
+    redact_options,
+    secrets_of,
+)
 
 PASSWORD = "hunter2-pass-0xC0FFEE"
 TOKEN = "tok-SECRET-7f3a9b"
@@ -195,8 +201,8 @@ def test_create_loader_manifest_error_shows_no_password(http_server):
 
 
 def test_manifest_load_and_validate_dataset_show_no_password(http_server):
-    from wdsloader.dataset_check import validate_dataset
     from wdsloader.format import Manifest
+    from wdsloader.validate import validate_dataset
 
     root = f"{http_server.url.replace('http://', f'http://bob:{PASSWORD}@')}/nothing-here"
     for call in (lambda: Manifest.load(root), lambda: validate_dataset(root)):

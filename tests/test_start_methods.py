@@ -17,7 +17,7 @@ from wdsloader.collate import get_collator, list_collators
 from wdsloader.curriculum import cosine, fixed, from_callable, linear, steps, zero_decay
 from wdsloader.decode import SampleDecoder
 from wdsloader.format import FieldSpec
-from wdsloader.start_method import start_method
+from wdsloader.stream.start_method import start_method
 
 SCHEMA = {
     "vec": FieldSpec(ext="vec.npy", encoding="npy", dtype="float32", shape=[3]),

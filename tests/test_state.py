@@ -94,7 +94,7 @@ def test_state_saved_before_the_shards_digest_loads_with_a_warning(two_datasets,
     full = [b["__key__"] for b in loader(a)]
     state = state_after(a, 2)
     del state["shards_digest"]
-    caplog.set_level(logging.WARNING, logger="wdsloader.state")
+    caplog.set_level(logging.WARNING, logger="wdsloader.stream.state")
     resumed = loader(a)
     resumed.load_state_dict(state)
     assert "no shards digest" in caplog.text

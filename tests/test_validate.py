@@ -17,13 +17,18 @@ from build_shards import build_shards
 from tests.dataset_factory import write_dataset
 from wdsloader import create_loader
 from wdsloader.cli import main
-from wdsloader.dataset import ShardStreamDataset
-from wdsloader.dataset_check import ValidationReport, validate_dataset
 from wdsloader.errors import ManifestError
 from wdsloader.format import FieldSpec, Manifest
 from wdsloader.format.index import iter_samples
-from wdsloader.storage import url_to_fs
-from wdsloader.validate import BatchValidationError, validate_batch, validate_first_batch
+from wdsloader.io.storage import url_to_fs
+from wdsloader.stream import ShardStreamDataset
+from wdsloader.validate import (
+    BatchValidationError,
+    ValidationReport,
+    validate_batch,
+    validate_dataset,
+    validate_first_batch,
+)
 
 SCHEMA = {
     "emb": FieldSpec(ext="emb.npy", encoding="npy", dtype="float32", shape=["D"]),

@@ -5,6 +5,7 @@ The read side of the project; :mod:`wdsloader.format` is the on-disk contract th
 format layer the builder uses) does not import torch.
 """
 
+# ruff: noqa: F401 - the TYPE_CHECKING imports name what __all__ (from _EXPORTS) lists
 from __future__ import annotations
 
 import importlib
@@ -18,7 +19,7 @@ _EXPORTS = {
     "register_collator": "wdsloader.collate",
     "Curriculum": "wdsloader.curriculum",
     "Schedule": "wdsloader.curriculum",
-    "ShardStreamDataset": "wdsloader.dataset",
+    "ShardStreamDataset": "wdsloader.stream",
     "SampleDecoder": "wdsloader.decode",
     "get_decoder": "wdsloader.decode",
     "parse_sample": "wdsloader.decode",
@@ -32,63 +33,26 @@ _EXPORTS = {
     "StateMismatchError": "wdsloader.errors",
     "WdsLoaderError": "wdsloader.errors",
     "WorkerDiedError": "wdsloader.errors",
-    "ReadOptions": "wdsloader.fetch",
-    "ShardStore": "wdsloader.fetch",
+    "ReadOptions": "wdsloader.io",
+    "ShardStore": "wdsloader.io",
     "FieldSpec": "wdsloader.format",
     "Manifest": "wdsloader.format",
     "ShardInfo": "wdsloader.format",
     "SplitInfo": "wdsloader.format",
-    "DevicePrefetcher": "wdsloader.loader",
-    "WdsDataLoader": "wdsloader.loader",
-    "create_loader": "wdsloader.loader",
-    "set_epoch": "wdsloader.loader",
+    "DevicePrefetcher": "wdsloader.stream",
+    "WdsDataLoader": "wdsloader.stream",
+    "create_loader": "wdsloader.stream",
+    "set_epoch": "wdsloader.stream",
     "PlanConfig": "wdsloader.plan",
     "Resume": "wdsloader.plan",
     "BatchValidationError": "wdsloader.validate",
-    "ValidationReport": "wdsloader.dataset_check",
+    "ValidationReport": "wdsloader.validate",
     "validate_batch": "wdsloader.validate",
-    "validate_dataset": "wdsloader.dataset_check",
+    "validate_dataset": "wdsloader.validate",
     "validate_first_batch": "wdsloader.validate",
 }
 
-__all__ = [
-    "BatchValidationError",
-    "Curriculum",
-    "DecodeError",
-    "DevicePrefetcher",
-    "FieldSpec",
-    "Manifest",
-    "ManifestError",
-    "PickleNotAllowedError",
-    "PlanConfig",
-    "ReadOptions",
-    "Resume",
-    "Schedule",
-    "SampleDecoder",
-    "SchemaError",
-    "ShardFormatError",
-    "ShardInfo",
-    "ShardStore",
-    "ShardStreamDataset",
-    "SkipLimitError",
-    "SplitInfo",
-    "StateMismatchError",
-    "ValidationReport",
-    "WdsDataLoader",
-    "WdsLoaderError",
-    "WorkerDiedError",
-    "create_loader",
-    "get_collator",
-    "get_decoder",
-    "list_collators",
-    "parse_sample",
-    "register_collator",
-    "register_decoder",
-    "set_epoch",
-    "validate_batch",
-    "validate_dataset",
-    "validate_first_batch",
-]
+__all__ = sorted(_EXPORTS)
 
 
 def __getattr__(name: str) -> Any:
@@ -107,8 +71,6 @@ def __dir__() -> list[str]:
 if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs
     from wdsloader.collate import get_collator, list_collators, register_collator
     from wdsloader.curriculum import Curriculum, Schedule
-    from wdsloader.dataset import ShardStreamDataset
-    from wdsloader.dataset_check import ValidationReport, validate_dataset
     from wdsloader.decode import SampleDecoder, get_decoder, parse_sample, register_decoder
     from wdsloader.errors import (
         DecodeError,
@@ -121,8 +83,20 @@ if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs
         WdsLoaderError,
         WorkerDiedError,
     )
-    from wdsloader.fetch import ReadOptions, ShardStore
     from wdsloader.format import FieldSpec, Manifest, ShardInfo, SplitInfo
-    from wdsloader.loader import DevicePrefetcher, WdsDataLoader, create_loader, set_epoch
+    from wdsloader.io import ReadOptions, ShardStore
     from wdsloader.plan import PlanConfig, Resume
-    from wdsloader.validate import BatchValidationError, validate_batch, validate_first_batch
+    from wdsloader.stream import (
+        DevicePrefetcher,
+        ShardStreamDataset,
+        WdsDataLoader,
+        create_loader,
+        set_epoch,
+    )
+    from wdsloader.validate import (
+        BatchValidationError,
+        ValidationReport,
+        validate_batch,
+        validate_dataset,
+        validate_first_batch,
+    )

@@ -25,6 +25,7 @@ from wdsloader.format.manifest import (
     SplitInfo,
     check_version,
 )
+from wdsloader.format.npy import read_npy_header
 from wdsloader.format.tar import (
     BLOCK,
     END_OF_ARCHIVE,
@@ -32,7 +33,6 @@ from wdsloader.format.tar import (
     encode_header,
     encode_member,
     iter_members,
-    member_size,
     padded,
 )
 from wdsloader.format.writer import TarStreamWriter
@@ -60,8 +60,8 @@ __all__ = [
     "iter_members",
     "iter_samples",
     "member_ext",
-    "member_size",
     "padded",
+    "read_npy_header",
     "scan_tar",
     "split_name",
     "validate_field",

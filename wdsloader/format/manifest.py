@@ -24,8 +24,8 @@ from wdsloader.format.checks import (
     check_str,
     path_problem,
 )
-from wdsloader.redact import redact, secrets_of
-from wdsloader.storage import join, url_to_fs, write_atomic
+from wdsloader.io.redaction import redact, secrets_of
+from wdsloader.io.storage import join, url_to_fs, write_atomic
 
 FORMAT_NAME = "wdsloader"
 FORMAT_VERSION = "1.0"
@@ -326,7 +326,7 @@ def _check_loader_defaults(defaults: dict[str, Any]) -> None:
         check_str(defaults["collate"], "loader_defaults.collate", optional=True)
     curriculum = defaults.get("curriculum")
     if curriculum is not None:
-        from wdsloader.curriculum import Curriculum
+        from wdsloader.curriculum.curriculum import Curriculum
 
         check_obj(curriculum, "loader_defaults.curriculum")
         try:

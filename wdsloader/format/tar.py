@@ -28,11 +28,6 @@ def padded(nbytes: int) -> int:
     return (nbytes + BLOCK - 1) // BLOCK * BLOCK
 
 
-def member_size(nbytes: int) -> int:
-    """Bytes one member with ``nbytes`` of data occupies: header plus padded data."""
-    return BLOCK + padded(nbytes)
-
-
 def _octal(value: int, width: int) -> bytes:
     """NUL-terminated zero-padded octal field of ``width`` bytes."""
     text = b"%0*o" % (width - 1, value)

@@ -11,9 +11,9 @@ under a dataset root that is a local folder or any fsspec URL.
   filesystems, e.g. s3fs, gcsfs, memory, re-send a failed request of ``fs.cat_file`` whole).
   Connect and read timeouts reach the HTTP and S3 clients, and a deadline bounds each request
   with its retries (see :class:`ReadOptions`). Messages and logs show URLs and storage errors
-  with credentials redacted (:mod:`wdsloader.redact`).
+  with credentials redacted (:mod:`wdsloader.io.redaction`).
 - Cache (``cache_dir``, remote roots only): the first access to a shard downloads it whole into
-  a :class:`~wdsloader.shard_cache.ShardCache`; later reads are local preads.
+  a :class:`~wdsloader.io.shard_cache.ShardCache`; later reads are local preads.
 
 A store does no I/O when built and pickles to its root and options (DataLoader workers); the
 filesystem, threads and descriptors are opened lazily in each process, and reset after a fork.
@@ -42,9 +42,9 @@ from fsspec.core import split_protocol
 
 from wdsloader.errors import ShardFormatError, ShardReadError, WdsLoaderError
 from wdsloader.format import ShardInfo, decode_index
-from wdsloader.redact import redact, redact_options, secrets_of
-from wdsloader.shard_cache import OpenFiles, ShardCache, hash_fd, pwrite_all
-from wdsloader.storage import (
+from wdsloader.io.redaction import redact, redact_options, secrets_of
+from wdsloader.io.shard_cache import OpenFiles, ShardCache, hash_fd, pwrite_all
+from wdsloader.io.storage import (
     DEFAULT_CONNECT_TIMEOUT,
     DEFAULT_READ_TIMEOUT,
     join,

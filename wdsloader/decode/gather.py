@@ -21,8 +21,8 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
 
-from wdsloader.decode import read_npy_header
 from wdsloader.format.manifest import FieldSpec, ShardInfo
+from wdsloader.format.npy import read_npy_header
 from wdsloader.format.tar import BLOCK, checksum_ok, padded
 
 _NAME = 100  # bytes of the ustar name field

@@ -15,13 +15,8 @@ import numpy as np
 from torch.utils.data import IterableDataset, get_worker_info
 
 from wdsloader import plan
-from wdsloader.control import Control
-from wdsloader.decode import SampleDecoder, parse_sample
-from wdsloader.errors import ShardFormatError, SkipLimitError, WdsLoaderError
-from wdsloader.fetch import ShardStore
-from wdsloader.format import FieldSpec, Manifest, ShardInfo
-from wdsloader.format.tar import BLOCK, checksum_ok
-from wdsloader.gather import (
+from wdsloader.decode.codecs import SampleDecoder, parse_sample
+from wdsloader.decode.gather import (
     FieldTable,
     checksums_ok,
     field_tables,
@@ -33,10 +28,15 @@ from wdsloader.gather import (
     resolve_shape,
     walk_members,
 )
-from wdsloader.state import resume_from_dict, resume_to_dict, shards_digest
+from wdsloader.errors import ShardFormatError, SkipLimitError, WdsLoaderError
+from wdsloader.format import FieldSpec, Manifest, ShardInfo
+from wdsloader.format.tar import BLOCK, checksum_ok
+from wdsloader.io.fetch import ShardStore
+from wdsloader.stream.control import Control
+from wdsloader.stream.state import resume_from_dict, resume_to_dict, shards_digest
 
 if TYPE_CHECKING:
-    from wdsloader.curriculum import Curriculum
+    from wdsloader.curriculum.curriculum import Curriculum
 
 log = logging.getLogger(__name__)
 
@@ -122,7 +122,7 @@ def _close_store(store: ShardStore) -> None:
 
 
 class ShardStreamDataset(IterableDataset):
-    """An IterableDataset that yields whole batches of one split, planned by :mod:`wdsloader.plan`.
+    """An IterableDataset that yields whole batches of one split, planned by :mod:`wdsloader.plan.sample_plan`.
 
     Each DataLoader worker computes its own list of batches from the plan (no coordination),
     reads the byte ranges those samples occupy (coalesced, one group of batches ahead), gathers

@@ -43,7 +43,7 @@ ProbLike = Mapping[str, float] | Sequence[float]
 """Probabilities by variant name (missing names count 0) or in the variants' declared order."""
 
 SUM_TOLERANCE = 1e-6
-_NAME_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.\-]*$")
+NAME_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.\-]*$")
 
 # Stored form of a ProbLike: ("map", ((name, p), ...)) or ("seq", (p, ...)).
 _Probs = tuple[str, tuple[Any, ...]]
@@ -116,7 +116,7 @@ def _resolve(frozen: _Probs, names: tuple[str, ...], what: str) -> np.ndarray:
     return out
 
 
-def _as_int(value: Any, what: str, low: int | None = None) -> int:
+def as_int(value: Any, what: str, low: int | None = None) -> int:
     if isinstance(value, bool) or not hasattr(type(value), "__index__"):
         raise ValueError(f"{what} must be an integer, got {value!r}")
     n = operator.index(value)
@@ -125,8 +125,8 @@ def _as_int(value: Any, what: str, low: int | None = None) -> int:
     return n
 
 
-def _check_epoch(epoch: int) -> int:
-    return _as_int(epoch, "epoch", 0)
+def check_epoch(epoch: int) -> int:
+    return as_int(epoch, "epoch", 0)
 
 
 def _normalise(p: np.ndarray) -> np.ndarray:
@@ -159,7 +159,7 @@ class FixedSchedule(Schedule):
     probs: _Probs
 
     def probabilities(self, epoch: int, names: tuple[str, ...]) -> np.ndarray:
-        _check_epoch(epoch)
+        check_epoch(epoch)
         return _normalise(_resolve(self.probs, tuple(names), "fixed schedule"))
 
     def to_dict(self) -> dict[str, Any]:
@@ -177,7 +177,7 @@ class _Interpolated(Schedule):
         raise NotImplementedError
 
     def probabilities(self, epoch: int, names: tuple[str, ...]) -> np.ndarray:
-        e = _check_epoch(epoch)
+        e = check_epoch(epoch)
         names = tuple(names)
         start = _resolve(self.start, names, f"{self._kind} schedule start")
         end = _resolve(self.end, names, f"{self._kind} schedule end")
@@ -224,7 +224,7 @@ class StepsSchedule(Schedule):
     table: tuple[tuple[int, _Probs], ...]
 
     def probabilities(self, epoch: int, names: tuple[str, ...]) -> np.ndarray:
-        e = _check_epoch(epoch)
+        e = check_epoch(epoch)
         start, probs = self.table[0]
         for row_start, row_probs in self.table:
             if row_start > e:
@@ -251,7 +251,7 @@ class ZeroDecaySchedule(Schedule):
     epochs: int
 
     def probabilities(self, epoch: int, names: tuple[str, ...]) -> np.ndarray:
-        e = _check_epoch(epoch)
+        e = check_epoch(epoch)
         names = tuple(names)
         if self.zero not in names:
             raise ValueError(
@@ -289,7 +289,7 @@ class CallableSchedule(Schedule):
     fn: Callable[[int], ProbLike]
 
     def probabilities(self, epoch: int, names: tuple[str, ...]) -> np.ndarray:
-        e = _check_epoch(epoch)
+        e = check_epoch(epoch)
         what = f"schedule function at epoch {e}"
         frozen = _freeze(self.fn(e), what)
         return _normalise(_resolve(frozen, tuple(names), what))
@@ -308,7 +308,7 @@ def fixed(probs: ProbLike) -> Schedule:
 
 def linear(start: ProbLike, end: ProbLike, epochs: int) -> Schedule:
     """From ``start`` at epoch 0 to ``end`` at ``epochs``, linearly, then ``end``."""
-    n = _as_int(epochs, "linear schedule: epochs", 1)
+    n = as_int(epochs, "linear schedule: epochs", 1)
     return LinearSchedule(
         _freeze(start, "linear schedule start"), _freeze(end, "linear schedule end"), n
     )
@@ -316,7 +316,7 @@ def linear(start: ProbLike, end: ProbLike, epochs: int) -> Schedule:
 
 def cosine(start: ProbLike, end: ProbLike, epochs: int) -> Schedule:
     """From ``start`` at epoch 0 to ``end`` at ``epochs`` along a half cosine, then ``end``."""
-    n = _as_int(epochs, "cosine schedule: epochs", 1)
+    n = as_int(epochs, "cosine schedule: epochs", 1)
     return CosineSchedule(
         _freeze(start, "cosine schedule start"), _freeze(end, "cosine schedule end"), n
     )
@@ -362,7 +362,7 @@ def zero_decay(
     (epoch ``epochs`` and after); the other variants share ``1 - P(zero)`` in proportion to their
     ``base`` probabilities (equal when ``base`` is None; ``base``'s own ``zero`` entry is ignored).
     """
-    n = _as_int(epochs, "zero_decay schedule: epochs", 1)
+    n = as_int(epochs, "zero_decay schedule: epochs", 1)
     if not isinstance(zero, str) or not zero:
         raise ValueError(f"zero_decay schedule: zero must be a variant name, got {zero!r}")
     s = _check_value(start, "zero_decay schedule start")

@@ -3,7 +3,7 @@
 :func:`validate_batch` checks one collated batch (field set, dtypes, shapes with symbolic dims,
 finiteness, declared ranges) and raises :class:`BatchValidationError` naming the field, the rule,
 the offending value and the sample keys; :func:`validate_first_batch` does so for the first batch
-a loader made by :func:`wdsloader.create_loader` would yield. :func:`wdsloader.dataset_check.validate_dataset`
+a loader made by :func:`wdsloader.create_loader` would yield. :func:`wdsloader.validate.validate_dataset`
 checks whole datasets.
 """
 
@@ -27,7 +27,7 @@ MAX_KEYS_SHOWN = 5
 MANIFEST_DIMS = "the manifest dims"
 
 # How the default collator delivers a field: a tensor of a known dtype, a list, or either.
-_TENSOR, _LIST, _ANY = "tensor", "list", "any"
+TENSOR, _LIST, _ANY = "tensor", "list", "any"
 _LIST_ENCODINGS = frozenset(("txt", "text"))
 _ANY_DTYPES = frozenset(("json", "image"))
 _LIST_DTYPES = frozenset(("str", "bytes"))
@@ -55,7 +55,7 @@ class BatchValidationError(AssertionError):
 
 # -- rules shared by batches and samples --------------------------------------------------------
 @lru_cache(maxsize=256)
-def _kind(encoding: str, dtype: str | None) -> tuple[str, torch.dtype | None]:
+def delivery_kind(encoding: str, dtype: str | None) -> tuple[str, torch.dtype | None]:
     """How the default collator delivers a field of this encoding and dtype, with its torch
     dtype when it is a tensor of a known dtype."""
     if encoding in _LIST_ENCODINGS or dtype in _LIST_DTYPES:
@@ -71,7 +71,7 @@ def _kind(encoding: str, dtype: str | None) -> tuple[str, torch.dtype | None]:
     if np_dtype.kind not in "biufc":
         return _ANY, None
     try:
-        return _TENSOR, torch.from_numpy(np.empty(0, np_dtype)).dtype
+        return TENSOR, torch.from_numpy(np.empty(0, np_dtype)).dtype
     except TypeError:  # a numpy dtype torch has no tensor type for
         return _ANY, None
 
@@ -80,14 +80,14 @@ def _fmt_shape(shape: Sequence[Any]) -> str:
     return "[" + ", ".join(str(d) for d in shape) + "]"
 
 
-def _expected_tail(spec: FieldSpec) -> list[Any] | None:
+def expected_tail(spec: FieldSpec) -> list[Any] | None:
     """The per-sample shape a field's values have (None: not fixed by the schema)."""
     if spec.shape is not None:
         return list(spec.shape)
     return [] if spec.encoding in ("cls", "cls2", "index", "id") else None
 
 
-def _shape_problem(
+def shape_problem(
     spec_shape: Sequence[Any],
     actual: Sequence[int],
     bound: dict[str, tuple[int, str]],
@@ -117,12 +117,12 @@ def _shape_problem(
     return None
 
 
-def _rows_of(mask: torch.Tensor) -> np.ndarray:
+def rows_of(mask: torch.Tensor) -> np.ndarray:
     """Rows (leading index) of a boolean tensor holding any True."""
     return mask.reshape(mask.shape[0], -1).any(dim=1).nonzero().flatten().cpu().numpy()
 
 
-def _nonfinite(x: torch.Tensor) -> torch.Tensor | None:
+def nonfinite_mask(x: torch.Tensor) -> torch.Tensor | None:
     """The NaN/Inf mask of a floating tensor with at least one, else None."""
     if not (x.is_floating_point() or x.is_complex()) or x.numel() == 0:
         return None
@@ -130,7 +130,7 @@ def _nonfinite(x: torch.Tensor) -> torch.Tensor | None:
     return bad if bool(bad.any()) else None
 
 
-def _out_of_range(x: torch.Tensor, low: float, high: float) -> torch.Tensor | None:
+def out_of_range(x: torch.Tensor, low: float, high: float) -> torch.Tensor | None:
     """The mask of values outside ``[low, high]`` of a real tensor with at least one, else None."""
     if x.is_complex() or x.numel() == 0:
         return None
@@ -140,16 +140,16 @@ def _out_of_range(x: torch.Tensor, low: float, high: float) -> torch.Tensor | No
     return bad if bool(bad.any()) else None
 
 
-def _first_value(x: torch.Tensor, bad: torch.Tensor) -> Any:
+def first_value(x: torch.Tensor, bad: torch.Tensor) -> Any:
     return x[bad].flatten()[0].item()
 
 
-def _min_max(x: torch.Tensor, bad: torch.Tensor) -> tuple[Any, Any]:
+def min_max(x: torch.Tensor, bad: torch.Tensor) -> tuple[Any, Any]:
     vals = x[bad]
     return vals.min().item(), vals.max().item()
 
 
-def _list_out_of_range(values: Sequence[Any], low: float, high: float) -> dict[int, list[float]]:
+def list_out_of_range(values: Sequence[Any], low: float, high: float) -> dict[int, list[float]]:
     """Rows of a list of JSON-like values holding numbers outside ``[low, high]``, with them."""
     out: dict[int, list[float]] = {}
     for row, value in enumerate(values):
@@ -165,7 +165,7 @@ def _list_out_of_range(values: Sequence[Any], low: float, high: float) -> dict[i
     return out
 
 
-def _range_text(low: float, high: float, lo: Any, hi: Any) -> str:
+def range_text(low: float, high: float, lo: Any, hi: Any) -> str:
     return f"outside [{low}, {high}]: min offending value {lo}, max offending value {hi}"
 
 
@@ -271,9 +271,9 @@ def validate_batch(
             first, b.size = name, lead
         elif lead != b.size:
             raise b.error(name, "batch size", f"{lead} rows, but field {first!r} has {b.size} rows")
-        tail = _expected_tail(spec)
+        tail = expected_tail(spec)
         if isinstance(value, torch.Tensor) and tail is not None:
-            problem = _shape_problem(tail, value.shape[1:], bound, f"field {name!r}")
+            problem = shape_problem(tail, value.shape[1:], bound, f"field {name!r}")
             if problem is not None:
                 raise b.error(name, "shape", f"{problem} (batch shape {list(value.shape)})")
     if b.names is not None and b.size is not None and len(b.names) != b.size:
@@ -282,13 +282,13 @@ def validate_batch(
         )
     for name in fields:
         value = batch[name]
-        if isinstance(value, torch.Tensor) and (bad := _nonfinite(value)) is not None:
-            rows = _rows_of(bad)
+        if isinstance(value, torch.Tensor) and (bad := nonfinite_mask(value)) is not None:
+            rows = rows_of(bad)
             raise b.error(
                 name,
                 "finite",
                 f"{len(rows)} sample(s) hold NaN/Inf, first offending value "
-                f"{_first_value(value, bad)}",
+                f"{first_value(value, bad)}",
                 rows,
             )
     for name in fields:
@@ -297,22 +297,22 @@ def validate_batch(
             continue
         low, high = spec.range
         if isinstance(value, torch.Tensor):
-            bad = _out_of_range(value, low, high)
+            bad = out_of_range(value, low, high)
             if bad is not None:
-                rows = _rows_of(bad)
-                text = _range_text(low, high, *_min_max(value, bad))
+                rows = rows_of(bad)
+                text = range_text(low, high, *min_max(value, bad))
                 raise b.error(name, "range", f"{len(rows)} sample(s) {text}", rows)
-        elif isinstance(value, list | tuple) and (found := _list_out_of_range(value, low, high)):
+        elif isinstance(value, list | tuple) and (found := list_out_of_range(value, low, high)):
             vals = [v for row_vals in found.values() for v in row_vals]
-            text = _range_text(low, high, min(vals), max(vals))
+            text = range_text(low, high, min(vals), max(vals))
             raise b.error(name, "range", f"{len(found)} sample(s) {text}", sorted(found))
     return True
 
 
 def _check_type(b: _Batch, name: str, spec: FieldSpec, value: Any) -> None:
     """The dtype rule of one field (a tensor of the schema's dtype, or a list)."""
-    kind, dtype = _kind(spec.encoding, spec.dtype)
-    if kind == _TENSOR:
+    kind, dtype = delivery_kind(spec.encoding, spec.dtype)
+    if kind == TENSOR:
         if not isinstance(value, torch.Tensor):
             raise b.error(
                 name, "dtype", f"expected a tensor of {spec.dtype}, got {_describe(value)}"
@@ -337,8 +337,8 @@ def validate_first_batch(loader: Any) -> bool:
 
     ``loader`` must come from :func:`wdsloader.create_loader` (TypeError otherwise).
     """
-    from wdsloader.dataset import ShardStreamDataset
-    from wdsloader.loader import WdsDataLoader
+    from wdsloader.stream.dataset import ShardStreamDataset
+    from wdsloader.stream.loader import WdsDataLoader
 
     ds = getattr(loader, "dataset_obj", None)
     if not isinstance(loader, WdsDataLoader) or not isinstance(ds, ShardStreamDataset):

@@ -16,11 +16,11 @@ from typing import Any
 
 from wdsloader.errors import StateMismatchError
 from wdsloader.format import ShardInfo
-from wdsloader.plan import PlanConfig, Resume
+from wdsloader.plan.sample_plan import PlanConfig, Resume
 
 log = logging.getLogger(__name__)
 
-STATE_FORMAT = "wdsloader.loader"
+STATE_FORMAT = "wdsloader.stream.loader"
 STATE_VERSION = 1
 _TOPOLOGY = ("world_size", "num_workers", "batch_size", "drop_last", "window")
 _IDENTITY = ("seed", "shuffle", "span")

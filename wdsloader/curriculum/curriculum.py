@@ -2,7 +2,7 @@
 
 A :class:`Curriculum` names the variants of one output field (for instance ``steering`` stored as
 ``steering_centroid.npy``, ``steering_keyword.npy``, ... plus a synthetic all-zeros variant) and a
-:class:`~wdsloader.schedule.Schedule` giving each variant's probability at each epoch. The variant
+:class:`~wdsloader.curriculum.Schedule` giving each variant's probability at each epoch. The variant
 of a sample is a pure function of ``(seed, epoch, key)``: it does not depend on workers, ranks,
 order, batching or resume. The schedules are re-exported here.
 """
@@ -16,9 +16,8 @@ from typing import Any
 
 import numpy as np
 
-from wdsloader.format.manifest import FieldSpec
-from wdsloader.schedule import (
-    _NAME_RE,
+from wdsloader.curriculum.schedule import (
+    NAME_RE,
     CallableSchedule,
     CosineSchedule,
     FixedSchedule,
@@ -27,8 +26,8 @@ from wdsloader.schedule import (
     Schedule,
     StepsSchedule,
     ZeroDecaySchedule,
-    _as_int,
-    _check_epoch,
+    as_int,
+    check_epoch,
     cosine,
     fixed,
     from_callable,
@@ -37,6 +36,7 @@ from wdsloader.schedule import (
     steps,
     zero_decay,
 )
+from wdsloader.format.manifest import FieldSpec
 
 __all__ = [
     "CallableSchedule",
@@ -99,7 +99,7 @@ class Curriculum:
         names: list[str] = []
         by_field: dict[str | None, str] = {}
         for name, fld in variants.items():
-            if not isinstance(name, str) or not _NAME_RE.match(name):
+            if not isinstance(name, str) or not NAME_RE.match(name):
                 raise ValueError(
                     f"curriculum variants: invalid variant name {name!r} (letters, digits, "
                     "'_', '.', '-')"
@@ -134,7 +134,7 @@ class Curriculum:
                     f"{by_field[index_output]!r}"
                 )
         if seed is not None:
-            seed = _as_int(seed, "curriculum seed")
+            seed = as_int(seed, "curriculum seed")
 
         self.names: tuple[str, ...] = tuple(names)
         self._fields: tuple[str | None, ...] = tuple(variants[n] for n in names)
@@ -170,7 +170,7 @@ class Curriculum:
 
     def field_of(self, index: int) -> str | None:
         """The stored field of the variant at ``index`` (None for the zero variant)."""
-        i = _as_int(index, "variant index")
+        i = as_int(index, "variant index")
         if not 0 <= i < len(self.names):
             raise ValueError(f"variant index {i} out of range [0, {len(self.names)})")
         return self._fields[i]
@@ -178,7 +178,7 @@ class Curriculum:
     # -- probabilities and draws ---------------------------------------------------------------
     def probabilities(self, epoch: int) -> np.ndarray:
         """The variants' probabilities at ``epoch`` (float64, declared order)."""
-        e = _check_epoch(epoch)
+        e = check_epoch(epoch)
         return self.schedule.probabilities(e, self.names)
 
     def _cdf(self, epoch: int) -> np.ndarray:
@@ -203,8 +203,8 @@ class Curriculum:
     def draw(self, keys: Sequence[str], epoch: int, seed: int) -> np.ndarray:
         """The variant index (int64) of each sample key at ``epoch``, a pure function of
         ``(seed, epoch, key)``."""
-        e = _check_epoch(epoch)
-        s = _as_int(seed, "seed")
+        e = check_epoch(epoch)
+        s = as_int(seed, "seed")
         cdf = self._cdf(e)
         if len(keys) == 0:
             return np.zeros(0, dtype=np.int64)

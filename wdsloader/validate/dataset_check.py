@@ -15,27 +15,27 @@ from typing import Any
 import numpy as np
 import torch
 
-from wdsloader.decode import SampleDecoder, parse_sample
+from wdsloader.cli.progress import progress_bar
+from wdsloader.decode.codecs import SampleDecoder, parse_sample
 from wdsloader.errors import WdsLoaderError
-from wdsloader.fetch import ReadOptions, ShardStore
 from wdsloader.format import FieldSpec, Manifest, ShardInfo
 from wdsloader.format.index import INDEX_DTYPE
 from wdsloader.format.tar import BLOCK
-from wdsloader.progress import progress_bar
-from wdsloader.storage import join, url_to_fs
-from wdsloader.validate import (
-    _TENSOR,
+from wdsloader.io.fetch import ReadOptions, ShardStore
+from wdsloader.io.storage import join, url_to_fs
+from wdsloader.validate.batch import (
     MANIFEST_DIMS,
-    _expected_tail,
-    _first_value,
-    _kind,
-    _list_out_of_range,
-    _min_max,
-    _nonfinite,
-    _out_of_range,
-    _range_text,
-    _rows_of,
-    _shape_problem,
+    TENSOR,
+    delivery_kind,
+    expected_tail,
+    first_value,
+    list_out_of_range,
+    min_max,
+    nonfinite_mask,
+    out_of_range,
+    range_text,
+    rows_of,
+    shape_problem,
 )
 
 __all__ = ["ValidationReport", "validate_dataset"]
@@ -302,7 +302,7 @@ class _DatasetChecker:
     ) -> None:
         """dtype, shape (symbolic dims), finiteness and range of one field's decoded values;
         arrays are checked per group of equal dtype and shape."""
-        kind, _ = _kind(spec.encoding, spec.dtype)
+        kind, _ = delivery_kind(spec.encoding, spec.dtype)
         arrays: dict[tuple[str, tuple[int, ...]], list[tuple[int, np.ndarray]]] = {}
         numbers: list[tuple[int, Any]] = []
         others: list[tuple[int, Any]] = []
@@ -313,16 +313,16 @@ class _DatasetChecker:
                 numbers.append((row, value))
             else:
                 others.append((row, value))
-        tail = _expected_tail(spec) if spec.encoding == "npy" else None
+        tail = expected_tail(spec) if spec.encoding == "npy" else None
         for (dtype_str, shape), group in arrays.items():
             rows = [r for r, _ in group]
             dtype = np.dtype(dtype_str)
-            if kind == _TENSOR and spec.encoding == "npy" and dtype != np.dtype(spec.dtype):
+            if kind == TENSOR and spec.encoding == "npy" and dtype != np.dtype(spec.dtype):
                 self.note_rows("dtype", fld, keys, rows, f"dtype {dtype}, schema says {spec.dtype}")
                 continue
             if tail is not None:
                 label = f"field {fld!r} of sample {keys[rows[0]]!r} in {self.rel}"
-                if (problem := _shape_problem(tail, shape, self.bound, label)) is not None:
+                if (problem := shape_problem(tail, shape, self.bound, label)) is not None:
                     self.note_rows("shape", fld, keys, rows, problem)
                     continue
             if dtype.kind in "biufc":
@@ -337,36 +337,36 @@ class _DatasetChecker:
                 self._check_numeric(fld, spec, keys, [r for r, _ in numbers], x)
         if others and spec.range is not None:
             low, high = spec.range
-            found = _list_out_of_range([v for _, v in others], low, high)
+            found = list_out_of_range([v for _, v in others], low, high)
             by_row = {others[i][0]: vals for i, vals in found.items()}
             self.note_rows(
                 "range",
                 fld,
                 keys,
                 by_row,
-                lambda r: _range_text(low, high, min(by_row[r]), max(by_row[r])),
+                lambda r: range_text(low, high, min(by_row[r]), max(by_row[r])),
             )
 
     def _check_numeric(
         self, fld: str, spec: FieldSpec, keys: Sequence[str], rows: list[int], x: torch.Tensor
     ) -> None:
         """Finiteness and range of stacked values ``x`` (row i is sample ``rows[i]``)."""
-        if (bad := _nonfinite(x)) is not None:
-            hit = [rows[i] for i in _rows_of(bad)]
+        if (bad := nonfinite_mask(x)) is not None:
+            hit = [rows[i] for i in rows_of(bad)]
 
             def nonfinite(row: int) -> str:
                 i = rows.index(row)
-                return f"NaN/Inf, first offending value {_first_value(x[i], bad[i])}"
+                return f"NaN/Inf, first offending value {first_value(x[i], bad[i])}"
 
             self.note_rows("finite", fld, keys, hit, nonfinite)
         if spec.range is not None:
             low, high = spec.range
-            if (out := _out_of_range(x, low, high)) is not None:
-                hit = [rows[i] for i in _rows_of(out)]
+            if (out := out_of_range(x, low, high)) is not None:
+                hit = [rows[i] for i in rows_of(out)]
 
                 def outside(row: int) -> str:
                     i = rows.index(row)
-                    return _range_text(low, high, *_min_max(x[i], out[i]))
+                    return range_text(low, high, *min_max(x[i], out[i]))
 
                 self.note_rows("range", fld, keys, hit, outside)
 

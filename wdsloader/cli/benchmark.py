@@ -1,14 +1,13 @@
 """Measure how fast a dataset reads through :func:`wdsloader.create_loader` (``wdsloader bench``).
 
 :func:`measure_loader` reads one epoch (or ``max_batches`` batches) of a split with the same
-loader a training job would use and returns a :class:`BenchResult`; :func:`run_cli` is the
-``wdsloader bench DATASET`` command. The suite that compares wdsloader with its peers is
+loader a training job would use and returns a :class:`BenchResult`; the ``wdsloader bench DATASET``
+command (:mod:`wdsloader.cli.commands`) prints it. The suite that compares wdsloader with its peers is
 ``bench/run.py`` in the repository.
 """
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import logging
 import os
@@ -93,8 +92,8 @@ def measure_loader(
     """
     if max_batches is not None and max_batches < 1:
         raise ValueError(f"max_batches must be >= 1, got {max_batches}")
-    from wdsloader.loader import create_loader
-    from wdsloader.progress import progress_bar
+    from wdsloader.cli.progress import progress_bar
+    from wdsloader.stream.loader import create_loader
 
     t0 = time.perf_counter()
     loader = create_loader(
@@ -150,35 +149,3 @@ def measure_loader(
         "-" if result.time_to_first_batch_s is None else f"{result.time_to_first_batch_s:.3f}",
     )
     return result
-
-
-def run_cli(args: argparse.Namespace) -> int:
-    """``wdsloader bench DATASET [--split S] [--num-workers N] [--batch-size B]
-    [--max-batches K] [--storage-option KEY=VALUE ...]``: read with a progress bar, print
-    samples/s, MB/s and time to first batch. Returns the exit status."""
-    from wdsloader.redact import redact
-    from wdsloader.storage import parse_storage_options
-
-    options = parse_storage_options(getattr(args, "storage_option", None) or [])
-    result = measure_loader(
-        args.dataset,
-        args.split,
-        batch_size=args.batch_size,
-        num_workers=args.num_workers,
-        max_batches=args.max_batches,
-        storage_options=options or None,
-        progress=True,
-    )
-    ttfb = result.time_to_first_batch_s
-    lines = [
-        f"{redact(args.dataset)} [{args.split}], batch {args.batch_size}, "
-        f"num_workers {args.num_workers}: {result.samples:,} samples in {result.batches:,} "
-        f"batches, {result.seconds:.2f} s",
-        f"samples/s:           {result.samples_per_s:,.0f}",
-        f"MB/s:                {result.mb_per_s:,.1f}  (manifest's average sample size)",
-        f"time to first batch: {'-' if ttfb is None else f'{ttfb:.3f} s'}",
-    ]
-    if result.peak_rss_mb is not None:
-        lines.append(f"peak RSS:            {result.peak_rss_mb:,.0f} MB (main process)")
-    print("\n".join(lines))  # noqa: T201 - command-line output
-    return 0

@@ -11,7 +11,6 @@ Pillow and torch are imported only when an image or a ``.pt`` member is decoded.
 
 from __future__ import annotations
 
-import ast
 import io
 import json
 import math
@@ -24,6 +23,7 @@ import numpy as np
 from wdsloader.errors import DecodeError, PickleNotAllowedError, ShardFormatError
 from wdsloader.format.keys import field_of_ext, split_name
 from wdsloader.format.manifest import FieldSpec
+from wdsloader.format.npy import read_npy_header
 from wdsloader.format.tar import BLOCK, iter_members
 
 Buffer = bytes | bytearray | memoryview
@@ -168,61 +168,7 @@ def _finish(
     return key, out
 
 
-_NPY_MAGIC = b"\x93NUMPY"
-_NPY_CACHE: dict[bytes, tuple[np.dtype, tuple[int, ...], bool, int]] = {}
-_NPY_CACHE_MAX = 4096
 _PICKLE_HINT = "pass allow_pickle=True if you trust the data"
-
-
-def _npy_header(header: bytes, major: int) -> tuple[np.dtype, tuple[int, ...], bool, int]:
-    """``(dtype, shape, fortran_order, count)`` from the text of a .npy header (cached)."""
-    cached = _NPY_CACHE.get(header)
-    if cached is not None:
-        return cached
-    text = header.decode("utf-8" if major >= 3 else "latin1")
-    try:
-        meta = ast.literal_eval(text)
-    except (ValueError, SyntaxError) as exc:
-        raise ValueError(f"bad .npy header {text.strip()!r}: {exc}") from None
-    if not isinstance(meta, dict) or set(meta) != {"descr", "fortran_order", "shape"}:
-        raise ValueError(f"bad .npy header {text.strip()!r}: expected descr, fortran_order, shape")
-    shape = meta["shape"]
-    if not isinstance(shape, tuple) or not all(
-        isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape
-    ):
-        raise ValueError(f"bad .npy header: shape {shape!r} is not a tuple of sizes")
-    if not isinstance(meta["fortran_order"], bool):
-        raise ValueError(f"bad .npy header: fortran_order {meta['fortran_order']!r}")
-    try:
-        dtype = np.lib.format.descr_to_dtype(meta["descr"])
-    except (TypeError, ValueError) as exc:
-        raise ValueError(f"bad .npy header: descr {meta['descr']!r}: {exc}") from None
-    parsed = (dtype, shape, meta["fortran_order"], math.prod(shape))
-    if len(_NPY_CACHE) >= _NPY_CACHE_MAX:
-        _NPY_CACHE.clear()
-    _NPY_CACHE[header] = parsed
-    return parsed
-
-
-def read_npy_header(buf: Buffer) -> tuple[np.dtype, tuple[int, ...], bool, int]:
-    """``(dtype, shape, fortran_order, data_offset)`` of the ``.npy`` bytes in ``buf``.
-
-    Raises ValueError on a bad magic, version or header. Parses are cached by header bytes.
-    """
-    view = buf if isinstance(buf, memoryview) else memoryview(buf)
-    if len(view) < 10 or view[:6] != _NPY_MAGIC:
-        raise ValueError("not a .npy file (bad magic)")
-    major = view[6]
-    if major == 1:
-        hstart = 10
-        hlen = view[8] | view[9] << 8
-    elif major in (2, 3):
-        hstart = 12
-        hlen = int.from_bytes(view[8:12], "little")
-    else:
-        raise ValueError(f"unsupported .npy format version {major}.{view[7]}")
-    dtype, shape, fortran, _ = _npy_header(bytes(view[hstart : hstart + hlen]), major)
-    return dtype, shape, fortran, hstart + hlen
 
 
 def decode_npy(buf: Buffer) -> np.ndarray:
@@ -423,11 +369,6 @@ def register_decoder(encoding: str, fn: Decoder, *, replace: bool = False) -> No
 def get_decoder(encoding: str) -> Decoder:
     """The decoder registered for ``encoding``; :func:`decode_bytes` for unknown encodings."""
     return _REGISTRY.get(encoding.lower(), decode_bytes)
-
-
-def list_decoders() -> dict[str, Decoder]:
-    """A copy of the registry: encoding -> decoder."""
-    return dict(_REGISTRY)
 
 
 class _SchemaMismatch(ValueError):

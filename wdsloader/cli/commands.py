@@ -7,8 +7,8 @@ import json
 import sys
 from typing import Any
 
-from wdsloader.redact import redact, secrets_of
-from wdsloader.storage import parse_storage_options
+from wdsloader.io.redaction import redact, secrets_of
+from wdsloader.io.storage import parse_storage_options
 
 EPILOG = """examples:
   wdsloader info ./my_dataset
@@ -96,7 +96,7 @@ def _number(x: Any) -> str:
 
 
 def _validate(args: argparse.Namespace) -> int:
-    from wdsloader.dataset_check import validate_dataset
+    from wdsloader.validate.dataset_check import validate_dataset
 
     report = validate_dataset(
         args.dataset,
@@ -117,9 +117,34 @@ def _validate(args: argparse.Namespace) -> int:
 
 
 def _bench(args: argparse.Namespace) -> int:
-    from wdsloader.benchmark import run_cli
+    """``wdsloader bench DATASET [--split S] [--num-workers N] [--batch-size B]
+    [--max-batches K] [--storage-option KEY=VALUE ...]``: read with a progress bar, print
+    samples/s, MB/s and time to first batch. Returns the exit status."""
+    from wdsloader.cli import benchmark
 
-    return run_cli(args)
+    options = parse_storage_options(args.storage_option or [])
+    result = benchmark.measure_loader(
+        args.dataset,
+        args.split,
+        batch_size=args.batch_size,
+        num_workers=args.num_workers,
+        max_batches=args.max_batches,
+        storage_options=options or None,
+        progress=True,
+    )
+    ttfb = result.time_to_first_batch_s
+    lines = [
+        f"{redact(args.dataset)} [{args.split}], batch {args.batch_size}, "
+        f"num_workers {args.num_workers}: {result.samples:,} samples in {result.batches:,} "
+        f"batches, {result.seconds:.2f} s",
+        f"samples/s:           {result.samples_per_s:,.0f}",
+        f"MB/s:                {result.mb_per_s:,.1f}  (manifest's average sample size)",
+        f"time to first batch: {'-' if ttfb is None else f'{ttfb:.3f} s'}",
+    ]
+    if result.peak_rss_mb is not None:
+        lines.append(f"peak RSS:            {result.peak_rss_mb:,.0f} MB (main process)")
+    print("\n".join(lines))
+    return 0
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -20,7 +20,7 @@ from torch.utils.data._utils import signal_handling
 from wdsloader.errors import WorkerDiedError
 
 if TYPE_CHECKING:
-    from wdsloader.dataset import ShardStreamDataset
+    from wdsloader.stream.dataset import ShardStreamDataset
 
 
 # how long a connection error waits for the worker behind it to be seen dead

@@ -12,18 +12,18 @@ import torch
 from torch.utils.data import DataLoader
 
 from wdsloader import plan
-from wdsloader.collate import get_collator
-from wdsloader.dataset import ShardStreamDataset
-from wdsloader.decode import SampleDecoder
+from wdsloader.collate.collators import get_collator
+from wdsloader.decode.codecs import SampleDecoder
 from wdsloader.errors import ManifestError, StateMismatchError, WorkerDiedError
-from wdsloader.fetch import ReadOptions, ShardStore
 from wdsloader.format import Manifest
-from wdsloader.start_method import check_sendable
-from wdsloader.state import check_state, make_state, resume_from_dict
-from wdsloader.workers import WorkerWatch
+from wdsloader.io.fetch import ReadOptions, ShardStore
+from wdsloader.stream.dataset import ShardStreamDataset
+from wdsloader.stream.start_method import check_sendable
+from wdsloader.stream.state import check_state, make_state, resume_from_dict
+from wdsloader.stream.workers import WorkerWatch
 
 if TYPE_CHECKING:
-    from wdsloader.curriculum import Curriculum
+    from wdsloader.curriculum.curriculum import Curriculum
 
 log = logging.getLogger(__name__)
 
@@ -145,7 +145,7 @@ def _resolve_curriculum(
     curriculum: Curriculum | Mapping[str, Any] | bool | None, manifest: Manifest
 ) -> Curriculum | None:
     """The curriculum in force: the argument, else the manifest's default."""
-    from wdsloader.curriculum import Curriculum
+    from wdsloader.curriculum.curriculum import Curriculum
 
     if curriculum is False:
         return None
@@ -255,7 +255,7 @@ def create_loader(
     how workers start; under spawn/forkserver a collator, decoder or schedule that cannot be
     pickled (a lambda, a closure) is a ValueError here, naming it.
 
-    ``read_options`` (a :class:`~wdsloader.fetch.ReadOptions`) sets retries, connect/read
+    ``read_options`` (a :class:`~wdsloader.io.ReadOptions`) sets retries, connect/read
     timeouts and the per-request deadline of remote reads (the manifest's read too); the
     arguments ``storage_options``, ``cache_dir``, ``cache_limit_bytes`` and ``verify_checksum``
     override its fields.

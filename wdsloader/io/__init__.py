@@ -1,0 +1,58 @@
+"""Bytes in and out: fsspec glue, ranged shard reads with retries and timeouts, the shard cache,
+and credentials kept out of messages.
+
+Names are imported on first use: :mod:`wdsloader.format` reads manifests through
+:mod:`wdsloader.io.storage` while :mod:`wdsloader.io.fetch` reads the format's shard records, so an
+eager import here would be circular.
+"""
+
+# ruff: noqa: F401 - the TYPE_CHECKING imports name what __all__ (from _EXPORTS) lists
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+_EXPORTS = {
+    "ReadOptions": "wdsloader.io.fetch",
+    "ShardStore": "wdsloader.io.fetch",
+    "RedactingFilter": "wdsloader.io.redaction",
+    "redact": "wdsloader.io.redaction",
+    "redact_options": "wdsloader.io.redaction",
+    "secrets_of": "wdsloader.io.redaction",
+    "ShardCache": "wdsloader.io.shard_cache",
+    "is_local": "wdsloader.io.storage",
+    "join": "wdsloader.io.storage",
+    "parse_storage_options": "wdsloader.io.storage",
+    "url_to_fs": "wdsloader.io.storage",
+    "with_timeouts": "wdsloader.io.storage",
+    "write_atomic": "wdsloader.io.storage",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'wdsloader.io' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *__all__])
+
+
+if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs
+    from wdsloader.io.fetch import ReadOptions, ShardStore
+    from wdsloader.io.redaction import RedactingFilter, redact, redact_options, secrets_of
+    from wdsloader.io.shard_cache import ShardCache
+    from wdsloader.io.storage import (
+        is_local,
+        join,
+        parse_storage_options,
+        url_to_fs,
+        with_timeouts,
+        write_atomic,
+    )

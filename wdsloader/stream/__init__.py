@@ -1,0 +1,13 @@
+"""Execution: create_loader, the loader and its resume state, the per-worker dataset, the control
+block shared with workers, worker-death detection and the start-method check."""
+
+from wdsloader.stream.dataset import ShardStreamDataset
+from wdsloader.stream.loader import DevicePrefetcher, WdsDataLoader, create_loader, set_epoch
+
+__all__ = [
+    "DevicePrefetcher",
+    "ShardStreamDataset",
+    "WdsDataLoader",
+    "create_loader",
+    "set_epoch",
+]

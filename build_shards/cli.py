@@ -20,10 +20,10 @@ from collections.abc import Callable
 from typing import Any, NoReturn
 
 from build_shards.lock import DEFAULT_LOCK_TIMEOUT
-from wdsloader.cli import progress_bar
 from wdsloader.errors import WdsLoaderError
-from wdsloader.io.redaction import redact
 from wdsloader.io.storage import parse_storage_options
+from wdsloader.progress import progress_bar
+from wdsloader.redact import redact
 
 PROG = "build-shards"
 USER_ERRORS: tuple[type[BaseException], ...] = (WdsLoaderError, OSError, ValueError)

@@ -125,7 +125,7 @@ class _Terminal:
 @pytest.mark.parametrize(("tty", "enabled", "shown"), [(True, True, True), (False, True, False),
                                                        (True, False, False)])  # fmt: skip
 def test_progress_bar_draws_only_on_a_terminal_when_asked(monkeypatch, tty, enabled, shown):
-    from wdsloader.cli import progress_bar
+    from wdsloader.progress import progress_bar
 
     err = _Terminal(tty)
     monkeypatch.setattr(sys, "stderr", err)

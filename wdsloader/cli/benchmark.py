@@ -92,7 +92,7 @@ def measure_loader(
     """
     if max_batches is not None and max_batches < 1:
         raise ValueError(f"max_batches must be >= 1, got {max_batches}")
-    from wdsloader.cli.progress import progress_bar
+    from wdsloader.progress import progress_bar
     from wdsloader.stream.loader import create_loader
 
     t0 = time.perf_counter()

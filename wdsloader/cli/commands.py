@@ -7,8 +7,8 @@ import json
 import sys
 from typing import Any
 
-from wdsloader.io.redaction import redact, secrets_of
 from wdsloader.io.storage import parse_storage_options
+from wdsloader.redact import redact, secrets_of
 
 EPILOG = """examples:
   wdsloader info ./my_dataset

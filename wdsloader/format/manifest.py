@@ -24,8 +24,8 @@ from wdsloader.format.checks import (
     check_str,
     path_problem,
 )
-from wdsloader.io.redaction import redact, secrets_of
 from wdsloader.io.storage import join, url_to_fs, write_atomic
+from wdsloader.redact import redact, secrets_of
 
 FORMAT_NAME = "wdsloader"
 FORMAT_VERSION = "1.0"

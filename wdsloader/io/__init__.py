@@ -1,5 +1,4 @@
-"""Bytes in and out: fsspec glue, ranged shard reads with retries and timeouts, the shard cache,
-and credentials kept out of messages.
+"""Bytes in and out: fsspec glue, ranged shard reads with retries and timeouts, and the shard cache.
 
 Names are imported on first use: :mod:`wdsloader.format` reads manifests through
 :mod:`wdsloader.io.storage` while :mod:`wdsloader.io.fetch` reads the format's shard records, so an
@@ -15,10 +14,6 @@ from typing import TYPE_CHECKING, Any
 _EXPORTS = {
     "ReadOptions": "wdsloader.io.fetch",
     "ShardStore": "wdsloader.io.fetch",
-    "RedactingFilter": "wdsloader.io.redaction",
-    "redact": "wdsloader.io.redaction",
-    "redact_options": "wdsloader.io.redaction",
-    "secrets_of": "wdsloader.io.redaction",
     "ShardCache": "wdsloader.io.shard_cache",
     "is_local": "wdsloader.io.storage",
     "join": "wdsloader.io.storage",
@@ -46,7 +41,6 @@ def __dir__() -> list[str]:
 
 if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs
     from wdsloader.io.fetch import ReadOptions, ShardStore
-    from wdsloader.io.redaction import RedactingFilter, redact, redact_options, secrets_of
     from wdsloader.io.shard_cache import ShardCache
     from wdsloader.io.storage import (
         is_local,

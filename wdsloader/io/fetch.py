@@ -11,7 +11,7 @@ under a dataset root that is a local folder or any fsspec URL.
   filesystems, e.g. s3fs, gcsfs, memory, re-send a failed request of ``fs.cat_file`` whole).
   Connect and read timeouts reach the HTTP and S3 clients, and a deadline bounds each request
   with its retries (see :class:`ReadOptions`). Messages and logs show URLs and storage errors
-  with credentials redacted (:mod:`wdsloader.io.redaction`).
+  with credentials redacted (:mod:`wdsloader.redact`).
 - Cache (``cache_dir``, remote roots only): the first access to a shard downloads it whole into
   a :class:`~wdsloader.io.shard_cache.ShardCache`; later reads are local preads.
 
@@ -42,7 +42,6 @@ from fsspec.core import split_protocol
 
 from wdsloader.errors import ShardFormatError, ShardReadError, WdsLoaderError
 from wdsloader.format import ShardInfo, decode_index
-from wdsloader.io.redaction import redact, redact_options, secrets_of
 from wdsloader.io.shard_cache import OpenFiles, ShardCache, hash_fd, pwrite_all
 from wdsloader.io.storage import (
     DEFAULT_CONNECT_TIMEOUT,
@@ -51,6 +50,7 @@ from wdsloader.io.storage import (
     url_to_fs,
     with_timeouts,
 )
+from wdsloader.redact import redact, redact_options, secrets_of
 
 logger = logging.getLogger(__name__)
 

@@ -15,7 +15,6 @@ from typing import Any
 import numpy as np
 import torch
 
-from wdsloader.cli.progress import progress_bar
 from wdsloader.decode.codecs import SampleDecoder, parse_sample
 from wdsloader.errors import WdsLoaderError
 from wdsloader.format import FieldSpec, Manifest, ShardInfo
@@ -23,6 +22,7 @@ from wdsloader.format.index import INDEX_DTYPE
 from wdsloader.format.tar import BLOCK
 from wdsloader.io.fetch import ReadOptions, ShardStore
 from wdsloader.io.storage import join, url_to_fs
+from wdsloader.progress import progress_bar
 from wdsloader.validate.batch import (
     MANIFEST_DIMS,
     TENSOR,

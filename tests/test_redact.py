@@ -12,14 +12,8 @@ from tests.dataset_factory import write_dataset
 from tests.http_server import Faults, http_server_fixture  # noqa: F401
 from wdsloader import create_loader
 from wdsloader.errors import ManifestError, ShardReadError
-from wdsloader.io import (
-    ReadOptions,
-    RedactingFilter,
-    ShardStore,
-    redact,
-    redact_options,
-    secrets_of,
-)
+from wdsloader.io import ReadOptions, ShardStore
+from wdsloader.redact import RedactingFilter, redact, redact_options, secrets_of
 
 PASSWORD = "hunter2-pass-0xC0FFEE"
 TOKEN = "tok-SECRET-7f3a9b"

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 from build_shards import BuildError, SourceChangedError, build_shards
-from build_shards.writer import ShardSink
+from build_shards.sink import ShardSink
 from wdsloader.errors import SchemaError
 from wdsloader.format import Manifest
 

@@ -40,10 +40,10 @@ from typing import Any
 import numpy as np
 
 from build_shards import build_shards
+from build_shards.blocks import BlockJob, prepare
 from build_shards.encode import SampleEncoder, build_schema, make_encoder
 from build_shards.sources import open_source
 from build_shards.splits import make_splitter
-from build_shards.writer import BlockJob, prepare
 from wdsloader.format import TarStreamWriter
 
 DIM = 384

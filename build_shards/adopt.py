@@ -21,7 +21,7 @@ from concurrent.futures import Executor, ProcessPoolExecutor, ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
-from typing import Any
+from typing import Any, NoReturn
 
 import numpy as np
 
@@ -388,30 +388,14 @@ def adopt(
     total = len(jobs)
     scans = _scan_all(fs, jobs, display, workers, progress)
 
-    by_split: dict[str, list[ShardScan]] = {}
-    empty: list[str] = []
-    for (split, _, _), scan in zip(jobs, scans, strict=True):
-        if scan.num_samples == 0:
-            empty.append(scan.path)
-            logger.warning("%s/%s: no samples, left out of the manifest", display, scan.path)
-            continue
-        by_split.setdefault(split, []).append(scan)
-    if not by_split:
-        raise ShardFormatError(f"{display}: the {total} tar files hold no samples")
-
+    by_split, empty = _by_split(jobs, scans, display)
     full_paths = {rel: full for _, full, rel in jobs}
     for split, group in by_split.items():
         _check_duplicate_keys(fs, split, group, full_paths, display)
 
     reference, ref_where, examples, n_odd = _heterogeneity(by_split)
     if examples and strict:
-        first = examples[0]
-        raise ShardFormatError(
-            f"{display}/{first['shard']}: sample {first['key']!r} has the fields "
-            f"{sorted(first['extensions'])} but {ref_where} has {sorted(reference or ())}: "
-            f"WebDataset readers expect every sample to carry the same fields ({n_odd} samples "
-            "differ; strict=False records them instead)"
-        )
+        _refuse_heterogeneous(display, examples[0], reference, ref_where, n_odd)
     all_scans = [s for group in by_split.values() for s in group]
     schema = infer_schema_from(reference or (), _merge_npy(all_scans)) if infer_schema else {}
 
@@ -428,21 +412,7 @@ def adopt(
     if examples:
         manifest.build["heterogeneous"] = {"num_samples": n_odd, "examples": examples}
     for split, group in by_split.items():
-        info = SplitInfo()
-        for scan in group:
-            rel_idx = index_path(scan.path)
-            write_atomic(fs, join(base, rel_idx), encode_index(scan.offsets))
-            info.shards.append(
-                ShardInfo(
-                    path=scan.path,
-                    idx_path=rel_idx,
-                    num_samples=scan.num_samples,
-                    num_bytes=scan.num_bytes,
-                    sha256=scan.sha256,
-                    layout=scan.layout or None,
-                )
-            )
-        manifest.splits[split] = info
+        manifest.splits[split] = _write_indexes(fs, base, group)
     try:
         manifest.check_paths()
     except ManifestError as exc:  # a shard path the manifest cannot hold (e.g. '..')
@@ -452,6 +422,58 @@ def adopt(
         "adopted %d shards, %d samples under %s", total - len(empty), manifest.num_samples, display
     )
     return manifest
+
+
+def _by_split(
+    jobs: list[tuple[str, str, str]], scans: list[ShardScan], display: str
+) -> tuple[dict[str, list[ShardScan]], list[str]]:
+    """The scans with samples per split, in order, and the paths of the empty shards."""
+    by_split: dict[str, list[ShardScan]] = {}
+    empty: list[str] = []
+    for (split, _, _), scan in zip(jobs, scans, strict=True):
+        if scan.num_samples == 0:
+            empty.append(scan.path)
+            logger.warning("%s/%s: no samples, left out of the manifest", display, scan.path)
+            continue
+        by_split.setdefault(split, []).append(scan)
+    if not by_split:
+        raise ShardFormatError(f"{display}: the {len(jobs)} tar files hold no samples")
+    return by_split, empty
+
+
+def _refuse_heterogeneous(
+    display: str,
+    first: dict[str, Any],
+    reference: tuple[str, ...] | None,
+    ref_where: str,
+    n_odd: int,
+) -> NoReturn:
+    """The error for a sample whose fields differ from the first sample's (``strict``)."""
+    raise ShardFormatError(
+        f"{display}/{first['shard']}: sample {first['key']!r} has the fields "
+        f"{sorted(first['extensions'])} but {ref_where} has {sorted(reference or ())}: "
+        f"WebDataset readers expect every sample to carry the same fields ({n_odd} samples "
+        "differ; strict=False records them instead)"
+    )
+
+
+def _write_indexes(fs: Any, base: str, group: list[ShardScan]) -> SplitInfo:
+    """Write each shard's ``.tar.idx``; the split's entry in the manifest."""
+    info = SplitInfo()
+    for scan in group:
+        rel_idx = index_path(scan.path)
+        write_atomic(fs, join(base, rel_idx), encode_index(scan.offsets))
+        info.shards.append(
+            ShardInfo(
+                path=scan.path,
+                idx_path=rel_idx,
+                num_samples=scan.num_samples,
+                num_bytes=scan.num_bytes,
+                sha256=scan.sha256,
+                layout=scan.layout or None,
+            )
+        )
+    return info
 
 
 def _scan_all(

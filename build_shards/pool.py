@@ -29,8 +29,11 @@ from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures.process import BrokenProcessPool
 from typing import Any
 
+from build_shards.blocks import BlockJob, run_block
 from build_shards.errors import BuildError, BuildWorkerError
-from build_shards.writer import BUILD_DIR, BlockJob, run_block, spool_items
+from build_shards.paths import BUILD_DIR, remove_quietly
+from build_shards.records import BlockRecord
+from build_shards.spool import spool_items
 from wdsloader.io.storage import is_local, join
 
 GUARD_HINT = (
@@ -124,9 +127,9 @@ def init_worker(
 
 def worker_block(
     block: int, start: int, stop: int, items: Iterable[tuple[int, Any]] | None
-) -> dict[str, Any]:
+) -> BlockRecord:
     """Build one block in a worker: read ``[start, stop)`` from the source, or use ``items``
-    (a list or :class:`~build_shards.writer.SpooledItems`)."""
+    (a list or :class:`~build_shards.spool.SpooledItems`)."""
     job: BlockJob = _STATE["job"]
     queue = _STATE["progress"]
     report = None if queue is None else _QueueReport(queue)
@@ -166,7 +169,7 @@ def run_pool(
     output_url: str,
     storage_options: dict[str, Any] | None,
     report: Callable[[int, int], None] | None,
-) -> Iterator[tuple[int, dict[str, Any]]]:
+) -> Iterator[tuple[int, BlockRecord]]:
     """Build ``blocks`` in ``workers`` processes; yields ``(block, record)`` as blocks finish.
 
     At most ``2 * workers`` blocks are in flight. A dead worker raises BuildWorkerError; any
@@ -218,7 +221,7 @@ def run_pool(
     else:
         _shutdown(pool, queue, report, cancel=False)
     finally:
-        _remove_quietly(job_path)  # every worker has loaded it (or is gone) once shut down
+        remove_quietly(job_path)  # every worker has loaded it (or is gone) once shut down
 
 
 def _submit(
@@ -242,19 +245,12 @@ def _write_job(job: BlockJob, fs: Any, root: str) -> str:
         with open(fd, "wb") as f:
             pickle.dump(job, f, protocol=pickle.HIGHEST_PROTOCOL)
     except (pickle.PicklingError, AttributeError, TypeError) as exc:
-        _remove_quietly(path)
+        remove_quietly(path)
         raise BuildError(f"cannot send the source to worker processes: {exc}") from exc
     except BaseException:
-        _remove_quietly(path)
+        remove_quietly(path)
         raise
     return path
-
-
-def _remove_quietly(path: str) -> None:
-    try:
-        os.remove(path)
-    except OSError:
-        pass
 
 
 def _exit_codes(processes: dict[int, Any]) -> dict[int, int]:

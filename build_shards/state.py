@@ -20,16 +20,22 @@ import re
 from typing import Any
 
 from build_shards.errors import BuildError, OutputExistsError, naming_options
-from build_shards.writer import BUILD_DIR, SHARD_PREFIXES, TMP_MARK
+from build_shards.paths import (
+    BUILD_DIR,
+    RECORD_RE,
+    SHARD_PREFIXES,
+    TMP_MARK,
+    build_file_path,
+    record_path,
+)
+from build_shards.records import BlockRecord, RecordError
 from wdsloader.errors import WdsLoaderError
 from wdsloader.format import MANIFEST_NAME, Manifest
 from wdsloader.io.storage import is_local, join, write_atomic
 
 log = logging.getLogger("build_shards")
 
-BUILD_FILE = "build.json"
 _OURS = re.compile(r"^shard(-r)?-\d{5,}-\d{3,}\.tar(\.idx)?(\.tmp-[0-9a-f]+)?$")
-_RECORD = re.compile(r"^block-(\d{5,})\.json$")
 
 
 class OutputState:
@@ -79,7 +85,7 @@ class OutputState:
 
     def _build_file(self) -> dict[str, Any] | None:
         """``_build/build.json`` of an unfinished build, or None."""
-        path = join(self.root, BUILD_DIR, BUILD_FILE)
+        path = build_file_path(self.root)
         self.fs.invalidate_cache()
         if not self.fs.exists(path):
             return None
@@ -142,7 +148,9 @@ class OutputState:
             "overwrite",
         )
 
-    def resume(self, fingerprint: str, options: dict[str, Any], overwrite: bool) -> dict[int, Any]:
+    def resume(
+        self, fingerprint: str, options: dict[str, Any], overwrite: bool
+    ) -> dict[int, BlockRecord]:
         """Finished block records to keep (empty for a fresh build); writes ``build.json``.
 
         ``overwrite`` starts over: the unfinished build is removed (the complete dataset stays
@@ -150,7 +158,7 @@ class OutputState:
         refused, and one with the same fingerprint resumed.
         """
         previous = self._build_file()
-        kept: dict[int, Any] = {}
+        kept: dict[int, BlockRecord] = {}
         if previous is not None and previous.get("fingerprint") == fingerprint and not overwrite:
             kept = self._load_records(fingerprint)
             self.prefix = previous.get("prefix", SHARD_PREFIXES[0])
@@ -181,9 +189,7 @@ class OutputState:
                 "prefix": self.prefix,
                 "replaces": self.replaces,
             }
-            write_atomic(
-                self.fs, join(self.root, BUILD_DIR, BUILD_FILE), json.dumps(body, indent=1).encode()
-            )
+            write_atomic(self.fs, build_file_path(self.root), json.dumps(body, indent=1).encode())
         return kept
 
     def clear_temporary(self) -> None:
@@ -202,48 +208,50 @@ class OutputState:
             f"{SHARD_PREFIXES}: the new shards cannot be written beside it"
         )
 
-    def _load_records(self, fingerprint: str) -> dict[int, Any]:
-        out: dict[int, Any] = {}
+    def _load_records(self, fingerprint: str) -> dict[int, BlockRecord]:
+        out: dict[int, BlockRecord] = {}
         self.fs.invalidate_cache()
         try:
             entries = self.fs.ls(join(self.root, BUILD_DIR), detail=False)
         except FileNotFoundError:
             return out
         for path in sorted(entries):
-            m = _RECORD.match(posixpath.basename(path))
+            m = RECORD_RE.match(posixpath.basename(path))
             if not m:
                 continue
             try:
-                rec = json.loads(self.fs.cat_file(path))
-            except (OSError, ValueError):
+                rec = BlockRecord.from_json(self.fs.cat_file(path))
+            except OSError:
+                continue
+            except RecordError as exc:
+                log.warning("block record %s is unreadable (%s): redoing its block", path, exc)
                 continue
             if (
-                rec.get("fingerprint") != fingerprint
-                or not rec.get("first")
-                or not rec.get("last")
+                rec.fingerprint != fingerprint
+                or rec.block != int(m.group(1))
                 or not self._shards_present(rec)
             ):
                 log.warning("block record %s is stale or its shards are missing: redoing it", path)
                 continue
-            out[int(m.group(1))] = rec
+            out[rec.block] = rec
         return out
 
-    def _shards_present(self, rec: dict[str, Any]) -> bool:
-        for shards in rec.get("splits", {}).values():
+    def _shards_present(self, rec: BlockRecord) -> bool:
+        for shards in rec.splits.values():
             for s in shards:
                 try:
-                    if self.fs.size(join(self.root, s["path"])) != s["num_bytes"]:
+                    if self.fs.size(join(self.root, s.path)) != s.num_bytes:
                         return False
-                    if not self.fs.exists(join(self.root, s["idx_path"])):
+                    if not self.fs.exists(join(self.root, s.idx_path)):
                         return False
-                except (FileNotFoundError, KeyError):
+                except FileNotFoundError:
                     return False
         return True
 
     def record_keys(self, block: int) -> dict[str, list[str]]:
         """The keys a finished block's record lists per split (to name a duplicate)."""
-        rec = json.loads(self.fs.cat_file(join(self.root, BUILD_DIR, f"block-{block:05d}.json")))
-        return rec.get("keys", {})
+        rec = BlockRecord.from_json(self.fs.cat_file(record_path(self.root, block)))
+        return {split: list(keys) for split, keys in (rec.keys or {}).items()}
 
     # -- end -------------------------------------------------------------------------------------
     def finalize(self, manifest: Manifest) -> None:

@@ -16,7 +16,8 @@ import numpy as np
 import pytest
 
 from build_shards import BuildError, SourceChangedError, build_shards
-from build_shards.writer import ShardSink
+from build_shards.records import BlockRecord, RecordError
+from build_shards.sink import ShardSink
 from wdsloader.errors import SchemaError
 from wdsloader.format import Manifest
 
@@ -293,3 +294,62 @@ def test_a_rerun_with_a_changed_stream_never_mixes_old_and_new_samples(tmp_path)
     build_shards(iter(changed_items(200, 100)), out, overwrite=True, **OPTS)
     build_shards(iter(changed_items(200, 100)), ref, **OPTS)
     assert_same_build(out, ref)
+
+
+def test_unreadable_block_records_are_redone_never_a_crash(tmp_path, caplog):
+    out, ref = tmp_path / "out", tmp_path / "ref"
+    with pytest.raises(OSError, match="went away at item 130"):
+        build_shards(stream(200, fail_at=130), out, **OPTS)
+    records = sorted((out / "_build").glob("block-*.json"))
+    assert [p.name for p in records] == ["block-00000.json", "block-00001.json", "block-00002.json"]
+    body = json.loads(records[1].read_text())
+    records[0].write_text("{not json")
+    records[1].write_text(json.dumps({**body, "splits": list(body["splits"].values())}))
+    body2 = json.loads(records[2].read_text())
+    records[2].write_text(json.dumps({**body2, "first": {**body2["first"], "index": "80"}}))
+    caplog.set_level("WARNING", logger="build_shards")
+    build_shards(stream(200), out, **OPTS)
+    build_shards(stream(200), ref, **OPTS)
+    assert_same_build(out, ref)
+    warned = [r.getMessage() for r in caplog.records if "redoing its block" in r.getMessage()]
+    assert len(warned) == 3
+    assert "block-00001.json is unreadable (splits is a list, not an object)" in warned[1]
+    assert "block-00002.json is unreadable (index is '80', not an int)" in warned[2]
+
+
+def test_a_block_record_reads_back_what_it_wrote(tmp_path):
+    with pytest.raises(OSError, match="went away at item 130"):
+        build_shards(stream(200, fail_at=130), tmp_path / "out", **OPTS)
+    for path in sorted((tmp_path / "out" / "_build").glob("block-*.json")):
+        on_disk = json.loads(path.read_bytes())
+        rec = BlockRecord.from_json(path.read_bytes())
+        assert rec.to_dict() == on_disk and rec.to_json() == path.read_bytes()
+        assert rec.num_samples == sum(s.num_samples for ss in rec.splits.values() for s in ss)
+        compact = rec.compact()
+        assert compact.keys is None
+        assert {s: len(h) for s, h in compact.key_hashes.items()} == {
+            s: len(ks) for s, ks in rec.keys.items()
+        }
+    with pytest.raises(RecordError, match="block record is a list"):
+        BlockRecord.from_dict([])
+
+
+def test_the_fingerprint_options_and_manifest_build_share_their_parameters(tmp_path):
+    out = tmp_path / "out"
+    with pytest.raises(OSError, match="went away at item 130"):
+        build_shards(stream(200, fail_at=130), out, seed=5, **OPTS)
+    options = json.loads((out / "_build" / "build.json").read_text())["options"]
+    build_shards(stream(200), out, seed=5, **OPTS)
+    build = Manifest.load(out).build
+    shared = sorted(set(options) & set(build) - {"source"})  # build["source"] holds counts
+    assert shared == [
+        "allow_nan",
+        "block_size",
+        "key_field",
+        "seed",
+        "shard_max_bytes",
+        "shard_max_count",
+        "splits",
+    ]
+    assert {k: options[k] for k in shared} == {k: build[k] for k in shared}
+    assert build["seed"] == 5 and build["block_size"] == 40

@@ -1,0 +1,81 @@
+"""The end of a build: the manifest's splits from the block records (duplicate keys across
+blocks refused) and ``manifest.build``."""
+
+from __future__ import annotations
+
+import datetime as _dt
+import logging
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+from build_shards.errors import BuildError
+from build_shards.params import BuildParams
+from build_shards.records import BlockRecord
+from build_shards.state import OutputState
+from wdsloader.format import Manifest, SplitInfo
+
+log = logging.getLogger("build_shards")
+
+
+def merge(
+    records: Mapping[int, BlockRecord], names: tuple[str, ...], state: OutputState
+) -> Manifest:
+    """The manifest's splits from the block records, in block order; duplicate keys refused."""
+    splits: dict[str, SplitInfo] = {name: SplitInfo() for name in names}
+    hashes: dict[str, list[np.ndarray]] = {}
+    owners: dict[str, list[tuple[int, int]]] = {}
+    for b in sorted(records):
+        rec = records[b]
+        for split, shards in rec.splits.items():
+            splits.setdefault(split, SplitInfo()).shards.extend(shards)
+        for split, arr in (rec.key_hashes or {}).items():
+            hashes.setdefault(split, []).append(arr)
+            owners.setdefault(split, []).append((b, len(arr)))
+    for split, parts in hashes.items():
+        _check_duplicates(split, parts, owners[split], state)
+    if not any(s.num_samples for s in splits.values()):
+        raise BuildError("no samples were written (map dropped every item)")
+    return Manifest(splits=splits)
+
+
+def _check_duplicates(
+    split: str, parts: list[np.ndarray], owners: list[tuple[int, int]], state: OutputState
+) -> None:
+    """Raise a BuildError naming a key that two blocks of ``split`` share."""
+    if len(parts) < 2:
+        return
+    allh = np.concatenate(parts)
+    order = np.sort(allh)
+    dup = np.unique(order[1:][order[1:] == order[:-1]])
+    if not dup.size:
+        return
+    blocks = np.repeat([b for b, _ in owners], [n for _, n in owners])
+    suspects = np.unique(blocks[np.isin(allh, dup)])
+    seen: set[str] = set()
+    dupset = set(dup.tolist())
+    for b in suspects.tolist():
+        for key in state.record_keys(int(b)).get(split, []):
+            if hash(key) in dupset:
+                if key in seen:
+                    raise BuildError(f"duplicate key {key!r} in split {split!r}")
+                seen.add(key)
+
+
+def manifest_build(params: BuildParams, records: Mapping[int, BlockRecord]) -> dict[str, Any]:
+    """``manifest.build``: the build's parameters and counts."""
+    total_nan = sum(r.nan_samples for r in records.values())
+    if total_nan:
+        log.warning("%d samples hold NaN or Inf values (allow_nan=True)", total_nan)
+    return {
+        **params.manifest_build(),
+        "nan_samples": total_nan,
+        "dropped_by_map": sum(r.skipped for r in records.values()),
+        "source": {
+            "kind": params.source_kind,
+            "num_items": sum(r.num_items for r in records.values()),
+        },
+        "num_blocks": len(records),
+        "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+    }

@@ -1,0 +1,84 @@
+"""The options of a build that decide its bytes: one source for the resume fingerprint and for
+``manifest.build``, so the two cannot drift apart."""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from wdsloader.format import FORMAT_VERSION, FieldSpec
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class BuildParams:
+    """A build's parameters once the source is open and the schema known."""
+
+    source: Mapping[str, Any]  # the source's identity (``Source.describe()``)
+    source_kind: str
+    map_name: str | None  # the qualified name of ``map``
+    key_field: str
+    splits: Mapping[str, Any]  # the splitter's spec
+    split_field: str | None
+    group_by: str | None
+    seed: int
+    shard_max_count: int
+    shard_max_bytes: int
+    block_size: int
+    allow_nan: bool
+    schema: Mapping[str, FieldSpec]
+    dims: Mapping[str, int]
+
+    def options(self) -> dict[str, Any]:
+        """What the fingerprint hashes, as JSON values (``build.json`` keeps it, to name the
+        options that differ when a rerun is refused)."""
+        options = {
+            "format_version": FORMAT_VERSION,
+            "source": self.source,
+            "map": self.map_name,
+            "key_field": self.key_field,
+            "splits": self.splits,
+            "seed": self.seed,
+            "shard_max_count": self.shard_max_count,
+            "shard_max_bytes": self.shard_max_bytes,
+            "block_size": self.block_size,
+            "allow_nan": self.allow_nan,
+            "schema": {f: spec_dict(s) for f, s in self.schema.items()},
+            "dims": self.dims,
+        }
+        result: dict[str, Any] = json.loads(json.dumps(options, default=str))
+        return result
+
+    def fingerprint(self) -> str:
+        """A hash of :meth:`options`: a rerun resumes only a build with the same one."""
+        return hashlib.sha256(json.dumps(self.options(), sort_keys=True).encode()).hexdigest()
+
+    def manifest_build(self) -> dict[str, Any]:
+        """The parameters ``manifest.build`` starts with (the counts follow)."""
+        return {
+            "builder": "build_shards",
+            "seed": self.seed,
+            "shard_max_count": self.shard_max_count,
+            "shard_max_bytes": self.shard_max_bytes,
+            "block_size": self.block_size,
+            "splits": self.splits,
+            "group_by": self.group_by,
+            "split_field": self.split_field,
+            "key_field": self.key_field,
+            "allow_nan": self.allow_nan,
+        }
+
+
+def callable_name(fn: Any) -> str | None:
+    """``module.qualname`` of a callable (None for None)."""
+    if fn is None:
+        return None
+    return f"{getattr(fn, '__module__', '?')}.{getattr(fn, '__qualname__', type(fn).__qualname__)}"
+
+
+def spec_dict(spec: FieldSpec) -> dict[str, Any]:
+    """A field spec as JSON, without its unset attributes."""
+    return {k: v for k, v in dataclasses.asdict(spec).items() if v is not None}

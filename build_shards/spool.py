@@ -1,0 +1,148 @@
+"""Blocks the parent reads (in-memory and sequential sources) on their way to worker processes:
+their array fields go through a file the worker maps, not through pickle."""
+
+from __future__ import annotations
+
+import math
+import mmap
+import os
+import tempfile
+import weakref
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from typing import Any, BinaryIO
+
+import numpy as np
+
+from build_shards.paths import BUILD_DIR, remove_quietly
+from wdsloader.io.storage import is_local, join
+
+_SPOOL_ALIGN = 64  # byte alignment of each array column in a spool file
+
+
+@dataclass(frozen=True, slots=True)
+class _Column:
+    """Where one stacked array field lies in a spool file."""
+
+    offset: int
+    dtype: np.dtype[Any]  # the dtype itself: it pickles exactly (byte order, record fields)
+    shape: tuple[int, ...]
+
+
+class SpooledItems:
+    """A block of items the parent read (in-memory or sequential source), for a worker process.
+
+    Pickling dicts of many small numpy arrays through the pool's pipe cost more than building
+    their shards (each array is reduced, copied several times into fresh memory and rebuilt). So
+    when every item of the block is a dict with the same names in the same order, each field
+    whose values are all plain numpy arrays of one dtype and shape is written, one value after
+    the other, to a temporary file; the worker maps that file (copy-on-write) and gets the
+    values back as rows of one array per field. Other fields travel pickled, as lists.
+
+    Iterating gives ``(index, dict)`` pairs equal to the original items. The worker removes the
+    file as soon as it has mapped it; the object the parent made removes it when it is
+    garbage-collected (after the worker ran the block, or when the block was cancelled).
+    """
+
+    def __init__(
+        self,
+        indices: list[int],
+        names: tuple[str, ...],
+        arrays: dict[str, _Column],
+        others: dict[str, list[Any]],
+        path: str,
+    ) -> None:
+        self.indices, self.names, self.path = indices, names, path
+        self.arrays, self.others = arrays, others
+        self._cleanup = weakref.finalize(self, remove_quietly, path)
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {k: getattr(self, k) for k in ("indices", "names", "arrays", "others", "path")}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)  # no cleanup here: the worker removes the file once mapped
+
+    def __len__(self) -> int:
+        return len(self.indices)
+
+    def _map(self) -> dict[str, np.ndarray]:
+        with open(self.path, "rb") as f:
+            mapped = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_COPY)
+        remove_quietly(self.path)  # the mapping keeps the data
+        n = len(self.indices)
+        stacked = {}
+        for name, col in self.arrays.items():
+            flat = np.frombuffer(mapped, col.dtype, n * math.prod(col.shape), col.offset)
+            stacked[name] = flat.reshape(n, *col.shape)
+        return stacked
+
+    def __iter__(self) -> Iterator[tuple[int, dict[str, Any]]]:
+        stacked = self._map()
+        names = self.names
+        columns = [stacked[n] if n in stacked else self.others[n] for n in names]
+        for j, index in enumerate(self.indices):
+            yield index, dict(zip(names, [col[j] for col in columns], strict=True))
+
+
+def _is_column(values: list[Any]) -> bool:
+    """True when ``values`` are plain numpy arrays (not 0-d, not object) of one dtype and shape,
+    with data."""
+    first = values[0]
+    if type(first) is not np.ndarray or first.dtype.hasobject or first.ndim == 0:
+        return False
+    dtype, shape = first.dtype, first.shape
+    return first.nbytes > 0 and all(
+        type(v) is np.ndarray and v.dtype == dtype and v.shape == shape for v in values
+    )
+
+
+def _write_columns(f: BinaryIO, columns: dict[str, list[np.ndarray]]) -> dict[str, _Column]:
+    offset = 0
+    placed: dict[str, _Column] = {}
+    for name, values in columns.items():
+        pad = -offset % _SPOOL_ALIGN
+        f.write(bytes(pad))
+        offset += pad
+        first = values[0]
+        placed[name] = _Column(offset, first.dtype, first.shape)
+        for v in values:
+            f.write(v if v.flags.c_contiguous else np.ascontiguousarray(v))
+        offset += first.nbytes * len(values)
+    return placed
+
+
+def spool_items(
+    items: Iterable[tuple[int, Any]], fs: Any = None, root: str | None = None
+) -> list[tuple[int, Any]] | SpooledItems:
+    """A block of items the parent read, made ready to send to a worker process: a
+    :class:`SpooledItems` when its items are dicts of one set of names with array fields, else
+    the ``(index, item)`` list.
+
+    The spool file goes under the output's ``_build/`` when the output (``fs``, ``root``) is
+    local, so whatever a killed build leaves there goes with the rest of its state; else in the
+    system's temporary folder.
+    """
+    pairs = list(items)
+    raws = [raw for _, raw in pairs]
+    if not raws or any(type(raw) is not dict for raw in raws):
+        return pairs
+    names = tuple(raws[0])
+    if any(len(raw) != len(names) or tuple(raw) != names for raw in raws):
+        return pairs
+    by_name = {name: [raw[name] for raw in raws] for name in names}
+    arrays = {name: values for name, values in by_name.items() if _is_column(values)}
+    if not arrays:
+        return pairs
+    folder = None
+    if fs is not None and root is not None and is_local(fs):
+        folder = join(root, BUILD_DIR)
+        os.makedirs(folder, exist_ok=True)
+    fd, path = tempfile.mkstemp(prefix="spool-", dir=folder)
+    try:
+        with open(fd, "wb", buffering=1 << 20) as f:
+            placed = _write_columns(f, arrays)
+    except BaseException:
+        remove_quietly(path)
+        raise
+    others = {name: values for name, values in by_name.items() if name not in arrays}
+    return SpooledItems([index for index, _ in pairs], names, placed, others, path)

@@ -113,24 +113,20 @@ def assert_same_stream(got: list[dict], ref: list[dict], start: int, what: str) 
                 assert torch.equal(other, value), f"{where}: field {name!r} values differ"
             else:
                 assert other == value, f"{where}: field {name!r} differs"
-    assert len(got) == len(ref), f"{what}: {len(got)} batches after the resume, expected {len(ref)}"
+    assert len(got) == len(ref), f"{what}: {len(got)} batches, expected {len(ref)}"
 
 
 def default_checkpoints(per_epoch: int) -> list[Checkpoint]:
-    """Start, first batch, mid-epoch, before the last batch, the epoch's end (inside and after
-    the loop), and one batch into the next epoch."""
+    """Start, first batch, mid-epoch, the epoch's last batch (inside the loop, and after it
+    ended), and the next epoch's first batch."""
     n = per_epoch
-    ks = [0, 1, n // 2, n - 1, n]
-    return [
-        *(Checkpoint(k) for k in sorted(set(ks))),
-        Checkpoint(n, after_loop=True),
-        Checkpoint(n + 1),
-    ]
+    ks = [0, 1, n // 2, n, n + 1]
+    return [*(Checkpoint(k) for k in ks), Checkpoint(n, after_loop=True)]
 
 
 def few_checkpoints(per_epoch: int) -> list[Checkpoint]:
-    """For remote stores (a round trip per read): one batch in, the epoch's end, one batch on."""
-    return [Checkpoint(1), Checkpoint(per_epoch, after_loop=True), Checkpoint(per_epoch + 1)]
+    """For remote stores (a round trip per read): one batch in, one batch into the next epoch."""
+    return [Checkpoint(1), Checkpoint(per_epoch + 1)]
 
 
 def check_save_load(
@@ -278,7 +274,7 @@ from tests.http_server import RangeHTTPServer
 from wdsloader import ReadOptions, create_loader, set_epoch
 
 write_dataset(sys.argv[1] + "/ds", {"train": [30, 21, 25]})
-reads = ReadOptions(retries=0, connect_timeout=3, read_timeout=3)
+reads = ReadOptions(retries=0, connect_timeout=1, read_timeout=1)
 with RangeHTTPServer(sys.argv[1]) as server:
     first = create_loader(server.url + "/ds", "train", batch_size=8, num_workers=2, read_options=reads)
     set_epoch(first, 0)
@@ -289,6 +285,7 @@ with RangeHTTPServer(sys.argv[1]) as server:
 
 @pytest.mark.xfail(
     strict=True,
+    raises=AssertionError,
     reason="over HTTP, in a fresh process, after a loader with num_workers=2 (fork) played an "
     "epoch, the next create_loader of the same URL stalls reading manifest.json until "
     "read_timeout and raises ManifestError('.../manifest.json: manifest unreadable: ') "
@@ -304,6 +301,8 @@ def test_a_fresh_process_makes_a_second_http_loader_after_a_worker_epoch(tmp_pat
         timeout=120,
         env={**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), *sys.path])},
     )
+    if done.returncode and "manifest unreadable" not in done.stderr:  # not the known stall
+        raise RuntimeError(done.stderr[-2000:])
     assert done.returncode == 0, done.stderr[-2000:]
 
 

@@ -11,9 +11,6 @@ from __future__ import annotations
 
 import io
 import json
-import os
-import subprocess
-import sys
 import uuid
 from collections import Counter
 from collections.abc import Callable
@@ -265,45 +262,6 @@ def test_every_configuration_resumes_exactly(name, request):
     if fixture == "corrupt":  # the skipped samples are really absent
         seen = {k for b in reference for k in b["__key__"]}
         assert not seen & {f"train{i:07d}" for i in BAD}
-
-
-FIRST_HTTP_LOADER = """
-import sys
-from tests.dataset_factory import write_dataset
-from tests.http_server import RangeHTTPServer
-from wdsloader import ReadOptions, create_loader, set_epoch
-
-write_dataset(sys.argv[1] + "/ds", {"train": [30, 21, 25]})
-reads = ReadOptions(retries=0, connect_timeout=1, read_timeout=1)
-with RangeHTTPServer(sys.argv[1]) as server:
-    first = create_loader(server.url + "/ds", "train", batch_size=8, num_workers=2, read_options=reads)
-    set_epoch(first, 0)
-    assert sum(1 for _ in first) == len(first)
-    create_loader(server.url + "/ds", "train", batch_size=8, num_workers=2, read_options=reads)
-"""
-
-
-@pytest.mark.xfail(
-    strict=True,
-    raises=AssertionError,
-    reason="over HTTP, in a fresh process, after a loader with num_workers=2 (fork) played an "
-    "epoch, the next create_loader of the same URL stalls reading manifest.json until "
-    "read_timeout and raises ManifestError('.../manifest.json: manifest unreadable: ') "
-    "(an empty TimeoutError); num_workers=0, or an HTTP loader made earlier in the process, "
-    "does not stall",
-)
-def test_a_fresh_process_makes_a_second_http_loader_after_a_worker_epoch(tmp_path):
-    # in its own process: within this one, an earlier HTTP loader hides the stall
-    done = subprocess.run(
-        [sys.executable, "-c", FIRST_HTTP_LOADER, str(tmp_path)],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env={**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), *sys.path])},
-    )
-    if done.returncode and "manifest unreadable" not in done.stderr:  # not the known stall
-        raise RuntimeError(done.stderr[-2000:])
-    assert done.returncode == 0, done.stderr[-2000:]
 
 
 def test_the_harness_sees_a_loader_that_ignores_its_state(plain):

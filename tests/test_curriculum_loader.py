@@ -12,7 +12,7 @@ import torch
 from tests.dataset_factory import npy_bytes, write_split
 from wdsloader import Curriculum, create_loader, set_epoch
 from wdsloader.curriculum import fixed, zero_decay
-from wdsloader.errors import DecodeError
+from wdsloader.errors import DecodeError, StateMismatchError
 from wdsloader.format import FieldSpec, Manifest
 
 D = 4
@@ -265,3 +265,46 @@ def test_builder_dataset_takes_the_block_path_and_matches_the_parser(tmp_path):
             for name in ("q", "steering", "steering_variant"):
                 assert torch.equal(x[name], y[name]), name
     assert fast.stats["gathered_batches"] == 20
+
+
+def test_explicit_curriculum_whose_output_is_not_in_fields_is_an_error(ds):
+    with pytest.raises(
+        ValueError, match=r"curriculum output 'steering' is not in fields=\['vec'\]"
+    ):
+        create_loader(ds, "train", batch_size=4, fields=["vec"], curriculum=CURR)
+    with pytest.raises(ValueError, match=r"is not in fields"):
+        create_loader(ds, "train", batch_size=4, fields=["vec"], curriculum=True)
+    # the manifest's default curriculum is left out quietly: it was not asked for
+    plain = next(iter(create_loader(ds, "train", batch_size=4, fields=["vec"])))
+    assert set(plain) == {"__key__", "vec"}
+
+
+def test_state_from_another_curriculum_is_refused(ds):
+    kw = dict(batch_size=8, drop_last=False)
+    loader = create_loader(ds, "train", **kw)
+    next(iter(loader))
+    state = loader.state_dict()
+    other = Curriculum(VARIANTS, schedule=fixed([0.1, 0.3, 0.3, 0.3]), seed=7)
+    with pytest.raises(
+        StateMismatchError, match=r"differs: curriculum saved='steering:\w+' now='steering:\w+'$"
+    ):
+        create_loader(ds, "train", curriculum=other, **kw).load_state_dict(state)
+    with pytest.raises(
+        StateMismatchError, match=r"differs: fields .*curriculum saved=.* now='none'"
+    ):
+        create_loader(ds, "train", curriculum=False, **kw).load_state_dict(state)
+    same = create_loader(ds, "train", curriculum=CURR, **kw)  # the manifest's, given explicitly
+    same.load_state_dict(state)
+    assert len(list(same)) == len(loader) - 1
+
+
+def test_steering_and_schema_are_loader_methods(ds):
+    loader = create_loader(ds, "train", batch_size=16, drop_last=False)
+    assert set(loader.output_schema()) == {"vec", "idx", "meta", "steering", "steering_variant"}
+    assert loader.output_schema() == loader.dataset_obj.output_schema()
+    loader.force_steering("c")
+    assert loader.dataset_obj.forced_steering == "c"
+    assert {v[0] for v in epoch_samples(loader).values()} == {3}
+    loader.dataset_obj.force_steering(None)  # the documented alias
+    loader.set_epoch(100)
+    assert loader.dataset_obj.epoch == 100

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections import Counter
 
 import numpy as np
@@ -12,6 +13,8 @@ from tests.dataset_factory import write_dataset
 from tests.http_server import Faults, http_server_fixture  # noqa: F401
 from wdsloader import ReadOptions, create_loader, set_epoch
 from wdsloader.errors import ManifestError, ShardFormatError
+from wdsloader.format import Manifest
+from wdsloader.stream.config import resolve_config, resolve_read_options
 
 COUNTS = [37, 50, 13, 44, 29]  # 173 samples, unequal shards
 
@@ -288,3 +291,62 @@ def test_remote_reads_whole_spans_not_one_request_per_sample(http_server):
     assert store.stats["requests"] <= 16  # indexes and shards, each a request or two
     keys = keys_of(run(loader))
     assert len(keys) == len(set(keys)) == len(loader) * 64
+
+
+def test_options_after_batch_size_are_keyword_only(ds):
+    with pytest.raises(TypeError, match="3 positional arguments but 4 were given"):
+        create_loader(ds, "train", 4, 2)
+    assert len(create_loader(ds, "train", 4)) == sum(COUNTS) // 4  # the seed's positional order
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"multiprocessing_context": "spawn"}, r"multiprocessing_context='spawn' needs num_work"),
+        ({"prefetch_factor": 4}, r"persistent_workers and prefetch_factor need num_workers > 0"),
+        ({"max_skipped": 2}, r"max_skipped=2 needs on_error='skip'"),
+        ({"cache_limit_bytes": 10}, r"cache_limit_bytes=10 needs a cache_dir"),
+        ({"distributed": True, "rank": 0, "world_size": 1}, r"rank=0 / world_size=1 would be"),
+        (
+            {"read_options": ReadOptions(verify_checksum=True), "verify_checksum": False},
+            r"verify_checksum=False conflicts with read_options\.verify_checksum=True",
+        ),
+        (
+            {"read_options": ReadOptions(cache_dir="/c1"), "cache_dir": "/c2"},
+            r"cache_dir='/c2' conflicts with read_options\.cache_dir='/c1'",
+        ),
+    ],
+)
+def test_an_explicit_option_that_would_be_unused_is_an_error(ds, options, message):
+    with pytest.raises(ValueError, match=message):
+        create_loader(ds, "train", batch_size=4, **options)
+
+
+def test_read_options_merge_one_way(tmp_path):
+    base = ReadOptions(retries=2, storage_options={"anon": True})
+    merged = resolve_read_options(base, cache_dir=str(tmp_path), verify_checksum=True)
+    assert (merged.retries, merged.storage_options) == (2, {"anon": True})
+    assert (merged.cache_dir, merged.cache_limit_bytes, merged.verify_checksum) == (
+        str(tmp_path),
+        None,
+        True,
+    )
+    assert base.cache_dir is None  # the caller's options are not changed
+    same = resolve_read_options(base, storage_options={"anon": True})  # agreeing: no conflict
+    assert same.storage_options == {"anon": True}
+
+
+def test_config_is_resolved_against_the_manifest(ds):
+    manifest = Manifest.load(ds)
+    train = resolve_config(manifest, "train", 8)
+    val = resolve_config(manifest, "val", 8, num_workers=2, shuffle_window=16)
+    assert (train.plan.shuffle, train.plan.drop_last, val.plan.shuffle, val.plan.drop_last) == (
+        True,
+        True,
+        False,
+        False,
+    )
+    assert (val.plan.counts, val.plan.num_workers, val.readahead_batches) == ((10, 7), 2, 2)
+    assert (train.collate, train.curriculum, train.fields) == ("default", None, None)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        train.epoch = 1  # type: ignore[misc]

@@ -4,13 +4,18 @@ message that names the part; older states without the shards digest still load."
 from __future__ import annotations
 
 import copy
+import dataclasses
+import json
 import logging
 
 import pytest
 
 from tests.dataset_factory import SCHEMA, sample_members, write_dataset, write_split
 from wdsloader import StateMismatchError, WdsLoaderError, create_loader
+from wdsloader.collate.collators import get_collator
 from wdsloader.format import Manifest
+from wdsloader.stream import state as state_module
+from wdsloader.stream.state import LoaderState
 
 COUNTS = [9, 7, 8]
 
@@ -27,6 +32,11 @@ def two_datasets(tmp_path_factory):
     )
     other.save(b)
     return a, b
+
+
+def _keys_only(samples):
+    """A collator of its own (module level: picklable)."""
+    return get_collator("default")(samples)
 
 
 def loader(root, **kw):
@@ -99,3 +109,135 @@ def test_state_saved_before_the_shards_digest_loads_with_a_warning(two_datasets,
     resumed.load_state_dict(state)
     assert "no shards digest" in caplog.text
     assert [b["__key__"] for b in resumed] == full[2:]
+
+
+# A state dict saved by wdsloader before the stage fingerprint (main at fb85360), over the
+# factory dataset: 2 batches of 4 done, drop_last=False.
+SAVED_BEFORE_FINGERPRINT = {
+    "format": "wdsloader.stream.loader",
+    "version": 1,
+    "split": "train",
+    "epoch": 0,
+    "batches_done": 2,
+    "resume": {
+        "batches_done": 2,
+        "world_size": 1,
+        "num_workers": 1,
+        "batch_size": 4,
+        "drop_last": False,
+        "window": 16384,
+        "prior": None,
+    },
+    "seed": 0,
+    "shuffle": True,
+    "span": 1,
+    "num_samples": 24,
+    "counts_digest": "17b9204e185f2e1e",
+    "shards_digest": "8005a28c9c3ee6bb",
+}
+# ... and one of an elastic resume (2 ranks of batch 4, then 1 rank of batch 3 with 2 workers).
+SAVED_ELASTIC_BEFORE_FINGERPRINT = {
+    **SAVED_BEFORE_FINGERPRINT,
+    "batches_done": 1,
+    "resume": {
+        "batches_done": 1,
+        "world_size": 1,
+        "num_workers": 2,
+        "batch_size": 3,
+        "drop_last": True,
+        "window": 16386,
+        "prior": {**SAVED_BEFORE_FINGERPRINT["resume"], "batches_done": 1, "world_size": 2},
+    },
+}
+
+
+def keys(batches):
+    return [b["__key__"] for b in batches]
+
+
+def test_state_saved_before_the_fingerprint_resumes_exactly(two_datasets, caplog):
+    a, _ = two_datasets
+    full = keys(loader(a, drop_last=False))
+    caplog.set_level(logging.WARNING, logger="wdsloader.stream.state")
+    resumed = loader(a, drop_last=False)
+    resumed.load_state_dict(copy.deepcopy(SAVED_BEFORE_FINGERPRINT))
+    assert "no stage fingerprint" in caplog.text
+    assert keys(resumed) == full[2:]
+    # the elastic chain too: the same batches as a state saved now over the same history
+    old = create_loader(a, "train", batch_size=4, rank=0, world_size=2, drop_last=False)
+    next(iter(old))
+    new = create_loader(a, "train", batch_size=3, num_workers=2)
+    new.load_state_dict(old.state_dict())
+    next(iter(new))
+    now = new.state_dict()
+    assert {k: v for k, v in now.items() if k != "fingerprint"} == (
+        SAVED_ELASTIC_BEFORE_FINGERPRINT
+    )
+    from_old = create_loader(a, "train", batch_size=3, num_workers=2)
+    from_old.load_state_dict(copy.deepcopy(SAVED_ELASTIC_BEFORE_FINGERPRINT))
+    from_now = create_loader(a, "train", batch_size=3, num_workers=2)
+    from_now.load_state_dict(now)
+    assert keys(from_old) == keys(from_now)
+
+
+def test_state_object_round_trips_and_is_frozen(two_datasets):
+    a, _ = two_datasets
+    ld = loader(a)
+    it = iter(ld)
+    next(it)
+    state = ld.state()
+    assert isinstance(state, LoaderState)
+    data = state.to_dict()
+    assert json.loads(json.dumps(data)) == data == ld.state_dict()
+    assert LoaderState.from_dict(data) == state
+    assert (state.epoch, state.batches_done, data["fingerprint"]["plan"]) == (
+        0,
+        1,
+        "span-permutation/1",
+    )
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        state.epoch = 3  # type: ignore[misc]
+    resumed = loader(a)
+    resumed.load_state_dict(state)  # the object itself is accepted too
+    assert keys(resumed) == keys(loader(a))[1:]
+
+
+@pytest.mark.parametrize(
+    ("saved", "now", "message"),
+    [
+        (
+            {"fields": ["vec", "idx"]},
+            {},
+            r"differs: fields saved='idx,vec' now='idx,meta,vec'$",
+        ),
+        ({}, {"allow_pickle": True}, r"differs: decoder saved='allow_pickle=False' now="),
+        ({"collate_fn": "default"}, {"collate_fn": _keys_only}, r"differs: collate saved="),
+    ],
+)
+def test_state_from_another_stage_config_is_refused(two_datasets, saved, now, message):
+    a, _ = two_datasets
+    state = state_after(a, 1, **saved)
+    with pytest.raises(StateMismatchError, match=message):
+        loader(a, **now).load_state_dict(state)
+
+
+def test_state_from_another_plan_version_is_refused(two_datasets, monkeypatch):
+    a, _ = two_datasets
+    state = state_after(a, 1)
+    monkeypatch.setattr(state_module, "PLAN_ALGORITHM", ("span-permutation", 2))
+    with pytest.raises(
+        StateMismatchError,
+        match=r"differs: plan saved='span-permutation/1' now='span-permutation/2'$",
+    ):
+        loader(a).load_state_dict(state)
+
+
+def test_malformed_fingerprint_is_a_clear_error(two_datasets):
+    a, _ = two_datasets
+    state = copy.deepcopy(state_after(a, 1))
+    state["fingerprint"]["fields"] = 3
+    with pytest.raises(StateMismatchError, match=r"'fingerprint\.fields' should be str, got int"):
+        loader(a).load_state_dict(state)
+    state["fingerprint"] = "x"
+    with pytest.raises(StateMismatchError, match=r"'fingerprint' should be dict, got str"):
+        loader(a).load_state_dict(state)

@@ -1,6 +1,7 @@
 """Pure planning: which sample ids each DDP rank and DataLoader worker yields, in which order."""
 
 from wdsloader.plan.sample_plan import (
+    PLAN_ALGORITHM,
     PlanConfig,
     Resume,
     epoch_dropped,
@@ -15,6 +16,7 @@ from wdsloader.plan.sample_plan import (
 )
 
 __all__ = [
+    "PLAN_ALGORITHM",
     "PlanConfig",
     "Resume",
     "epoch_dropped",

@@ -30,6 +30,7 @@ from dataclasses import dataclass
 import numpy as np
 
 __all__ = [
+    "PLAN_ALGORITHM",
     "PlanConfig",
     "Resume",
     "epoch_dropped",
@@ -42,6 +43,11 @@ __all__ = [
     "shard_of",
     "worker_batches",
 ]
+
+# The plan algorithm's name and version, recorded in every loader state: bump the version whenever
+# the same PlanConfig, epoch, rank and worker would yield other sample ids (a state saved under
+# another version is then refused instead of resuming onto other samples).
+PLAN_ALGORITHM: tuple[str, int] = ("span-permutation", 1)
 
 # Constant tags mixed into the seed sequences so that the streams of the different steps never coincide.
 # Changing one changes every plan: they are part of the resume contract.

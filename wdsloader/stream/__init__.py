@@ -1,5 +1,6 @@
 """Execution: create_loader, the loader and its resume state, the per-worker dataset, the control
-block shared with workers, worker-death detection and the start-method check."""
+block shared with workers, worker-death detection, the start-method check and the device
+prefetcher."""
 
 from wdsloader.stream.dataset import ShardStreamDataset
 from wdsloader.stream.loader import DevicePrefetcher, WdsDataLoader, create_loader, set_epoch

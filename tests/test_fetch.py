@@ -4,6 +4,7 @@ pickled into worker processes."""
 
 from __future__ import annotations
 
+import gc
 import math
 import multiprocessing
 import os
@@ -473,6 +474,28 @@ def test_store_used_before_fork_works_in_the_child(http_server):
             proc.kill()
     assert got == expected(folder, reqs)
     assert requests == pieces(reqs, 4096)  # counted by the child's own fresh stats
+
+
+def test_a_forked_child_dropping_its_copy_of_a_filesystem_leaves_the_parent_reading(http_server):
+    # fsspec's event loop is shared with a forked child through one epoll instance: the child
+    # closing its inherited copy of the parent's pooled connections unregistered the parent's
+    # sockets, and the parent's next request on a kept-alive connection waited for its read
+    # timeout (seen as a manifest read stalling after an epoch with forked DataLoader workers)
+    (http_server.root / "f.bin").write_bytes(b"x" * 1000)
+    fs, path = url_to_fs(http_server.url + "/f.bin", read_timeout=2.0)
+    assert fs.cat_file(path) == b"x" * 1000  # a pooled keep-alive connection now exists
+    pid = os.fork()
+    if pid == 0:  # the child drops every filesystem it inherited, as a DataLoader worker does
+        try:
+            del fs
+            type(url_to_fs(http_server.url)[0]).clear_instance_cache()
+            gc.collect()
+        finally:
+            os._exit(0)
+    assert os.waitpid(pid, 0)[1] == 0
+    start = time.monotonic()
+    assert fs.cat_file(path) == b"x" * 1000
+    assert time.monotonic() - start < 1.0, "the parent's request waited for its read timeout"
 
 
 # -- dead servers: bounded timeouts ----------------------------------------------------------------

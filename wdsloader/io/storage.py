@@ -18,6 +18,8 @@ import fsspec
 from fsspec.core import split_protocol
 from fsspec.implementations.local import LocalFileSystem
 
+from wdsloader.io import forksafe
+
 DEFAULT_CONNECT_TIMEOUT = 10.0
 DEFAULT_READ_TIMEOUT = 20.0
 _HTTP = ("http", "https")
@@ -34,6 +36,7 @@ def url_to_fs(
 ) -> tuple[Any, str]:
     """``(filesystem, path)`` for a local path or any fsspec URL, with the timeouts and client
     retries of :func:`with_timeouts` (HTTP(S) and S3)."""
+    forksafe.install()
     text = os.fspath(url)
     options = with_timeouts(
         text,

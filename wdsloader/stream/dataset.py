@@ -18,7 +18,6 @@ from wdsloader import plan
 from wdsloader.decode.codecs import SampleDecoder, parse_sample
 from wdsloader.decode.gather import (
     FieldTable,
-    checksums_ok,
     field_tables,
     gather_rows,
     key_ends,
@@ -30,7 +29,7 @@ from wdsloader.decode.gather import (
 )
 from wdsloader.errors import ShardFormatError, SkipLimitError, WdsLoaderError
 from wdsloader.format import FieldSpec, Manifest, ShardInfo
-from wdsloader.format.tar import BLOCK, checksum_ok
+from wdsloader.format.ustar import BLOCK, NAME, checksum_ok, checksums_ok
 from wdsloader.io.fetch import ShardStore
 from wdsloader.stream.control import Control
 from wdsloader.stream.state import resume_from_dict, resume_to_dict, shards_digest
@@ -42,7 +41,6 @@ log = logging.getLogger(__name__)
 
 ON_ERROR = ("raise", "skip")
 SMALL_BLOCK = 16 * 2**10  # sample prefixes up to this size are gathered in one piece
-_NAME = 100  # bytes of the ustar name field
 
 
 @dataclass(slots=True, frozen=True)
@@ -531,7 +529,7 @@ class ShardStreamDataset(IterableDataset):
         ends = None if first is None else key_ends(first)
         if first is None or ends is None or not checksums_ok(first).all():
             raise _Fallback
-        return key_strings(first, ends), _Heads(first[:, :_NAME], ends)
+        return key_strings(first, ends), _Heads(first[:, NAME], ends)
 
     def _block(self, raw: _RawBatch) -> np.ndarray | None:
         """The first ``_block_len`` bytes of every sample as one ``(n, L)`` array, when the
@@ -611,7 +609,7 @@ class ShardStreamDataset(IterableDataset):
         if member.nbytes == table.nbytes and member == raw.buf[at : at + table.nbytes].data:
             return
         header = raw.buf[at - BLOCK : at].tobytes()
-        there = header[:_NAME].split(b"\0", 1)[0].decode("utf-8", "replace")
+        there = header[NAME].split(b"\0", 1)[0].decode("utf-8", "replace")
         sound = len(header) == BLOCK and checksum_ok(header)
         found = f"the header of {there!r}" if sound else "no such member header"
         raise ShardFormatError(

@@ -19,7 +19,7 @@ from wdsloader.decode.codecs import SampleDecoder, parse_sample
 from wdsloader.errors import WdsLoaderError
 from wdsloader.format import FieldSpec, Manifest, ShardInfo
 from wdsloader.format.index import INDEX_DTYPE
-from wdsloader.format.tar import BLOCK
+from wdsloader.format.ustar import BLOCK
 from wdsloader.io.fetch import ReadOptions, ShardStore
 from wdsloader.io.storage import join, url_to_fs
 from wdsloader.progress import progress_bar

@@ -50,6 +50,7 @@ from wdsloader.io.storage import (
     url_to_fs,
     with_timeouts,
 )
+from wdsloader.plan.coalesce import coalesce
 from wdsloader.redact import redact, redact_options, secrets_of
 
 logger = logging.getLogger(__name__)
@@ -781,21 +782,20 @@ def _unique_shards(reqs: list[Request]) -> dict[str, ShardInfo]:
 
 def _coalesce(reqs: list[Request]) -> list[tuple[ShardInfo, int, int, list[int]]]:
     """Merge overlapping or adjacent ranges of each shard: ``(shard, start, stop, request ids)``."""
-    by_shard: dict[str, list[int]] = {}
-    for i, (shard, _, _) in enumerate(reqs):
-        by_shard.setdefault(shard.path, []).append(i)
-    segments: list[tuple[ShardInfo, int, int, list[int]]] = []
-    for ids in by_shard.values():
-        ids.sort(key=lambda i: reqs[i][1])
-        shard, start, stop = reqs[ids[0]]
-        members = [ids[0]]
-        for i in ids[1:]:
-            _, a, b = reqs[i]
-            if a <= stop:
-                stop = max(stop, b)
-                members.append(i)
-            else:
-                segments.append((shard, start, stop, members))
-                start, stop, members = a, b, [i]
-        segments.append((shard, start, stop, members))
-    return segments
+    shards = _unique_shards(reqs)
+    key_of = {rel: k for k, rel in enumerate(shards)}
+    by_key = list(shards.values())
+    runs = coalesce(
+        [key_of[shard.path] for shard, _, _ in reqs],
+        [start for _, start, _ in reqs],
+        [stop for _, _, stop in reqs],
+    )
+    members: list[list[int]] = [[] for _ in range(len(runs.key))]
+    for i, run in enumerate(runs.run_of.tolist()):
+        members[run].append(i)
+    return [
+        (by_key[key], start, stop, ids)
+        for key, start, stop, ids in zip(
+            runs.key.tolist(), runs.start.tolist(), runs.stop.tolist(), members, strict=True
+        )
+    ]

@@ -12,7 +12,7 @@ from wdsloader.plan.coalesce import coalesce
 
 def test_merges_touching_overlapping_and_repeated_ranges_per_key():
     runs = coalesce([1, 0, 0, 0, 1, 0], [0, 10, 0, 5, 3, 30], [3, 20, 10, 8, 9, 40])
-    assert list(zip(runs.key.tolist(), runs.start.tolist(), runs.stop.tolist())) == [
+    assert list(zip(runs.key.tolist(), runs.start.tolist(), runs.stop.tolist(), strict=True)) == [
         (0, 0, 20),
         (0, 30, 40),
         (1, 0, 9),

@@ -23,11 +23,12 @@ consumed are planned afresh for the new config (elastic resume).
 
 from __future__ import annotations
 
-import numbers
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
+
+from wdsloader.format.checks import as_int
 
 __all__ = [
     "PlanConfig",
@@ -47,14 +48,6 @@ __all__ = [
 # Changing one changes every plan: they are part of the resume contract.
 _ORDER_TAG = 0x0DE5_5EED
 _WINDOW_TAG = 0x3A1D_5EED
-
-
-def _check_int(name: str, value: object, minimum: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-        raise ValueError(f"{name} must be an integer, got {value!r}")
-    if int(value) < minimum:
-        raise ValueError(f"{name} must be >= {minimum}, got {value!r}")
-    return int(value)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -81,12 +74,12 @@ class PlanConfig:
             raise ValueError(
                 f"counts must be a sequence of per-shard sample counts, got {self.counts!r}"
             )
-        counts = tuple(_check_int(f"counts[{i}]", c, 0) for i, c in enumerate(self.counts))
+        counts = tuple(as_int(c, f"counts[{i}]", 0) for i, c in enumerate(self.counts))
         object.__setattr__(self, "counts", counts)
         for name in ("batch_size", "world_size", "num_workers", "span"):
-            object.__setattr__(self, name, _check_int(name, getattr(self, name), 1))
+            object.__setattr__(self, name, as_int(getattr(self, name), name, 1))
         for name in ("seed", "window"):
-            object.__setattr__(self, name, _check_int(name, getattr(self, name), 0))
+            object.__setattr__(self, name, as_int(getattr(self, name), name, 0))
         for name in ("shuffle", "drop_last"):
             if not isinstance(getattr(self, name), (bool, np.bool_)):
                 raise ValueError(f"{name} must be a bool, got {getattr(self, name)!r}")
@@ -117,7 +110,7 @@ class Resume:
             raise ValueError(
                 f"Resume.config must be a PlanConfig, got {type(self.config).__name__}"
             )
-        object.__setattr__(self, "batches_done", _check_int("batches_done", self.batches_done, 0))
+        object.__setattr__(self, "batches_done", as_int(self.batches_done, "batches_done", 0))
         if self.prior is not None:
             if not isinstance(self.prior, Resume):
                 raise ValueError(f"Resume.prior must be a Resume, got {type(self.prior).__name__}")
@@ -133,7 +126,7 @@ def next_resume(cfg: PlanConfig, resumed_from: Resume | None, batches_yielded: i
 
     ``resumed_from`` is the state this run started from (None for a run from the epoch's start).
     """
-    batches_yielded = _check_int("batches_yielded", batches_yielded, 0)
+    batches_yielded = as_int(batches_yielded, "batches_yielded", 0)
     if resumed_from is None:
         return Resume(cfg, batches_yielded)
     if resumed_from.config == cfg:
@@ -362,7 +355,7 @@ def _describe(cfg: PlanConfig) -> str:
 
 
 def _check_epoch(epoch: int) -> int:
-    return _check_int("epoch", epoch, 0)
+    return as_int(epoch, "epoch", 0)
 
 
 def _check_compatible(cfg: PlanConfig, saved: PlanConfig) -> None:
@@ -400,7 +393,7 @@ def _resolve(cfg: PlanConfig, epoch: int, resume: Resume | None) -> tuple[_Runs,
 
 
 def _check_rank(cfg: PlanConfig, rank: int) -> int:
-    rank = _check_int("rank", rank, 0)
+    rank = as_int(rank, "rank", 0)
     if rank >= cfg.world_size:
         raise ValueError(f"rank must be < world_size={cfg.world_size}, got {rank}")
     return rank
@@ -462,7 +455,7 @@ def worker_batches(
     yields what it had not yet yielded, so the round-robin from worker 0 continues with rank batch ``k``.
     """
     rank = _check_rank(cfg, rank)
-    worker = _check_int("worker", worker, 0)
+    worker = as_int(worker, "worker", 0)
     if worker >= cfg.num_workers:
         raise ValueError(f"worker must be < num_workers={cfg.num_workers}, got {worker}")
     base, g, skip = _resolve(cfg, epoch, resume)

@@ -590,11 +590,25 @@ class ShardStore:
         if not shard.sha256:
             logger.warning("%s: no sha256 in the manifest, not verified", self.url(shard))
             return None
+        return self._hash_ranges(fs, shard)
+
+    def _hash_ranges(self, fs: Any, shard: ShardInfo) -> str:
         sha = hashlib.sha256()
         step = self.options.max_request_bytes
         for start in range(0, shard.num_bytes, step):
             sha.update(self._fetch(fs, shard.path, start, min(start + step, shard.num_bytes)))
         return sha.hexdigest()
+
+    def sha256(self, shard: ShardInfo) -> str:
+        """Hex sha256 of the shard's file as stored: a local file read whole, a remote one by
+        ranged reads (``shard.num_bytes`` of them) with the retries and deadline of reads; the
+        shard cache is not used. Raises FileNotFoundError naming a missing file."""
+        self._ensure_process()
+        with self._lock:
+            if self.is_local:
+                path = join(self._local_base, shard.path)
+                return hash_fd(self._fd(shard, path, {path}))
+            return self._hash_ranges(self._filesystem(), shard)
 
     # -- start-up check --------------------------------------------------------------------------
     def check_shards(self, shards: Sequence[ShardInfo]) -> None:
@@ -606,25 +620,24 @@ class ShardStore:
         """
         self._ensure_process()
         with self._lock:
-            fs = self._filesystem()
             groups: dict[str, list[tuple[str, int]]] = {}
             for s in shards:
                 for rel, size in ((s.path, s.num_bytes), (s.idx_path, (s.num_samples + 1) * 8)):
                     groups.setdefault(posixpath.dirname(rel), []).append((rel, size))
             missing: list[str] = []
             for folder, files in groups.items():
-                listing = self._list_dir(fs, join(self._base, folder) if folder else self._base)
+                listing = self.list_dir(folder)
                 for rel, expected in files:
                     name = posixpath.basename(rel)
                     if listing is not None and name in listing:
                         size = listing[name]
                     else:
                         try:
-                            size = self._info(fs, rel).get("size")
+                            size = self.file_size(rel)
                         except FileNotFoundError:
                             missing.append(self._url(rel))
                             continue
-                    if size is not None and int(size) != expected:
+                    if size is not None and size != expected:
                         raise ShardFormatError(
                             f"{self._url(rel)}: file has {size} bytes, the manifest says {expected}"
                         )
@@ -633,6 +646,23 @@ class ShardStore:
                 raise FileNotFoundError(
                     errno.ENOENT, f"{len(missing)} shard file(s) missing: {shown}", missing[0]
                 )
+
+    def list_dir(self, folder: str = "") -> dict[str, int | None] | None:
+        """``{basename: size or None}`` of the files in ``folder`` (relative to the root; ``""``
+        is the root), or None when the storage does not list it (plain HTTP servers may not).
+        Names are the files' names (an HTTP listing's URL quoting undone)."""
+        self._ensure_process()
+        with self._lock:
+            fs = self._filesystem()
+            return self._list_dir(fs, join(self._base, folder) if folder else self._base)
+
+    def file_size(self, rel: str) -> int | None:
+        """The size of the file ``rel`` under the root, or None when the storage does not say,
+        with the retries and deadline of reads. Raises FileNotFoundError naming a missing file."""
+        self._ensure_process()
+        with self._lock:
+            size = self._info(self._filesystem(), rel).get("size")
+        return None if size is None else int(size)
 
     def _info(self, fs: Any, rel: str) -> dict[str, Any]:
         """``fs.info`` of a file under the root, with the retries and deadline of reads."""

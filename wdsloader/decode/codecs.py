@@ -204,7 +204,7 @@ def _decode_npz_trusted(buf: Buffer) -> dict[str, np.ndarray]:
     return _load_npz(buf, allow_pickle=True)
 
 
-_SCAN_JSON = json.JSONDecoder().scan_once
+_SCAN_JSON = json.JSONDecoder().scan_once  # type: ignore[attr-defined]
 
 
 def decode_json(buf: Buffer) -> Any:
@@ -392,7 +392,7 @@ def _npy_check(spec: FieldSpec) -> _NpyCheck | None:
     """A post-decode check of dtype and shape for an ``npy`` field with an all-int shape."""
     if spec.dtype is None or spec.shape is None or not all(isinstance(d, int) for d in spec.shape):
         return None
-    return _NpyCheck(np.dtype(spec.dtype), tuple(spec.shape))
+    return _NpyCheck(np.dtype(spec.dtype), tuple(int(d) for d in spec.shape))
 
 
 class _ClsCast:
@@ -548,13 +548,13 @@ class SampleDecoder:
         wanted = self.fields if self.fields is not None else tuple(by_field)
         plan = []
         for field in wanted:
-            ext = by_field.get(field)
-            if ext is None:
+            member = by_field.get(field)
+            if member is None:
                 raise DecodeError(
                     f"{source}: sample {key!r} has no field {field!r}; "
                     f"its fields: {sorted(by_field)}"
                 )
-            plan.append((field, ext, self.decoder_for(field_of_ext(ext)[1]), None))
+            plan.append((field, member, self.decoder_for(field_of_ext(member)[1]), None))
         if len(self._plans_by_exts) < 64:
             self._plans_by_exts[exts] = plan
         return plan

@@ -176,6 +176,7 @@ def walk_members(
         if not active.all():
             return None  # samples with different numbers of members
         checked = False
+        headers: np.ndarray | None
         if first_headers is not None:
             headers, first_headers, checked = first_headers, None, first_checked
         else:

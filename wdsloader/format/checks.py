@@ -11,7 +11,7 @@ from __future__ import annotations
 import operator
 import re
 import reprlib
-from typing import Any
+from typing import Any, SupportsIndex, cast
 
 MAX_INT = 2**63 - 1  # what an int64 offset or count holds
 MAX_DEPTH = 32  # nesting of the free-form parts (build, loader_defaults)
@@ -62,7 +62,7 @@ def as_int(value: object, what: str, low: int | None = None, high: int | None = 
     ``"WHAT must be >= LOW, got N"`` or ``"WHAT must be <= HIGH, got N"``."""
     if isinstance(value, bool) or not hasattr(type(value), "__index__"):
         raise ValueError(f"{what} must be an integer, got {value!r}")
-    n = operator.index(value)  # type: ignore[call-overload]
+    n = operator.index(cast(SupportsIndex, value))
     if low is not None and n < low:
         raise ValueError(f"{what} must be >= {low}, got {n}")
     if high is not None and n > high:
@@ -171,7 +171,7 @@ def check_layout(value: Any, where: str) -> dict[str, list[int]] | None:
             raise _fail(at, "[offset, size]", pair)
         for i, v in enumerate(items):
             check_count(v, f"{at}[{i}]")
-    return value
+    return cast("dict[str, list[int]]", value)
 
 
 def check_depth(value: Any, where: str, limit: int = MAX_DEPTH) -> None:

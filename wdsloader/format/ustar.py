@@ -261,10 +261,8 @@ def _parse_pax(data: bytes, where: str) -> dict[str, str]:
     return records
 
 
-def _pax_size(pax: dict[str, str], where: str) -> int | None:
-    value = pax.get("size")
-    if value is None:
-        return None
+def _pax_size(pax: dict[str, str], where: str) -> int:
+    value = pax["size"]
     if not value.isascii() or not value.isdigit():
         raise ShardFormatError(f"{where}: PAX size {value[:40]!r} is not a byte count")
     return int(value)

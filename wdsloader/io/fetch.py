@@ -328,7 +328,7 @@ class ShardStore:
         else:
             buf = np.empty(total, dtype=np.uint8)  # not zero-filled: every byte is read into
         with self._lock:
-            self._read_files(reqs, memoryview(buf), positions)
+            self._read_files(reqs, memoryview(buf), positions)  # type: ignore[arg-type]
         self._count("bytes_read", total)
         return buf, positions
 
@@ -630,16 +630,16 @@ class ShardStore:
                 for rel, expected in files:
                     name = posixpath.basename(rel)
                     if listing is not None and name in listing:
-                        size = listing[name]
+                        found = listing[name]
                     else:
                         try:
-                            size = self.file_size(rel)
+                            found = self.file_size(rel)
                         except FileNotFoundError:
                             missing.append(self._url(rel))
                             continue
-                    if size is not None and size != expected:
+                    if found is not None and found != expected:
                         raise ShardFormatError(
-                            f"{self._url(rel)}: file has {size} bytes, the manifest says {expected}"
+                            f"{self._url(rel)}: file has {found} bytes, the manifest says {expected}"
                         )
             if missing:
                 shown = ", ".join(missing[:5]) + (" ..." if len(missing) > 5 else "")

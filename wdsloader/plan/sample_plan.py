@@ -25,6 +25,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import cast
 
 import numpy as np
 
@@ -167,10 +168,13 @@ class _Runs:
 
     def take(self, pos: np.ndarray) -> np.ndarray:
         """The values at positions ``pos`` (int64 array, each in [0, size))."""
+        out: np.ndarray
         if self.starts.size == 1:
-            return pos + self.starts[0]
+            out = pos + self.starts[0]
+            return out
         run = np.searchsorted(self.cum, pos, side="right") - 1
-        return self.starts[run] + (pos - self.cum[run])
+        out = self.starts[run] + (pos - self.cum[run])
+        return out
 
     def expand(self) -> np.ndarray:
         """The whole sequence as an int64 array."""
@@ -294,7 +298,7 @@ def _one_window_perm(
     """Window ``i`` of :func:`_window_perm` (window-local offsets) without drawing the others."""
     w = cfg.window
     rng = _window_rng(cfg, epoch, rank, worker)
-    rng.bit_generator.advance(i * w)  # one 64-bit draw per float64 key
+    cast(np.random.PCG64, rng.bit_generator).advance(i * w)  # one 64-bit draw per float64 key
     return np.argsort(rng.random(min(w, n - i * w)), kind="stable")
 
 

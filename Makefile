@@ -21,6 +21,7 @@ demo: $(STAMP)
 test: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
+	$(BIN)/python -m mypy wdsloader
 	$(BIN)/python -m pytest -q
 
 lint: $(STAMP)
@@ -32,7 +33,7 @@ format: $(STAMP)
 	$(BIN)/ruff format .
 
 clean:
-	rm -rf $(VENV) .pytest_cache build *.egg-info demo_out
+	rm -rf $(VENV) .pytest_cache .mypy_cache build *.egg-info demo_out
 
 # ---- benchmarks: `make bench` (full, ~20-25 min on 2 cores), `make bench-quick` ------------------
 # The peers (webdataset, MosaicML Streaming, LitData, HF datasets) go into their own venv, never

@@ -46,7 +46,7 @@ import numpy as np
 from build_shards.errors import naming_options
 from wdsloader.errors import SchemaError
 from wdsloader.format import FieldSpec, member_ext, validate_field
-from wdsloader.format.tar import MAX_NAME_BYTES
+from wdsloader.format.ustar import MAX_NAME_BYTES
 
 IMAGE_FORMATS = {"png": "PNG", "jpg": "JPEG", "jpeg": "JPEG", "webp": "WEBP"}
 _ENC_RE = re.compile(r"^[a-z0-9]+$")

@@ -141,3 +141,29 @@ def test_scan_tar_starts_samples_at_their_extension_headers():
         expected = [m.offset for m in tf.getmembers()][:2]
     offsets, keys = scan_tar(buf.getvalue())
     assert keys == ["a", "ä1"] and offsets[:2].tolist() == expected
+
+
+def test_ustar_fields_scalar_and_batch_parsers_agree():
+    """format.ustar names the header fields; the scalar and whole-batch parsers read them alike."""
+    import numpy as np
+
+    from wdsloader.format import encode_header, ustar
+
+    header = encode_header("k1.label.cls", 9)
+    assert ustar.parse_octal(header[ustar.SIZE]) == 9
+    assert header[ustar.MAGIC] == b"ustar\0" and header[ustar.TYPEFLAG] == b"0"
+    assert ustar.member_name(header) == "k1.label.cls"
+    assert ustar.plain_member(header) == ("k1.label.cls", 9)
+    prefixed = bytearray(header)
+    prefixed[ustar.PREFIX.start : ustar.PREFIX.start + 3] = b"dir"
+    prefixed[ustar.CHECKSUM] = b"%06o\0 " % (sum(prefixed) - sum(prefixed[ustar.CHECKSUM]) + 256)
+    assert ustar.checksum_ok(prefixed) and ustar.member_name(prefixed) == "dir/k1.label.cls"
+    assert ustar.plain_member(bytes(prefixed)) is None  # a prefix: the general parser's
+    corrupt = header[:5] + b"X" + header[6:]
+    assert not ustar.checksum_ok(corrupt) and ustar.plain_member(corrupt) is None
+    rows = np.frombuffer(header + bytes(prefixed) + corrupt, np.uint8).reshape(3, ustar.BLOCK)
+    assert ustar.checksums_ok(rows).tolist() == [True, True, False]
+    assert ustar.header_sizes(rows).tolist() == [9, 9, 9]
+    assert ustar.typeflags(rows).tolist() == [0x30] * 3
+    assert ustar.plain_regular(rows[:1]) and not ustar.plain_regular(rows[:2])
+    assert bytes(ustar.name_fields(rows)[0]).rstrip(b"\0") == b"k1.label.cls"

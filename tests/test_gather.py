@@ -343,8 +343,9 @@ def test_a_layout_that_lies_is_an_error_never_wrong_values(tmp_path, shift):
 
 
 def test_named_members_and_checksums_on_raw_headers():
-    from wdsloader.decode.gather import checksums_ok, key_ends, named_members
+    from wdsloader.decode.gather import key_ends, named_members
     from wdsloader.format import encode_header
+    from wdsloader.format.ustar import checksums_ok
 
     first = np.frombuffer(encode_header("k1.a", 3) + encode_header("k22.a", 3), np.uint8)
     first = first.reshape(2, BLOCK)

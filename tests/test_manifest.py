@@ -10,6 +10,7 @@ import re
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -298,3 +299,31 @@ def test_cli_info_on_a_malformed_manifest_is_one_line_exit_2(tmp_path):
         f"wdsloader: error: {root}/manifest.json: splits.train.shards[1].num_samples: "
         "expected a non-negative integer, got 'abc'\n"
     )
+
+
+def test_one_integer_check_for_arguments_and_manifest_counts():
+    """format.checks.as_int is the integer rule of plan, curriculum and manifest alike."""
+    from wdsloader import plan
+    from wdsloader.curriculum.schedule import fixed
+    from wdsloader.format.checks import as_int, check_count
+
+    assert as_int(np.int64(3), "n", 0) == 3 and type(as_int(np.int64(3), "n")) is int
+    for bad in (True, 2.0, "2", None):
+        with pytest.raises(ValueError, match=r"^n must be an integer, got "):
+            as_int(bad, "n")
+    with pytest.raises(ValueError, match=r"^n must be >= 1, got 0$"):
+        as_int(0, "n", 1)
+    with pytest.raises(ValueError, match=r"^n must be <= 5, got 6$"):
+        as_int(6, "n", 0, 5)
+    with pytest.raises(
+        ValueError, match=r"^x: expected a non-negative integer, got 1208925819614629174706177$"
+    ):
+        check_count(2**80 + 1, "x")
+    assert check_count(np.int64(7), "x") == 7
+    cfg = plan.PlanConfig(counts=(4,), batch_size=2, seed=0)
+    with pytest.raises(ValueError, match=r"^rank must be >= 0, got -1$"):
+        plan.worker_batches(cfg, 0, -1, 0)
+    with pytest.raises(ValueError, match=r"^counts\[0\] must be an integer, got 4.0$"):
+        plan.PlanConfig(counts=(4.0,), batch_size=2, seed=0)
+    with pytest.raises(ValueError, match=r"^epoch must be an integer, got 1.5$"):
+        fixed([1.0]).probabilities(1.5, ("a",))

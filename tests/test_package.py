@@ -15,3 +15,18 @@ def test_format_layer_does_not_import_torch():
     code = "import sys, wdsloader, wdsloader.format, build_shards; print('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
+
+
+def test_error_classes_are_exported_and_ours():
+    """Every error class is a top-level name and a WdsLoaderError; BatchValidationError stays an
+    AssertionError (seed code catches that) and ShardReadError an OSError."""
+    from wdsloader import errors
+
+    classes = [
+        v for v in vars(errors).values() if isinstance(v, type) and v.__module__ == errors.__name__
+    ]
+    assert {c.__name__ for c in classes} <= set(wdsloader.__all__)
+    assert all(issubclass(c, wdsloader.WdsLoaderError) for c in classes)
+    assert issubclass(wdsloader.BatchValidationError, AssertionError)
+    assert issubclass(wdsloader.ShardReadError, OSError)
+    assert wdsloader.validate.BatchValidationError is wdsloader.BatchValidationError

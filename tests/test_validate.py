@@ -15,6 +15,7 @@ from torch.utils.data import DataLoader
 
 from build_shards import build_shards
 from tests.dataset_factory import write_dataset
+from tests.http_server import http_server_fixture  # noqa: F401
 from wdsloader import create_loader
 from wdsloader.cli import main
 from wdsloader.errors import ManifestError
@@ -546,3 +547,21 @@ def test_manifest_json_is_untouched_by_validation(factory):
     before = open(os.path.join(factory, "manifest.json")).read()
     validate_dataset(factory, deep=True)
     assert json.loads(open(os.path.join(factory, "manifest.json")).read()) == json.loads(before)
+
+
+def test_http_dataset_sizes_come_from_the_store_listing(http_server):
+    """validate_dataset takes sizes from the store's listing (names unquoted): a shard whose name
+    an HTTP listing quotes is found there, not probed with a request of its own."""
+    folder = http_server.root / "ds"
+    write_dataset(str(folder), {"train": [4, 3]})
+    raw = json.loads((folder / "manifest.json").read_text())
+    for shard in raw["splits"]["train"]["shards"]:
+        old = shard["path"]
+        shard["path"] = old.replace("shard-", "shard ")
+        (folder / old).rename(folder / shard["path"])
+    (folder / "manifest.json").write_text(json.dumps(raw))
+    http_server.clear_log()
+    report = validate_dataset(f"{http_server.url}/ds")
+    assert report.ok, report.problems
+    assert report.shards_checked == 2
+    assert [r.path for r in http_server.requests() if r.method == "HEAD"] == []

@@ -29,6 +29,7 @@ _EXPORTS = {
     "PickleNotAllowedError": "wdsloader.errors",
     "SchemaError": "wdsloader.errors",
     "ShardFormatError": "wdsloader.errors",
+    "ShardReadError": "wdsloader.errors",
     "SkipLimitError": "wdsloader.errors",
     "StateMismatchError": "wdsloader.errors",
     "WdsLoaderError": "wdsloader.errors",
@@ -45,7 +46,7 @@ _EXPORTS = {
     "set_epoch": "wdsloader.stream",
     "PlanConfig": "wdsloader.plan",
     "Resume": "wdsloader.plan",
-    "BatchValidationError": "wdsloader.validate",
+    "BatchValidationError": "wdsloader.errors",
     "ValidationReport": "wdsloader.validate",
     "validate_batch": "wdsloader.validate",
     "validate_dataset": "wdsloader.validate",
@@ -73,11 +74,13 @@ if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs
     from wdsloader.curriculum import Curriculum, Schedule
     from wdsloader.decode import SampleDecoder, get_decoder, parse_sample, register_decoder
     from wdsloader.errors import (
+        BatchValidationError,
         DecodeError,
         ManifestError,
         PickleNotAllowedError,
         SchemaError,
         ShardFormatError,
+        ShardReadError,
         SkipLimitError,
         StateMismatchError,
         WdsLoaderError,
@@ -94,7 +97,6 @@ if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs
         set_epoch,
     )
     from wdsloader.validate import (
-        BatchValidationError,
         ValidationReport,
         validate_batch,
         validate_dataset,

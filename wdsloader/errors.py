@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+from typing import Any
+
 
 class WdsLoaderError(Exception):
     """Base class of every error this project raises on purpose."""
@@ -43,3 +46,24 @@ class SkipLimitError(WdsLoaderError, RuntimeError):
 class WorkerDiedError(WdsLoaderError, RuntimeError):
     """A DataLoader worker process died (names the worker, its pid, exit code or signal and
     the shard it was reading when known)."""
+
+
+class BatchValidationError(WdsLoaderError, AssertionError):
+    """A batch does not match the dataset's schema (an AssertionError too, as
+    ``validate_batch(...)`` is used like an assert).
+
+    The message names the field, the rule, the offending value and the sample key(s); ``field``
+    (None when the problem is not one field's), ``rule`` and ``keys`` (the offending samples'
+    keys, ``#row`` where the batch has no ``__key__``) hold them too.
+    """
+
+    def __init__(
+        self, message: str, *, field: str | None = None, rule: str = "", keys: Iterable[str] = ()
+    ) -> None:
+        super().__init__(message)
+        self.field = field
+        self.rule = rule
+        self.keys = list(keys)
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), self.args, self.__dict__)

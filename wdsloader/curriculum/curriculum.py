@@ -26,7 +26,6 @@ from wdsloader.curriculum.schedule import (
     Schedule,
     StepsSchedule,
     ZeroDecaySchedule,
-    as_int,
     check_epoch,
     cosine,
     fixed,
@@ -36,6 +35,7 @@ from wdsloader.curriculum.schedule import (
     steps,
     zero_decay,
 )
+from wdsloader.format.checks import as_int
 from wdsloader.format.manifest import FieldSpec
 
 __all__ = [

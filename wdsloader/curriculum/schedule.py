@@ -19,6 +19,8 @@ from typing import Any, ClassVar
 
 import numpy as np
 
+from wdsloader.format.checks import as_int
+
 __all__ = [
     "CallableSchedule",
     "CosineSchedule",
@@ -114,15 +116,6 @@ def _resolve(frozen: _Probs, names: tuple[str, ...], what: str) -> np.ndarray:
             )
         out = np.asarray(items, dtype=np.float64)
     return out
-
-
-def as_int(value: Any, what: str, low: int | None = None) -> int:
-    if isinstance(value, bool) or not hasattr(type(value), "__index__"):
-        raise ValueError(f"{what} must be an integer, got {value!r}")
-    n = operator.index(value)
-    if low is not None and n < low:
-        raise ValueError(f"{what} must be >= {low}, got {n}")
-    return n
 
 
 def check_epoch(epoch: int) -> int:

@@ -14,7 +14,6 @@ from __future__ import annotations
 import io
 import json
 import math
-import zlib
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -24,15 +23,10 @@ from wdsloader.errors import DecodeError, PickleNotAllowedError, ShardFormatErro
 from wdsloader.format.keys import field_of_ext, split_name
 from wdsloader.format.manifest import FieldSpec
 from wdsloader.format.npy import read_npy_header
-from wdsloader.format.tar import BLOCK, iter_members
+from wdsloader.format.ustar import BLOCK, iter_members, plain_member
 
 Buffer = bytes | bytearray | memoryview
 Decoder = Callable[[Any], Any]
-
-_REGULAR_FLAGS = frozenset((0x30, 0x00, 0x37))  # '0', NUL, '7' (contiguous file)
-_NUL = b"\0"
-_STRIP = b"\0 "
-_ADLER_MOD = 65521
 
 
 class _NotPlain(Exception):
@@ -83,29 +77,13 @@ def _parse_plain(
     pos = start
     while pos + BLOCK <= stop:
         hdr = src[pos : pos + BLOCK] if src is not None else bytes(view[pos : pos + BLOCK])
-        if hdr[156] not in _REGULAR_FLAGS or (hdr[345] and hdr[257:262] == b"ustar"):
+        plain = plain_member(hdr)
+        if plain is None:
             raise _NotPlain
-        # plain fields are octal digits only (no sign, "_" or inner blank: int() would take
-        # those); anything else is left to the general parser, which refuses what is malformed
-        size_field, sum_field = hdr[124:136].strip(_STRIP), hdr[148:156].strip(_STRIP)
-        if not (size_field.isdigit() and sum_field.isdigit()):
-            raise _NotPlain
-        try:
-            size = int(size_field, 8)
-            checksum = int(sum_field, 8)
-        except ValueError:  # the digits 8 and 9
-            raise _NotPlain from None
-        # The tar checksum is the byte sum with its own field counted as spaces. Adler-32's low
-        # half is 1 + that sum modulo 65521, computed in C; a header sums to at most 130560, so
-        # a corrupt header passes only if its sum moved by exactly 65521.
-        actual = (zlib.adler32(hdr) & 0xFFFF) - 1 - sum(hdr[148:156]) + 256
-        if (actual - checksum) % _ADLER_MOD:
-            raise _NotPlain
+        name, size = plain
         data_pos = pos + BLOCK
         if data_pos + size > stop:
             raise _NotPlain  # the general path words the error
-        nul = hdr.find(_NUL, 0, 100)
-        name = (hdr[:nul] if nul >= 0 else hdr[:100]).decode("utf-8", "surrogateescape")
         parts = split_name(name)
         if parts is not None:
             mkey, ext = parts
@@ -226,7 +204,7 @@ def _decode_npz_trusted(buf: Buffer) -> dict[str, np.ndarray]:
     return _load_npz(buf, allow_pickle=True)
 
 
-_SCAN_JSON = json.JSONDecoder().scan_once
+_SCAN_JSON = json.JSONDecoder().scan_once  # type: ignore[attr-defined]
 
 
 def decode_json(buf: Buffer) -> Any:
@@ -414,7 +392,7 @@ def _npy_check(spec: FieldSpec) -> _NpyCheck | None:
     """A post-decode check of dtype and shape for an ``npy`` field with an all-int shape."""
     if spec.dtype is None or spec.shape is None or not all(isinstance(d, int) for d in spec.shape):
         return None
-    return _NpyCheck(np.dtype(spec.dtype), tuple(spec.shape))
+    return _NpyCheck(np.dtype(spec.dtype), tuple(int(d) for d in spec.shape))
 
 
 class _ClsCast:
@@ -570,13 +548,13 @@ class SampleDecoder:
         wanted = self.fields if self.fields is not None else tuple(by_field)
         plan = []
         for field in wanted:
-            ext = by_field.get(field)
-            if ext is None:
+            member = by_field.get(field)
+            if member is None:
                 raise DecodeError(
                     f"{source}: sample {key!r} has no field {field!r}; "
                     f"its fields: {sorted(by_field)}"
                 )
-            plan.append((field, ext, self.decoder_for(field_of_ext(ext)[1]), None))
+            plan.append((field, member, self.decoder_for(field_of_ext(member)[1]), None))
         if len(self._plans_by_exts) < 64:
             self._plans_by_exts[exts] = plan
         return plan

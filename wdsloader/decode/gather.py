@@ -23,13 +23,22 @@ from numpy.lib.stride_tricks import sliding_window_view
 
 from wdsloader.format.manifest import FieldSpec, ShardInfo
 from wdsloader.format.npy import read_npy_header
-from wdsloader.format.tar import BLOCK, checksum_ok, padded
+from wdsloader.format.ustar import (
+    BLOCK,
+    NAME,
+    PREFIX,
+    SIZE,
+    TYPEFLAG,
+    checksums_ok,
+    header_sizes,
+    name_fields,
+    octal_field,
+    padded,
+    plain_regular,
+)
 
-_NAME = 100  # bytes of the ustar name field
-_TYPEFLAG = 156
 _DOT, _SLASH = ord("."), ord("/")
-_PREFIX = 345  # first byte of the ustar prefix field
-_SIZE = slice(124, 136)
+_NAME_BYTES = NAME.stop - NAME.start
 
 
 def gather_rows(buf: np.ndarray, positions: np.ndarray, nbytes: int) -> np.ndarray | None:
@@ -66,12 +75,9 @@ def keys_from_headers(headers: np.ndarray) -> list[str] | None:
 def key_ends(headers: np.ndarray) -> np.ndarray | None:
     """Where the key ends (its dot) in the name of each of ``(n, >= 512)`` first headers; None
     unless each is a plain ustar regular member named ``KEY.EXT`` (see :func:`sample_keys`)."""
-    flags = headers[:, _TYPEFLAG]
-    if not ((flags == 0x30) | (flags == 0) | (flags == 0x37)).all():  # '0', NUL, '7'
+    if not plain_regular(headers):  # a ustar prefix (or an old-style header's data), a link...
         return None
-    if (headers[:, _PREFIX] != 0).any():  # a ustar prefix (or an old-style header's data)
-        return None
-    names = headers[:, :_NAME]
+    names = name_fields(headers)
     if (names == _SLASH).any():
         return None
     dot = names == _DOT
@@ -83,46 +89,19 @@ def key_ends(headers: np.ndarray) -> np.ndarray | None:
 
 def key_strings(headers: np.ndarray, ends: np.ndarray) -> list[str]:
     """The keys named by first headers whose keys end at ``ends`` (:func:`key_ends`)."""
-    names = np.ascontiguousarray(headers[:, :_NAME])
+    names = np.ascontiguousarray(name_fields(headers))
     blob = names.tobytes()
     return [
-        blob[i * _NAME : i * _NAME + e].decode("utf-8", "surrogateescape")
+        blob[i * _NAME_BYTES : i * _NAME_BYTES + e].decode("utf-8", "surrogateescape")
         for i, e in enumerate(ends.tolist())
     ]
-
-
-_CHECKSUM = slice(148, 156)
-_SHIFTS = np.array([15, 12, 9, 6, 3, 0], dtype=np.uint32)
-
-
-def _usual_checksums(headers: np.ndarray) -> np.ndarray:
-    """Per row of ``(n, >= 512)`` headers: its checksum field holds, in the usual form (six octal
-    digits and a NUL, as our writer, tarfile and GNU tar write it), the byte sum of the header
-    with that field counted as spaces. False does not prove a header corrupt (other forms)."""
-    h = headers[:, :BLOCK]
-    field = h[:, _CHECKSUM]
-    total = h.sum(axis=1, dtype=np.uint32) - field.sum(axis=1, dtype=np.uint32) + 256
-    digits = (total[:, None] >> _SHIFTS) & 7
-    digits += 48
-    return (field[:, :6] == digits).all(axis=1) & (field[:, 6] == 0)
-
-
-def checksums_ok(headers: np.ndarray) -> np.ndarray:
-    """Per row of ``(n, >= 512)`` tar headers: whether its checksum holds, exactly as
-    :func:`wdsloader.format.tar.checksum_ok` decides (vectorised for the usual form of the
-    field, the other rows one by one)."""
-    ok = _usual_checksums(headers)
-    if not ok.all():
-        for j in np.flatnonzero(~ok).tolist():
-            ok[j] = checksum_ok(headers[j, :BLOCK].tobytes())
-    return ok
 
 
 def named_members(
     headers: np.ndarray, first_names: np.ndarray, ends: np.ndarray, ext: str, size: int
 ) -> np.ndarray:
     """Per sample ``j``: whether ``headers[j]`` is a plain ustar header (its checksum is the
-    caller's: :func:`checksums_ok`) of a regular member of ``size`` bytes named ``KEY.ext``, KEY being the key of the sample's
+    caller's: :func:`wdsloader.format.ustar.checksums_ok`) of a regular member of ``size`` bytes named ``KEY.ext``, KEY being the key of the sample's
     first header (``first_names[j]``, its name field; the key ends at ``ends[j]``).
 
     A cheap filter: True proves it; False may also mean a form only the full parser reads
@@ -141,8 +120,8 @@ def named_members(
         tail = _name_tail(ext)
         at = ends[:, None] + 1 + np.arange(len(tail))
         ok &= (np.take_along_axis(headers, at, axis=1) == tail).all(axis=1)
-        in_key = np.arange(_NAME) <= ends[:, None]
-        ok &= ((headers[:, :_NAME] == first_names[:, :_NAME]) | ~in_key).all(axis=1)
+        in_key = np.arange(_NAME_BYTES) <= ends[:, None]
+        ok &= ((name_fields(headers) == first_names[:, NAME]) | ~in_key).all(axis=1)
     return ok
 
 
@@ -156,11 +135,11 @@ def _constant_part(end: int, ext: str, size: int) -> tuple[np.ndarray, np.ndarra
     ``end`` (-1: key lengths vary), and those bytes: the extension and its NUL (when it fits
     the name field), the size field as our writer and most tools write it, the typeflag '0'
     and an empty prefix."""
-    size_field = b"%011o\0" % size
-    cols = [*range(124, 136), _TYPEFLAG, _PREFIX]
+    size_field = octal_field(size, SIZE.stop - SIZE.start)
+    cols = [*range(SIZE.start, SIZE.stop), TYPEFLAG.start, PREFIX.start]
     const = [*size_field, 0x30, 0]
     tail = _name_tail(ext)
-    if end >= 0 and end + 1 + len(tail) <= _NAME:
+    if end >= 0 and end + 1 + len(tail) <= _NAME_BYTES:
         cols += range(end + 1, end + 1 + len(tail))
         const += tail.tolist()
     elif end >= 0:  # a name that fills the field: leave it to the parser
@@ -168,20 +147,7 @@ def _constant_part(end: int, ext: str, size: int) -> tuple[np.ndarray, np.ndarra
     return np.array(cols, dtype=np.intp), np.array(const, dtype=np.int16)
 
 
-_OCTAL = 8 ** np.arange(10, -1, -1, dtype=np.int64)
 MAX_MEMBERS = 64
-
-
-def member_sizes(headers: np.ndarray) -> np.ndarray | None:
-    """The size fields of ``(n, 512)`` tar headers, when all are 11 octal digits and a NUL or
-    space (what our writer and GNU tar write); else None."""
-    field = headers[:, _SIZE]
-    digits = field[:, :11].astype(np.int64) - 48
-    if ((digits < 0) | (digits > 7)).any() or not (
-        (field[:, 11] == 0) | (field[:, 11] == 32)
-    ).all():
-        return None
-    return digits @ _OCTAL
 
 
 def walk_members(
@@ -210,21 +176,19 @@ def walk_members(
         if not active.all():
             return None  # samples with different numbers of members
         checked = False
+        headers: np.ndarray | None
         if first_headers is not None:
             headers, first_headers, checked = first_headers, None, first_checked
         else:
             headers = gather_rows(buf, pos, BLOCK)
         if headers is None or not (checked or checksums_ok(headers).all()):
             return None
-        flags = headers[:, _TYPEFLAG]
-        if not ((flags == 0x30) | (flags == 0) | (flags == 0x37)).all():
+        if not plain_regular(headers):
             return None
-        if (headers[:, _PREFIX] != 0).any():
-            return None
-        sizes = member_sizes(headers)
+        sizes = header_sizes(headers)
         if sizes is None:
             return None
-        ext = _common_ext(headers[:, :_NAME], encoded)
+        ext = _common_ext(name_fields(headers), encoded)
         if ext is None or ext in out:
             return None
         data = pos + BLOCK

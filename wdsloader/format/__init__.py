@@ -26,16 +26,14 @@ from wdsloader.format.manifest import (
     check_version,
 )
 from wdsloader.format.npy import read_npy_header
-from wdsloader.format.tar import (
+from wdsloader.format.ustar import (
     BLOCK,
     END_OF_ARCHIVE,
     Member,
-    encode_header,
-    encode_member,
     iter_members,
     padded,
 )
-from wdsloader.format.writer import TarStreamWriter
+from wdsloader.format.writer import TarStreamWriter, encode_header, encode_member
 
 __all__ = [
     "BLOCK",

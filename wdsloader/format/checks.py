@@ -1,15 +1,17 @@
-"""Small typed checks of manifest values: one function per kind of value, each naming the field.
+"""Small typed checks of manifest values: one function per kind of value, each naming the field;
+and :func:`as_int`, the one integer check of arguments (plan, curriculum, manifest counts).
 
-Each check takes the value and ``where``, the field's path in the manifest
+Each manifest check takes the value and ``where``, the field's path in the manifest
 (``splits.train.shards[3].num_samples``), and raises :class:`InvalidField` (a ValueError) whose
 message starts with that path. :func:`path_problem` says why a shard or index path is refused.
 """
 
 from __future__ import annotations
 
+import operator
 import re
 import reprlib
-from typing import Any
+from typing import Any, SupportsIndex, cast
 
 MAX_INT = 2**63 - 1  # what an int64 offset or count holds
 MAX_DEPTH = 32  # nesting of the free-form parts (build, loader_defaults)
@@ -54,11 +56,26 @@ def check_str(value: Any, where: str, *, optional: bool = False) -> str | None:
     return value
 
 
+def as_int(value: object, what: str, low: int | None = None, high: int | None = None) -> int:
+    """``value`` as an int: a Python or numpy integer (bools, floats and strings refused) between
+    ``low`` and ``high`` when given. Raises ValueError ``"WHAT must be an integer, got VALUE"``,
+    ``"WHAT must be >= LOW, got N"`` or ``"WHAT must be <= HIGH, got N"``."""
+    if isinstance(value, bool) or not hasattr(type(value), "__index__"):
+        raise ValueError(f"{what} must be an integer, got {value!r}")
+    n = operator.index(cast(SupportsIndex, value))
+    if low is not None and n < low:
+        raise ValueError(f"{what} must be >= {low}, got {n}")
+    if high is not None and n > high:
+        raise ValueError(f"{what} must be <= {high}, got {n}")
+    return n
+
+
 def check_count(value: Any, where: str) -> int:
     """A non-negative integer that fits int64 (bools and floats refused)."""
-    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_INT:
-        raise _fail(where, "a non-negative integer", value)
-    return value
+    try:
+        return as_int(value, where, 0, MAX_INT)
+    except ValueError:
+        raise _fail(where, "a non-negative integer", value) from None
 
 
 def check_number(value: Any, where: str) -> float:
@@ -154,7 +171,7 @@ def check_layout(value: Any, where: str) -> dict[str, list[int]] | None:
             raise _fail(at, "[offset, size]", pair)
         for i, v in enumerate(items):
             check_count(v, f"{at}[{i}]")
-    return value
+    return cast("dict[str, list[int]]", value)
 
 
 def check_depth(value: Any, where: str, limit: int = MAX_DEPTH) -> None:

@@ -10,7 +10,7 @@ import math
 
 import numpy as np
 
-Buffer = bytes | bytearray | memoryview
+Buffer = bytes | bytearray | memoryview | np.ndarray
 
 _NPY_MAGIC = b"\x93NUMPY"
 _NPY_CACHE: dict[bytes, tuple[np.dtype, tuple[int, ...], bool, int]] = {}
@@ -52,7 +52,7 @@ def read_npy_header(buf: Buffer) -> tuple[np.dtype, tuple[int, ...], bool, int]:
 
     Raises ValueError on a bad magic, version or header. Parses are cached by header bytes.
     """
-    view = buf if isinstance(buf, memoryview) else memoryview(buf)
+    view = buf if isinstance(buf, memoryview) else memoryview(buf)  # type: ignore[arg-type]
     if len(view) < 10 or view[:6] != _NPY_MAGIC:
         raise ValueError("not a .npy file (bad magic)")
     major = view[6]

@@ -1,4 +1,10 @@
-"""Streaming writer of one shard: ustar members, sample offsets for the index, sha256, layout."""
+"""Writing ustar: member headers, and the streaming writer of one shard (sample offsets for the
+index, sha256, layout).
+
+Plain POSIX ustar, mode 0644, uid/gid 0, empty user/group names, mtime 0, one 512-byte header
+per member (no PAX, no GNU extensions), names of at most 100 bytes. Archives end with two zero
+blocks. The field layout is :mod:`wdsloader.format.ustar`'s.
+"""
 
 from __future__ import annotations
 
@@ -9,13 +15,73 @@ from typing import BinaryIO
 
 from wdsloader.format.index import encode_index
 from wdsloader.format.keys import validate_key
-from wdsloader.format.tar import (
+from wdsloader.format.ustar import (
     BLOCK,
+    CHECKSUM,
+    DEVMAJOR,
+    DEVMINOR,
     END_OF_ARCHIVE,
-    header_template,
-    member_name_bytes,
+    GID,
+    MAGIC,
+    MAX_NAME_BYTES,
+    MODE,
+    MTIME,
+    SIZE,
+    TYPEFLAG,
+    UID,
+    VERSION,
+    octal_field,
     padded,
 )
+
+# The constant part of every header we write (everything but name, size, checksum).
+_HEADER_TEMPLATE = bytearray(BLOCK)
+_HEADER_TEMPLATE[MODE] = octal_field(0o644, 8)
+_HEADER_TEMPLATE[UID] = octal_field(0, 8)
+_HEADER_TEMPLATE[GID] = octal_field(0, 8)
+_HEADER_TEMPLATE[MTIME] = octal_field(0, 12)
+_HEADER_TEMPLATE[TYPEFLAG] = b"0"
+_HEADER_TEMPLATE[MAGIC] = b"ustar\0"
+_HEADER_TEMPLATE[VERSION] = b"00"
+_HEADER_TEMPLATE[DEVMAJOR] = octal_field(0, 8)
+_HEADER_TEMPLATE[DEVMINOR] = octal_field(0, 8)
+_TEMPLATE_SUM = sum(_HEADER_TEMPLATE) + 8 * 32  # checksum field counts as spaces
+
+
+def member_name_bytes(name: str) -> bytes:
+    """``name`` as UTF-8, or a ValueError unless it is 1 to 100 bytes long."""
+    raw = name.encode("utf-8")
+    if not raw or len(raw) > MAX_NAME_BYTES:
+        raise ValueError(f"tar member name must be 1..{MAX_NAME_BYTES} bytes, got {name!r}")
+    return raw
+
+
+def header_template(name: bytes, size: int) -> tuple[bytearray, int]:
+    """A ustar header for the raw ``name`` and ``size`` with its checksum field left to fill,
+    and the checksum of that header.
+
+    ``name`` may hold NUL bytes as placeholders (they add nothing to the checksum): writing
+    bytes over them later adds their sum to the checksum. :class:`TarStreamWriter` builds one
+    template per sample shape this way and drops each key in.
+    """
+    header = bytearray(_HEADER_TEMPLATE)
+    header[0 : len(name)] = name
+    header[SIZE] = octal_field(size, 12)
+    return header, _TEMPLATE_SUM + sum(name) + sum(header[SIZE])
+
+
+def encode_header(name: str, size: int) -> bytes:
+    """A ustar header for a regular file ``name`` of ``size`` bytes."""
+    header, checksum = header_template(member_name_bytes(name), size)
+    header[CHECKSUM] = b"%06o\0 " % checksum
+    return bytes(header)
+
+
+def encode_member(name: str, data: bytes) -> bytes:
+    """Header, data and padding of one member."""
+    pad = padded(len(data)) - len(data)
+    return encode_header(name, len(data)) + data + b"\0" * pad
+
 
 _FRAME_CACHE_MAX = 256  # sample shapes kept per writer (one is the common case)
 
@@ -51,7 +117,13 @@ def _build_frame(key: str, members: Sequence[tuple[str, bytes]]) -> _Frame:
         size = len(data)
         name = blank + member_name_bytes(f"{key}.{ext}")[keylen:]  # checks the real name's length
         header, checksum = header_template(name, size)
-        parts += (b"%s", _literal(header[keylen:148]), b"%06o\0 ", _literal(header[156:]), b"%s")
+        parts += (
+            b"%s",
+            _literal(header[keylen : CHECKSUM.start]),
+            b"%06o\0 ",
+            _literal(header[CHECKSUM.stop :]),
+            b"%s",
+        )
         parts.append(bytes(padded(size) - size))
         checksums.append(checksum)
         layout[ext] = [pos + BLOCK, size]

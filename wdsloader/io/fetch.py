@@ -50,6 +50,7 @@ from wdsloader.io.storage import (
     url_to_fs,
     with_timeouts,
 )
+from wdsloader.plan.coalesce import coalesce
 from wdsloader.redact import redact, redact_options, secrets_of
 
 logger = logging.getLogger(__name__)
@@ -327,7 +328,7 @@ class ShardStore:
         else:
             buf = np.empty(total, dtype=np.uint8)  # not zero-filled: every byte is read into
         with self._lock:
-            self._read_files(reqs, memoryview(buf), positions)
+            self._read_files(reqs, memoryview(buf), positions)  # type: ignore[arg-type]
         self._count("bytes_read", total)
         return buf, positions
 
@@ -589,11 +590,25 @@ class ShardStore:
         if not shard.sha256:
             logger.warning("%s: no sha256 in the manifest, not verified", self.url(shard))
             return None
+        return self._hash_ranges(fs, shard)
+
+    def _hash_ranges(self, fs: Any, shard: ShardInfo) -> str:
         sha = hashlib.sha256()
         step = self.options.max_request_bytes
         for start in range(0, shard.num_bytes, step):
             sha.update(self._fetch(fs, shard.path, start, min(start + step, shard.num_bytes)))
         return sha.hexdigest()
+
+    def sha256(self, shard: ShardInfo) -> str:
+        """Hex sha256 of the shard's file as stored: a local file read whole, a remote one by
+        ranged reads (``shard.num_bytes`` of them) with the retries and deadline of reads; the
+        shard cache is not used. Raises FileNotFoundError naming a missing file."""
+        self._ensure_process()
+        with self._lock:
+            if self.is_local:
+                path = join(self._local_base, shard.path)
+                return hash_fd(self._fd(shard, path, {path}))
+            return self._hash_ranges(self._filesystem(), shard)
 
     # -- start-up check --------------------------------------------------------------------------
     def check_shards(self, shards: Sequence[ShardInfo]) -> None:
@@ -605,33 +620,49 @@ class ShardStore:
         """
         self._ensure_process()
         with self._lock:
-            fs = self._filesystem()
             groups: dict[str, list[tuple[str, int]]] = {}
             for s in shards:
                 for rel, size in ((s.path, s.num_bytes), (s.idx_path, (s.num_samples + 1) * 8)):
                     groups.setdefault(posixpath.dirname(rel), []).append((rel, size))
             missing: list[str] = []
             for folder, files in groups.items():
-                listing = self._list_dir(fs, join(self._base, folder) if folder else self._base)
+                listing = self.list_dir(folder)
                 for rel, expected in files:
                     name = posixpath.basename(rel)
                     if listing is not None and name in listing:
-                        size = listing[name]
+                        found = listing[name]
                     else:
                         try:
-                            size = self._info(fs, rel).get("size")
+                            found = self.file_size(rel)
                         except FileNotFoundError:
                             missing.append(self._url(rel))
                             continue
-                    if size is not None and int(size) != expected:
+                    if found is not None and found != expected:
                         raise ShardFormatError(
-                            f"{self._url(rel)}: file has {size} bytes, the manifest says {expected}"
+                            f"{self._url(rel)}: file has {found} bytes, the manifest says {expected}"
                         )
             if missing:
                 shown = ", ".join(missing[:5]) + (" ..." if len(missing) > 5 else "")
                 raise FileNotFoundError(
                     errno.ENOENT, f"{len(missing)} shard file(s) missing: {shown}", missing[0]
                 )
+
+    def list_dir(self, folder: str = "") -> dict[str, int | None] | None:
+        """``{basename: size or None}`` of the files in ``folder`` (relative to the root; ``""``
+        is the root), or None when the storage does not list it (plain HTTP servers may not).
+        Names are the files' names (an HTTP listing's URL quoting undone)."""
+        self._ensure_process()
+        with self._lock:
+            fs = self._filesystem()
+            return self._list_dir(fs, join(self._base, folder) if folder else self._base)
+
+    def file_size(self, rel: str) -> int | None:
+        """The size of the file ``rel`` under the root, or None when the storage does not say,
+        with the retries and deadline of reads. Raises FileNotFoundError naming a missing file."""
+        self._ensure_process()
+        with self._lock:
+            size = self._info(self._filesystem(), rel).get("size")
+        return None if size is None else int(size)
 
     def _info(self, fs: Any, rel: str) -> dict[str, Any]:
         """``fs.info`` of a file under the root, with the retries and deadline of reads."""
@@ -781,21 +812,20 @@ def _unique_shards(reqs: list[Request]) -> dict[str, ShardInfo]:
 
 def _coalesce(reqs: list[Request]) -> list[tuple[ShardInfo, int, int, list[int]]]:
     """Merge overlapping or adjacent ranges of each shard: ``(shard, start, stop, request ids)``."""
-    by_shard: dict[str, list[int]] = {}
-    for i, (shard, _, _) in enumerate(reqs):
-        by_shard.setdefault(shard.path, []).append(i)
-    segments: list[tuple[ShardInfo, int, int, list[int]]] = []
-    for ids in by_shard.values():
-        ids.sort(key=lambda i: reqs[i][1])
-        shard, start, stop = reqs[ids[0]]
-        members = [ids[0]]
-        for i in ids[1:]:
-            _, a, b = reqs[i]
-            if a <= stop:
-                stop = max(stop, b)
-                members.append(i)
-            else:
-                segments.append((shard, start, stop, members))
-                start, stop, members = a, b, [i]
-        segments.append((shard, start, stop, members))
-    return segments
+    shards = _unique_shards(reqs)
+    key_of = {rel: k for k, rel in enumerate(shards)}
+    by_key = list(shards.values())
+    runs = coalesce(
+        [key_of[shard.path] for shard, _, _ in reqs],
+        [start for _, start, _ in reqs],
+        [stop for _, _, stop in reqs],
+    )
+    members: list[list[int]] = [[] for _ in range(len(runs.key))]
+    for i, run in enumerate(runs.run_of.tolist()):
+        members[run].append(i)
+    return [
+        (by_key[key], start, stop, ids)
+        for key, start, stop, ids in zip(
+            runs.key.tolist(), runs.start.tolist(), runs.stop.tolist(), members, strict=True
+        )
+    ]

@@ -23,11 +23,13 @@ consumed are planned afresh for the new config (elastic resume).
 
 from __future__ import annotations
 
-import numbers
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import cast
 
 import numpy as np
+
+from wdsloader.format.checks import as_int
 
 __all__ = [
     "PLAN_ALGORITHM",
@@ -55,14 +57,6 @@ _ORDER_TAG = 0x0DE5_5EED
 _WINDOW_TAG = 0x3A1D_5EED
 
 
-def _check_int(name: str, value: object, minimum: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-        raise ValueError(f"{name} must be an integer, got {value!r}")
-    if int(value) < minimum:
-        raise ValueError(f"{name} must be >= {minimum}, got {value!r}")
-    return int(value)
-
-
 @dataclass(frozen=True, slots=True, kw_only=True)
 class PlanConfig:
     """Everything the plan depends on except epoch, rank and worker (the same on every rank).
@@ -87,12 +81,12 @@ class PlanConfig:
             raise ValueError(
                 f"counts must be a sequence of per-shard sample counts, got {self.counts!r}"
             )
-        counts = tuple(_check_int(f"counts[{i}]", c, 0) for i, c in enumerate(self.counts))
+        counts = tuple(as_int(c, f"counts[{i}]", 0) for i, c in enumerate(self.counts))
         object.__setattr__(self, "counts", counts)
         for name in ("batch_size", "world_size", "num_workers", "span"):
-            object.__setattr__(self, name, _check_int(name, getattr(self, name), 1))
+            object.__setattr__(self, name, as_int(getattr(self, name), name, 1))
         for name in ("seed", "window"):
-            object.__setattr__(self, name, _check_int(name, getattr(self, name), 0))
+            object.__setattr__(self, name, as_int(getattr(self, name), name, 0))
         for name in ("shuffle", "drop_last"):
             if not isinstance(getattr(self, name), (bool, np.bool_)):
                 raise ValueError(f"{name} must be a bool, got {getattr(self, name)!r}")
@@ -123,7 +117,7 @@ class Resume:
             raise ValueError(
                 f"Resume.config must be a PlanConfig, got {type(self.config).__name__}"
             )
-        object.__setattr__(self, "batches_done", _check_int("batches_done", self.batches_done, 0))
+        object.__setattr__(self, "batches_done", as_int(self.batches_done, "batches_done", 0))
         if self.prior is not None:
             if not isinstance(self.prior, Resume):
                 raise ValueError(f"Resume.prior must be a Resume, got {type(self.prior).__name__}")
@@ -139,7 +133,7 @@ def next_resume(cfg: PlanConfig, resumed_from: Resume | None, batches_yielded: i
 
     ``resumed_from`` is the state this run started from (None for a run from the epoch's start).
     """
-    batches_yielded = _check_int("batches_yielded", batches_yielded, 0)
+    batches_yielded = as_int(batches_yielded, "batches_yielded", 0)
     if resumed_from is None:
         return Resume(cfg, batches_yielded)
     if resumed_from.config == cfg:
@@ -180,10 +174,13 @@ class _Runs:
 
     def take(self, pos: np.ndarray) -> np.ndarray:
         """The values at positions ``pos`` (int64 array, each in [0, size))."""
+        out: np.ndarray
         if self.starts.size == 1:
-            return pos + self.starts[0]
+            out = pos + self.starts[0]
+            return out
         run = np.searchsorted(self.cum, pos, side="right") - 1
-        return self.starts[run] + (pos - self.cum[run])
+        out = self.starts[run] + (pos - self.cum[run])
+        return out
 
     def expand(self) -> np.ndarray:
         """The whole sequence as an int64 array."""
@@ -307,7 +304,7 @@ def _one_window_perm(
     """Window ``i`` of :func:`_window_perm` (window-local offsets) without drawing the others."""
     w = cfg.window
     rng = _window_rng(cfg, epoch, rank, worker)
-    rng.bit_generator.advance(i * w)  # one 64-bit draw per float64 key
+    cast(np.random.PCG64, rng.bit_generator).advance(i * w)  # one 64-bit draw per float64 key
     return np.argsort(rng.random(min(w, n - i * w)), kind="stable")
 
 
@@ -368,7 +365,7 @@ def _describe(cfg: PlanConfig) -> str:
 
 
 def _check_epoch(epoch: int) -> int:
-    return _check_int("epoch", epoch, 0)
+    return as_int(epoch, "epoch", 0)
 
 
 def _check_compatible(cfg: PlanConfig, saved: PlanConfig) -> None:
@@ -406,7 +403,7 @@ def _resolve(cfg: PlanConfig, epoch: int, resume: Resume | None) -> tuple[_Runs,
 
 
 def _check_rank(cfg: PlanConfig, rank: int) -> int:
-    rank = _check_int("rank", rank, 0)
+    rank = as_int(rank, "rank", 0)
     if rank >= cfg.world_size:
         raise ValueError(f"rank must be < world_size={cfg.world_size}, got {rank}")
     return rank
@@ -468,7 +465,7 @@ def worker_batches(
     yields what it had not yet yielded, so the round-robin from worker 0 continues with rank batch ``k``.
     """
     rank = _check_rank(cfg, rank)
-    worker = _check_int("worker", worker, 0)
+    worker = as_int(worker, "worker", 0)
     if worker >= cfg.num_workers:
         raise ValueError(f"worker must be < num_workers={cfg.num_workers}, got {worker}")
     base, g, skip = _resolve(cfg, epoch, resume)

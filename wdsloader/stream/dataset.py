@@ -18,7 +18,6 @@ from wdsloader import plan
 from wdsloader.decode.codecs import SampleDecoder, parse_sample
 from wdsloader.decode.gather import (
     FieldTable,
-    checksums_ok,
     field_tables,
     gather_rows,
     key_ends,
@@ -30,8 +29,9 @@ from wdsloader.decode.gather import (
 )
 from wdsloader.errors import ShardFormatError, SkipLimitError, WdsLoaderError
 from wdsloader.format import FieldSpec, Manifest, ShardInfo
-from wdsloader.format.tar import BLOCK, checksum_ok
+from wdsloader.format.ustar import BLOCK, NAME, checksum_ok, checksums_ok
 from wdsloader.io.fetch import ShardStore
+from wdsloader.plan.coalesce import coalesce
 from wdsloader.stream.control import Control
 from wdsloader.stream.state import resume_from_dict, resume_to_dict, shards_digest
 
@@ -42,16 +42,6 @@ log = logging.getLogger(__name__)
 
 ON_ERROR = ("raise", "skip")
 SMALL_BLOCK = 16 * 2**10  # sample prefixes up to this size are gathered in one piece
-_NAME = 100  # bytes of the ustar name field
-
-
-@dataclass(slots=True, frozen=True)
-class _Run:
-    """A contiguous byte range of one shard holding one or more planned samples."""
-
-    shard: int
-    start: int
-    stop: int
 
 
 @dataclass(slots=True)
@@ -414,9 +404,14 @@ class ShardStreamDataset(IterableDataset):
             offsets = self.store.index(self.shards[s])
             starts[mask] = offsets[local[mask]]
             stops[mask] = offsets[local[mask] + 1]
-        runs, run_of = _coalesce(shard_idx, starts, stops)
-        requests = [(self.shards[r.shard], r.start, r.stop) for r in runs]
-        run_start = np.array([r.start for r in runs], dtype=np.int64)
+        runs = coalesce(shard_idx, starts, stops)
+        run_of, run_start = runs.run_of, runs.start
+        requests = [
+            (self.shards[s], a, b)
+            for s, a, b in zip(
+                runs.key.tolist(), run_start.tolist(), runs.stop.tolist(), strict=True
+            )
+        ]
         buf: np.ndarray | None = None
         owner: np.ndarray | None = None
         try:
@@ -531,7 +526,7 @@ class ShardStreamDataset(IterableDataset):
         ends = None if first is None else key_ends(first)
         if first is None or ends is None or not checksums_ok(first).all():
             raise _Fallback
-        return key_strings(first, ends), _Heads(first[:, :_NAME], ends)
+        return key_strings(first, ends), _Heads(first[:, NAME], ends)
 
     def _block(self, raw: _RawBatch) -> np.ndarray | None:
         """The first ``_block_len`` bytes of every sample as one ``(n, L)`` array, when the
@@ -611,7 +606,7 @@ class ShardStreamDataset(IterableDataset):
         if member.nbytes == table.nbytes and member == raw.buf[at : at + table.nbytes].data:
             return
         header = raw.buf[at - BLOCK : at].tobytes()
-        there = header[:_NAME].split(b"\0", 1)[0].decode("utf-8", "replace")
+        there = header[NAME].split(b"\0", 1)[0].decode("utf-8", "replace")
         sound = len(header) == BLOCK and checksum_ok(header)
         found = f"the header of {there!r}" if sound else "no such member header"
         raise ShardFormatError(
@@ -750,30 +745,3 @@ def _collate_columns(collate_fn: Callable[..., Any], columns: dict[str, Any], n:
     names = list(columns)
     cols = [columns[k] for k in names]
     return collate_fn([dict(zip(names, row, strict=True)) for row in zip(*cols, strict=True)])
-
-
-def _coalesce(
-    shard_idx: np.ndarray, starts: np.ndarray, stops: np.ndarray
-) -> tuple[list[_Run], np.ndarray]:
-    """Merge the byte ranges of samples that are adjacent (or repeated) in the same shard.
-
-    Returns the runs and, for every sample, the index of the run that holds it.
-    """
-    order = np.lexsort((starts, shard_idx))
-    s_shard, s_start, s_stop = shard_idx[order], starts[order], stops[order]
-    new = np.ones(len(order), dtype=bool)
-    if len(order) > 1:
-        same_shard = s_shard[1:] == s_shard[:-1]
-        joined = (s_start[1:] == s_stop[:-1]) | (s_start[1:] == s_start[:-1])
-        new[1:] = ~(same_shard & joined)
-    run_id_sorted = np.cumsum(new) - 1
-    run_of = np.empty(len(order), dtype=np.int64)
-    run_of[order] = run_id_sorted
-    firsts = np.flatnonzero(new)
-    # a run ends at the largest stop among its members (repeats do not extend it)
-    run_stops = np.maximum.reduceat(s_stop, firsts) if len(order) else s_stop
-    runs = [
-        _Run(int(s_shard[f]), int(s_start[f]), int(stop))
-        for f, stop in zip(firsts, run_stops, strict=True)
-    ]
-    return runs, run_of

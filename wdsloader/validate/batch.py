@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from wdsloader.errors import BatchValidationError
 from wdsloader.format import FieldSpec
 
 __all__ = ["BatchValidationError", "validate_batch", "validate_first_batch"]
@@ -31,26 +32,6 @@ TENSOR, _LIST, _ANY = "tensor", "list", "any"
 _LIST_ENCODINGS = frozenset(("txt", "text"))
 _ANY_DTYPES = frozenset(("json", "image"))
 _LIST_DTYPES = frozenset(("str", "bytes"))
-
-
-class BatchValidationError(AssertionError):
-    """A batch does not match the dataset's schema.
-
-    The message names the field, the rule, the offending value and the sample key(s); ``field``
-    (None when the problem is not one field's), ``rule`` and ``keys`` (the offending samples'
-    keys, ``#row`` where the batch has no ``__key__``) hold them too.
-    """
-
-    def __init__(
-        self, message: str, *, field: str | None = None, rule: str = "", keys: Iterable[str] = ()
-    ) -> None:
-        super().__init__(message)
-        self.field = field
-        self.rule = rule
-        self.keys = list(keys)
-
-    def __reduce__(self) -> tuple[Any, ...]:
-        return (type(self), self.args, self.__dict__)
 
 
 # -- rules shared by batches and samples --------------------------------------------------------

@@ -4,7 +4,6 @@ every sample against the schema), reporting every problem found instead of stopp
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import os
 import posixpath
@@ -19,7 +18,7 @@ from wdsloader.decode.codecs import SampleDecoder, parse_sample
 from wdsloader.errors import WdsLoaderError
 from wdsloader.format import FieldSpec, Manifest, ShardInfo
 from wdsloader.format.index import INDEX_DTYPE
-from wdsloader.format.tar import BLOCK
+from wdsloader.format.ustar import BLOCK
 from wdsloader.io.fetch import ReadOptions, ShardStore
 from wdsloader.io.storage import join, url_to_fs
 from wdsloader.progress import progress_bar
@@ -45,7 +44,6 @@ log = logging.getLogger(__name__)
 MAX_LINES_PER_RULE = 10  # per shard, field and rule; the rest are counted in one line
 CHUNK_SAMPLES = 4096
 CHUNK_BYTES = 32 * 2**20
-HASH_CHUNK = 8 * 2**20
 
 
 @dataclass(slots=True)
@@ -121,38 +119,14 @@ class _DatasetChecker:
         a listing does not show are probed one by one)."""
         folder, name = posixpath.split(rel)
         if folder not in self._listings:
-            path = join(self.base, folder) if folder else self.base
-            try:
-                self.fs.invalidate_cache(path)
-                entries = self.fs.ls(path, detail=True)
-            except Exception as exc:  # a listing only saves requests
-                log.debug("%s: no listing (%r); probing files one by one", path, exc)
-                entries = None
-            self._listings[folder] = (
-                None
-                if entries is None
-                else {
-                    posixpath.basename(str(e["name"]).rstrip("/")): e.get("size")
-                    for e in entries
-                    if e.get("type", "file") == "file"
-                }
-            )
+            self._listings[folder] = self.store.list_dir(folder)
         listing = self._listings[folder]
         if listing is not None and name in listing:
-            size = listing[name]
-        else:
-            try:
-                size = self.fs.info(join(self.base, rel)).get("size")
-            except FileNotFoundError:
-                return False, None
-        return True, None if size is None else int(size)
-
-    def _sha256(self, rel: str) -> str:
-        sha = hashlib.sha256()
-        with self.fs.open(join(self.base, rel), "rb") as f:
-            while chunk := f.read(HASH_CHUNK):
-                sha.update(chunk)
-        return sha.hexdigest()
+            return True, listing[name]
+        try:
+            return True, self.store.file_size(rel)
+        except FileNotFoundError:
+            return False, None
 
     # -- one shard ------------------------------------------------------------------------------
     def check_shard(self, shard: ShardInfo, deep: bool, bar: Any) -> None:
@@ -172,7 +146,7 @@ class _DatasetChecker:
             if exists and (size is None or size == shard.num_bytes):
                 if not shard.sha256:
                     log.warning("%s: no sha256 in the manifest, checksum not verified", self.rel)
-                elif (digest := self._sha256(shard.path)) != shard.sha256:
+                elif (digest := self.store.sha256(shard)) != shard.sha256:
                     self.add(
                         "sha256",
                         f"file hashes to {digest}, the manifest says {shard.sha256} (corrupt or "

@@ -1,18 +1,26 @@
-"""Minimal ustar writing and fast tar member parsing (the byte-level part of the format contract).
+"""The ustar layout and its parsing: named header fields, scalar and whole-batch header checks,
+and a walk over the members of a buffer (the byte-level part of the format contract).
 
-Writing: plain POSIX ustar, mode 0644, uid/gid 0, empty user/group names, mtime 0, one 512-byte
-header per member (no PAX, no GNU extensions), names of at most 100 bytes. Archives end with two
-zero blocks.
+A header is 512 bytes; its fields are the ``slice`` constants below (``header[SIZE]``), for a
+single header (bytes) and for a ``(n, 512)`` uint8 array of headers (``headers[:, SIZE]``)
+alike. Nothing outside this module indexes header bytes by number.
 
 Reading: :func:`iter_members` walks raw headers in a buffer. It understands the headers other
 writers add (PAX ``x``/``g``, GNU ``L`` long names, ustar ``prefix``) so shards written by
 webdataset, Python's ``tarfile`` or GNU tar parse too; non-regular members are skipped.
+:func:`plain_member` is the fast check of one plain header; :func:`checksums_ok`,
+:func:`header_sizes` and :func:`plain_regular` check a batch of headers at once. Writing lives
+in :mod:`wdsloader.format.writer`.
 """
 
 from __future__ import annotations
 
+import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass
+
+import numpy as np
+import numpy.typing as npt
 
 from wdsloader.errors import ShardFormatError
 
@@ -20,7 +28,36 @@ BLOCK = 512
 END_OF_ARCHIVE = b"\0" * (2 * BLOCK)
 MAX_NAME_BYTES = 100
 
-_REGULAR = (b"0", b"\0", b"7")
+# The fields of a ustar header (POSIX.1-1988), as slices of its 512 bytes.
+NAME = slice(0, 100)
+MODE = slice(100, 108)
+UID = slice(108, 116)
+GID = slice(116, 124)
+SIZE = slice(124, 136)
+MTIME = slice(136, 148)
+CHECKSUM = slice(148, 156)
+TYPEFLAG = slice(156, 157)
+LINKNAME = slice(157, 257)
+MAGIC = slice(257, 263)
+VERSION = slice(263, 265)
+UNAME = slice(265, 297)
+GNAME = slice(297, 329)
+DEVMAJOR = slice(329, 337)
+DEVMINOR = slice(337, 345)
+PREFIX = slice(345, 500)
+
+USTAR_MAGIC = b"ustar"
+"""The first five bytes of ``MAGIC`` in POSIX ustar (``ustar\\0``) and GNU (``ustar ``) headers."""
+REGULAR_TYPES = (b"0", b"\0", b"7")
+"""Typeflags of a regular file (``7``: contiguous file, read as one)."""
+
+_TYPE_AT = TYPEFLAG.start
+_PREFIX_AT = PREFIX.start
+_MAGIC5 = slice(MAGIC.start, MAGIC.start + len(USTAR_MAGIC))
+_REGULAR_BYTES = frozenset(t[0] for t in REGULAR_TYPES)
+
+Headers = npt.NDArray[np.uint8]
+"""A ``(n, >= 512)`` uint8 array whose rows start with a tar header each."""
 
 
 def padded(nbytes: int) -> int:
@@ -28,78 +65,16 @@ def padded(nbytes: int) -> int:
     return (nbytes + BLOCK - 1) // BLOCK * BLOCK
 
 
-def _octal(value: int, width: int) -> bytes:
-    """NUL-terminated zero-padded octal field of ``width`` bytes."""
+def octal_field(value: int, width: int) -> bytes:
+    """The ``width``-byte numeric field holding ``value``: zero-padded octal and a NUL."""
     text = b"%0*o" % (width - 1, value)
     if len(text) != width - 1:
         raise ValueError(f"value {value} does not fit a {width}-byte tar field")
     return text + b"\0"
 
 
-# The constant part of every header we write (everything but name, size, checksum).
-_HEADER_TEMPLATE = bytearray(BLOCK)
-_HEADER_TEMPLATE[100:108] = _octal(0o644, 8)
-_HEADER_TEMPLATE[108:116] = _octal(0, 8)
-_HEADER_TEMPLATE[116:124] = _octal(0, 8)
-_HEADER_TEMPLATE[136:148] = _octal(0, 12)
-_HEADER_TEMPLATE[156:157] = b"0"
-_HEADER_TEMPLATE[257:263] = b"ustar\0"
-_HEADER_TEMPLATE[263:265] = b"00"
-_HEADER_TEMPLATE[329:337] = _octal(0, 8)
-_HEADER_TEMPLATE[337:345] = _octal(0, 8)
-_TEMPLATE_SUM = sum(_HEADER_TEMPLATE) + 8 * 32  # checksum field counts as spaces
-
-
-def member_name_bytes(name: str) -> bytes:
-    """``name`` as UTF-8, or a ValueError unless it is 1 to 100 bytes long."""
-    raw = name.encode("utf-8")
-    if not raw or len(raw) > MAX_NAME_BYTES:
-        raise ValueError(f"tar member name must be 1..{MAX_NAME_BYTES} bytes, got {name!r}")
-    return raw
-
-
-def header_template(name: bytes, size: int) -> tuple[bytearray, int]:
-    """A ustar header for the raw ``name`` and ``size`` with its checksum field left to fill,
-    and the checksum of that header.
-
-    ``name`` may hold NUL bytes as placeholders (they add nothing to the checksum): writing
-    bytes over them later adds their sum to the checksum. :class:`TarStreamWriter` builds one
-    template per sample shape this way and drops each key in.
-    """
-    header = bytearray(_HEADER_TEMPLATE)
-    header[0 : len(name)] = name
-    header[124:136] = _octal(size, 12)
-    return header, _TEMPLATE_SUM + sum(name) + sum(header[124:136])
-
-
-def encode_header(name: str, size: int) -> bytes:
-    """A ustar header for a regular file ``name`` of ``size`` bytes."""
-    header, checksum = header_template(member_name_bytes(name), size)
-    header[148:156] = b"%06o\0 " % checksum
-    return bytes(header)
-
-
-def encode_member(name: str, data: bytes) -> bytes:
-    """Header, data and padding of one member."""
-    pad = padded(len(data)) - len(data)
-    return encode_header(name, len(data)) + data + b"\0" * pad
-
-
-@dataclass(slots=True, frozen=True)
-class Member:
-    """One regular member found in a buffer: its name and where its data lies.
-
-    ``header_offset`` is where the member's first header starts, extension headers (PAX, GNU
-    long name) included, so a sample's byte range taken from it holds all of its headers.
-    """
-
-    name: str
-    header_offset: int
-    data_offset: int
-    size: int
-
-
-def _field_str(raw: bytes) -> str:
+def field_text(raw: bytes) -> str:
+    """A text field's value: up to its first NUL, UTF-8 (undecodable bytes kept as escapes)."""
     return raw.split(b"\0", 1)[0].decode("utf-8", "surrogateescape")
 
 
@@ -128,15 +103,131 @@ def parse_octal(field: bytes | bytearray | memoryview) -> int | None:
 def checksum_ok(header: bytes | bytearray | memoryview) -> bool:
     """Whether a 512-byte header's checksum field matches its bytes (the sum with the field
     itself counted as spaces; the signed-byte sum of old writers is accepted too)."""
-    stored = parse_octal(header[148:156])
+    stored = parse_octal(header[CHECKSUM])
     if stored is None:
         return False
     raw = bytes(header)
-    total = sum(raw) - sum(raw[148:156]) + 256
+    total = sum(raw) - sum(raw[CHECKSUM]) + 256
     if total == stored:
         return True
-    high = sum(1 for b in raw[:148] + raw[156:] if b & 0x80)
+    high = sum(1 for b in raw[: CHECKSUM.start] + raw[CHECKSUM.stop :] if b & 0x80)
     return total - 256 * high == stored
+
+
+def member_name(header: bytes | bytearray | memoryview) -> str:
+    """The member name a header holds itself: its name field, led by the ustar prefix."""
+    name = field_text(bytes(header[NAME]))
+    if bytes(header[_MAGIC5]) == USTAR_MAGIC:
+        prefix = field_text(bytes(header[PREFIX]))
+        if prefix:
+            name = prefix + "/" + name
+    return name
+
+
+_STRIP = b"\0 "
+_ADLER_MOD = 65521
+
+
+def plain_member(hdr: bytes) -> tuple[str, int] | None:
+    """``(name, size)`` of a plain header: a regular member without a ustar prefix, numeric
+    fields of octal digits only, and a sound checksum; None for anything else (extension
+    headers, links, other numeric forms, a bad checksum, the end marker), which
+    :func:`iter_members` reads or refuses."""
+    if hdr[_TYPE_AT] not in _REGULAR_BYTES or (hdr[_PREFIX_AT] and hdr[_MAGIC5] == USTAR_MAGIC):
+        return None
+    # octal digits only (no sign, "_" or inner blank: int() would take those)
+    size_field, sum_field = hdr[SIZE].strip(_STRIP), hdr[CHECKSUM].strip(_STRIP)
+    if not (size_field.isdigit() and sum_field.isdigit()):
+        return None
+    try:
+        size = int(size_field, 8)
+        checksum = int(sum_field, 8)
+    except ValueError:  # the digits 8 and 9
+        return None
+    # The tar checksum is the byte sum with its own field counted as spaces. Adler-32's low
+    # half is 1 + that sum modulo 65521, computed in C; a header sums to at most 130560, so
+    # a corrupt header passes only if its sum moved by exactly 65521.
+    actual = (zlib.adler32(hdr) & 0xFFFF) - 1 - sum(hdr[CHECKSUM]) + 256
+    if (actual - checksum) % _ADLER_MOD:
+        return None
+    nul = hdr.find(b"\0", NAME.start, NAME.stop)
+    name = hdr[NAME.start : nul if nul >= 0 else NAME.stop]
+    return name.decode("utf-8", "surrogateescape"), size
+
+
+# ---- whole batches of headers: (n, >= 512) uint8 arrays ----------------------------------------
+
+_SHIFTS = np.array([15, 12, 9, 6, 3, 0], dtype=np.uint32)
+_OCTAL = 8 ** np.arange(SIZE.stop - SIZE.start - 2, -1, -1, dtype=np.int64)
+
+
+def _usual_checksums(headers: Headers) -> npt.NDArray[np.bool_]:
+    """Per row: its checksum field holds, in the usual form (six octal digits and a NUL, as our
+    writer, tarfile and GNU tar write it), the byte sum of the header with that field counted
+    as spaces. False does not prove a header corrupt (other forms)."""
+    h = headers[:, :BLOCK]
+    field = h[:, CHECKSUM]
+    total = h.sum(axis=1, dtype=np.uint32) - field.sum(axis=1, dtype=np.uint32) + 256
+    digits = (total[:, None] >> _SHIFTS) & 7
+    digits += 48
+    ok: npt.NDArray[np.bool_] = (field[:, :6] == digits).all(axis=1) & (field[:, 6] == 0)
+    return ok
+
+
+def checksums_ok(headers: Headers) -> npt.NDArray[np.bool_]:
+    """Per row of ``(n, >= 512)`` headers: whether its checksum holds, exactly as
+    :func:`checksum_ok` decides (vectorised for the usual form of the field, the other rows
+    one by one)."""
+    ok = _usual_checksums(headers)
+    if not ok.all():
+        for j in np.flatnonzero(~ok).tolist():
+            ok[j] = checksum_ok(headers[j, :BLOCK].tobytes())
+    return ok
+
+
+def header_sizes(headers: Headers) -> npt.NDArray[np.int64] | None:
+    """The size fields of ``(n, >= 512)`` headers, when all are 11 octal digits and a NUL or
+    space (what our writer and GNU tar write); else None."""
+    field = headers[:, SIZE]
+    digits = field[:, :-1].astype(np.int64) - 48
+    if ((digits < 0) | (digits > 7)).any() or not (
+        (field[:, -1] == 0) | (field[:, -1] == 32)
+    ).all():
+        return None
+    sizes: npt.NDArray[np.int64] = digits @ _OCTAL
+    return sizes
+
+
+def typeflags(headers: Headers) -> npt.NDArray[np.uint8]:
+    """The typeflag byte of each of ``(n, >= 512)`` headers."""
+    return headers[:, _TYPE_AT]
+
+
+def plain_regular(headers: Headers) -> bool:
+    """Whether every one of ``(n, >= 512)`` headers is a regular member (typeflag ``0``, NUL or
+    ``7``) with an empty prefix field (so its name is its name field)."""
+    flags = headers[:, _TYPE_AT]
+    regular = (flags == 0x30) | (flags == 0) | (flags == 0x37)
+    return bool(regular.all()) and not bool((headers[:, _PREFIX_AT] != 0).any())
+
+
+def name_fields(headers: Headers) -> Headers:
+    """The ``(n, 100)`` name fields of ``(n, >= 512)`` headers (a view)."""
+    return headers[:, NAME]
+
+
+@dataclass(slots=True, frozen=True)
+class Member:
+    """One regular member found in a buffer: its name and where its data lies.
+
+    ``header_offset`` is where the member's first header starts, extension headers (PAX, GNU
+    long name) included, so a sample's byte range taken from it holds all of its headers.
+    """
+
+    name: str
+    header_offset: int
+    data_offset: int
+    size: int
 
 
 def _parse_pax(data: bytes, where: str) -> dict[str, str]:
@@ -170,10 +261,8 @@ def _parse_pax(data: bytes, where: str) -> dict[str, str]:
     return records
 
 
-def _pax_size(pax: dict[str, str], where: str) -> int | None:
-    value = pax.get("size")
-    if value is None:
-        return None
+def _pax_size(pax: dict[str, str], where: str) -> int:
+    value = pax["size"]
     if not value.isascii() or not value.isdigit():
         raise ShardFormatError(f"{where}: PAX size {value[:40]!r} is not a byte count")
     return int(value)
@@ -204,12 +293,7 @@ def _member_name(header: memoryview, pax: dict[str, str], long_name: str | None)
         return pax["path"]
     if long_name is not None:
         return long_name
-    name = _field_str(bytes(header[0:100]))
-    if bytes(header[257:262]) == b"ustar":
-        prefix = _field_str(bytes(header[345:500]))
-        if prefix:
-            name = prefix + "/" + name
-    return name
+    return member_name(header)
 
 
 def iter_members(
@@ -243,12 +327,12 @@ def iter_members(
         where = f"{source} at byte {base_offset + pos}"
         if not checksum_ok(header):
             raise ShardFormatError(f"{where}: corrupt tar header (checksum mismatch)")
-        size = parse_octal(header[124:136])
+        size = parse_octal(header[SIZE])
         if size is None:
-            raise ShardFormatError(f"{where}: bad size field {bytes(header[124:136])!r}")
-        typeflag = bytes(header[156:157])
+            raise ShardFormatError(f"{where}: bad size field {bytes(header[SIZE])!r}")
+        typeflag = bytes(header[TYPEFLAG])
         data_offset = pos + BLOCK
-        if typeflag in _REGULAR:
+        if typeflag in REGULAR_TYPES:
             # a PAX size overrides the header's; errors name the chain's first header
             chain = (
                 where if first_header is None else f"{source} at byte {base_offset + first_header}"

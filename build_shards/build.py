@@ -278,7 +278,12 @@ def _note_resumable(exc: OSError, url: str, replaces: bool) -> None:
     how = (
         "with the same options but without overwrite=True" if replaces else "with the same options"
     )
-    exc.add_note(f"finished blocks are kept in {url}: rerun {how} to resume")
+    # BaseException.add_note from Python 3.11; the same list by hand on 3.10
+    notes = getattr(exc, "__notes__", None)
+    if not isinstance(notes, list):
+        notes = []
+        exc.__notes__ = notes  # type: ignore[attr-defined]
+    notes.append(f"finished blocks are kept in {url}: rerun {how} to resume")
     exc.resumable = True  # type: ignore[attr-defined]
     naming_options(exc, "overwrite")
 

@@ -63,7 +63,8 @@ def test_iteration_broken_off_early_keeps_no_descriptors(ds):
         next(it)
         del it
         settle()
-        assert open_fds() == own  # the loader lives on, the shards' files are closed
+        assert open_fds() <= own  # the loader lives on, its shards' files are closed (<=: earlier
+        # tests' leftovers may be collected meanwhile; a leak only grows the count)
         loader.dataset_obj.peek_batch()  # reads outside an iteration: the finalizer closes
         del loader
     settle()

@@ -93,13 +93,13 @@ def resolve_read_options(
     """
     base = read_options if read_options is not None else ReadOptions()
     defaults = ReadOptions()
-    given = {
+    given: dict[str, Any] = {
         "storage_options": storage_options,
         "cache_dir": cache_dir,
         "cache_limit_bytes": cache_limit_bytes,
         "verify_checksum": verify_checksum,
     }
-    changes = {}
+    changes: dict[str, Any] = {}
     for name, value in given.items():
         if value is None:
             continue

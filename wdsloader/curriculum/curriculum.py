@@ -18,44 +18,18 @@ import numpy as np
 
 from wdsloader.curriculum.schedule import (
     NAME_RE,
-    CallableSchedule,
-    CosineSchedule,
-    FixedSchedule,
-    LinearSchedule,
     ProbLike,
     Schedule,
-    StepsSchedule,
-    ZeroDecaySchedule,
     check_epoch,
-    cosine,
     fixed,
     from_callable,
-    linear,
     schedule_from_dict,
-    steps,
     zero_decay,
 )
 from wdsloader.format.checks import as_int
 from wdsloader.format.manifest import FieldSpec
 
-__all__ = [
-    "CallableSchedule",
-    "CosineSchedule",
-    "Curriculum",
-    "FixedSchedule",
-    "LinearSchedule",
-    "ProbLike",
-    "Schedule",
-    "StepsSchedule",
-    "ZeroDecaySchedule",
-    "cosine",
-    "fixed",
-    "from_callable",
-    "linear",
-    "schedule_from_dict",
-    "steps",
-    "zero_decay",
-]
+__all__ = ["Curriculum"]
 
 log = logging.getLogger(__name__)
 

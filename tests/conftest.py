@@ -23,18 +23,22 @@ def s3_server():
     server.stop()
 
 
-@pytest.fixture()
-def s3_bucket(s3_server):
-    """``(bucket_url, storage_options)`` for a fresh bucket on the loopback S3 server."""
+def new_bucket(endpoint: str, prefix: str = "test") -> tuple[str, dict]:
+    """``(bucket_url, storage_options)`` for a fresh bucket on the S3 server at ``endpoint``."""
     import s3fs
 
     options = {
         "key": "testing",
         "secret": "testing",
-        "client_kwargs": {"endpoint_url": s3_server},
+        "client_kwargs": {"endpoint_url": endpoint},
         "skip_instance_cache": True,
     }
-    bucket = f"test-{uuid.uuid4().hex[:12]}"
-    fs = s3fs.S3FileSystem(**options)
-    fs.mkdir(bucket)
+    bucket = f"{prefix}-{uuid.uuid4().hex[:12]}"
+    s3fs.S3FileSystem(**options).mkdir(bucket)
     return f"s3://{bucket}", options
+
+
+@pytest.fixture()
+def s3_bucket(s3_server):
+    """``(bucket_url, storage_options)`` for a fresh bucket on the loopback S3 server."""
+    return new_bucket(s3_server)

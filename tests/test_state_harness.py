@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import io
 import json
-import uuid
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -21,6 +20,7 @@ from typing import Any
 import pytest
 import torch
 
+from tests.conftest import new_bucket
 from tests.dataset_factory import write_dataset
 from tests.http_server import RangeHTTPServer
 from tests.test_curriculum_loader import CURR, write_curriculum_dataset
@@ -211,18 +211,9 @@ def http(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def s3(s3_server):
-    import s3fs
-
-    options = {
-        "key": "testing",
-        "secret": "testing",
-        "client_kwargs": {"endpoint_url": s3_server},
-        "skip_instance_cache": True,
-    }
-    bucket = f"harness-{uuid.uuid4().hex[:12]}"
-    s3fs.S3FileSystem(**options).mkdir(bucket)
-    write_dataset(f"s3://{bucket}/ds", {"train": REMOTE_COUNTS}, options)
-    return f"s3://{bucket}/ds", options
+    bucket, options = new_bucket(s3_server, "harness")
+    write_dataset(f"{bucket}/ds", {"train": REMOTE_COUNTS}, options)
+    return f"{bucket}/ds", options
 
 
 W2 = {"num_workers": 2}

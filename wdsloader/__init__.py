@@ -8,8 +8,9 @@ format layer the builder uses) does not import torch.
 # ruff: noqa: F401 - the TYPE_CHECKING imports name what __all__ (from _EXPORTS) lists
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from wdsloader.lazy import lazy_exports
 
 __version__ = "0.1.0"
 
@@ -55,18 +56,7 @@ _EXPORTS = {
 
 __all__ = sorted(_EXPORTS)
 
-
-def __getattr__(name: str) -> Any:
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module 'wdsloader' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted([*globals(), *__all__])
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
 
 
 if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs

@@ -8,8 +8,9 @@ eager import here would be circular.
 # ruff: noqa: F401 - the TYPE_CHECKING imports name what __all__ (from _EXPORTS) lists
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from wdsloader.lazy import lazy_exports
 
 _EXPORTS = {
     "ReadOptions": "wdsloader.io.fetch",
@@ -25,18 +26,7 @@ _EXPORTS = {
 
 __all__ = sorted(_EXPORTS)
 
-
-def __getattr__(name: str) -> Any:
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module 'wdsloader.io' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted([*globals(), *__all__])
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
 
 
 if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs

@@ -60,27 +60,46 @@ def _to_array(value: Any) -> np.ndarray | torch.Tensor:
     raise TypeError(f"an image must be a numpy array, torch tensor or PIL image, not {value!r}")
 
 
+def _auto_layout(shape: Sequence[int]) -> str:
+    """``"chw"`` or ``"hwc"``: the end whose size is a channel count (1, 3 or 4); when both
+    are, the smaller one."""
+    first, last = shape[0], shape[-1]
+    if first in _CHANNELS and (last not in _CHANNELS or first < last):
+        return "chw"
+    if last in _CHANNELS and (first not in _CHANNELS or last < first):
+        return "hwc"
+    raise ValueError(
+        f"cannot tell channels-first from channels-last in shape {list(shape)}; "
+        "pass layout='chw' or layout='hwc'"
+    )
+
+
+def _as_float(image: np.ndarray | torch.Tensor) -> torch.Tensor:
+    """The pixels as a float32 tensor in [0, 1] for uint8, as they are for floats."""
+    if isinstance(image, np.ndarray):  # converted in numpy: a read-only array is copied
+        if image.dtype == np.uint8:
+            return torch.from_numpy(image.astype(np.float32) / np.float32(255))
+        if image.dtype.kind in "fb":
+            return torch.from_numpy(image.astype(np.float32))
+        raise ValueError(f"pixels of dtype {image.dtype}: give uint8 (scaled to [0, 1]) or floats")
+    if image.dtype == torch.uint8:
+        return image.to(torch.float32) / 255.0
+    if image.is_floating_point() or image.dtype == torch.bool:
+        return image.to(torch.float32)
+    raise ValueError(f"pixels of dtype {image.dtype}: give uint8 (scaled to [0, 1]) or floats")
+
+
 def _channels_first(image: np.ndarray | torch.Tensor, layout: str) -> torch.Tensor:
-    """A CHW float32 tensor in the image's own scale (uint8 -> [0, 1])."""
-    t = torch.from_numpy(np.ascontiguousarray(image)) if isinstance(image, np.ndarray) else image
-    if t.dtype == torch.uint8:
-        t = t.to(torch.float32) / 255.0
-    elif t.is_floating_point() or t.dtype == torch.bool:
-        t = t.to(torch.float32)
-    else:
-        raise ValueError(f"pixels of dtype {t.dtype}: give uint8 (scaled to [0, 1]) or floats")
-    if t.ndim == 2:
-        return t.unsqueeze(0)
-    if t.ndim != 3:
-        raise ValueError(f"an image needs 2 (HW) or 3 (CHW/HWC) dims, got shape {list(t.shape)}")
+    """A CHW float32 tensor (uint8 scaled to [0, 1])."""
+    if image.ndim == 2:
+        return _as_float(image).unsqueeze(0)
+    if image.ndim != 3:
+        raise ValueError(
+            f"an image needs 2 (HW) or 3 (CHW/HWC) dims, got shape {list(image.shape)}"
+        )
     if layout == "auto":
-        first, last = t.shape[0] in _CHANNELS, t.shape[-1] in _CHANNELS
-        if first == last:
-            raise ValueError(
-                f"cannot tell channels-first from channels-last in shape {list(t.shape)}; "
-                "pass layout='chw' or layout='hwc'"
-            )
-        layout = "chw" if first else "hwc"
+        layout = _auto_layout(image.shape)
+    t = _as_float(image)
     return t if layout == "chw" else t.permute(2, 0, 1)
 
 

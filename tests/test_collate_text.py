@@ -200,3 +200,19 @@ def test_errors_name_the_sample_and_field():
         text(tokenizer=tiny_tokenizer(), pad_to_multiple_of=0)
     with pytest.raises(ValueError, match="padding_side must be 'right' or 'left', got 'up'"):
         text(tokenizer=tiny_tokenizer(), padding_side="up")
+
+
+@pytest.mark.parametrize("make", [tiny_tokenizer, tiny_hf_tokenizer])
+def test_collators_pickle_and_mask_alike(make):
+    import pickle
+
+    samples = [{"text": words(30, seed=i)} for i in range(4)]
+    for options in ({}, {"mlm": True}):
+        collate = text(tokenizer=make(), **options)
+        copy = pickle.loads(pickle.dumps(collate))
+        torch.manual_seed(5)
+        a = collate(samples)
+        torch.manual_seed(5)
+        b = copy(samples)
+        assert all(torch.equal(a[k], b[k]) for k in ("input_ids", "attention_mask", "labels"))
+        assert repr(copy) == repr(collate)

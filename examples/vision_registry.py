@@ -4,7 +4,7 @@ python examples/vision_registry.py [--out vision_out] [--samples 2000] [--epochs
 python examples/vision_registry.py --small   (400 samples, 2 epochs, 1 worker: the test's mode)
 
 Synthetic 32x32 RGB images in 4 classes (class k: quadrant k brighter, plus noise) are written
-as shards with `build_shards`; `CollatorRegistry.get_instance().get_collator(TaskSpec.
+as PNG members of shards with `build_shards` (the loader decodes them to uint8 HWC arrays); `CollatorRegistry.get_instance().get_collator(TaskSpec.
 vision_tiny())` picks the `vision` collator (uint8 HWC -> float CHW in [0, 1], ImageNet
 normalisation from the task's `preprocessing_config`, int64 labels), which `create_loader` runs
 inside its workers. A small CNN learns the classes in a few steps.
@@ -17,6 +17,7 @@ import shutil
 
 import numpy as np
 import torch
+from PIL import Image
 from torch import nn
 
 from build_shards import build_shards
@@ -26,7 +27,7 @@ SIZE, CLASSES = 32, 4
 
 
 def generate(n: int, seed: int = 0):
-    """``n`` samples ``{"pixel_values": uint8 (32, 32, 3), "labels": class}``."""
+    """``n`` samples ``{"pixel_values": a 32x32 RGB PIL image, "labels": class}``."""
     rng = np.random.default_rng(seed)
     half = SIZE // 2
     for i in range(n):
@@ -36,7 +37,7 @@ def generate(n: int, seed: int = 0):
         image[row * half : (row + 1) * half, col * half : (col + 1) * half] += 90
         yield {
             "__key__": f"img{i:06d}",
-            "pixel_values": np.clip(image, 0, 255).astype(np.uint8),
+            "pixel_values": Image.fromarray(np.clip(image, 0, 255).astype(np.uint8), "RGB"),
             "labels": label,
         }
 
@@ -84,7 +85,8 @@ def main() -> None:
     manifest = build_shards(
         generate(args.samples), out, splits={"train": 0.8, "val": 0.2}, shard_max_count=250
     )
-    print(f"built {manifest.num_samples} samples -> {out}")
+    stored = manifest.schema["pixel_values"].encoding
+    print(f"built {manifest.num_samples} samples -> {out} (images stored as {stored})")
 
     task = TaskSpec.vision_tiny()
     collate = CollatorRegistry.get_instance().get_collator(task_spec=task)

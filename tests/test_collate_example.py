@@ -28,7 +28,7 @@ def test_vision_registry_small(tmp_path):
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     out = proc.stdout
-    assert "built 400 samples" in out
+    assert "built 400 samples" in out and "(images stored as png)" in out
     assert "collator for vision_tiny (vision): VisionCollator(stats=((0.485, 0.456, 0.406)" in out
     assert "batch: pixel_values (32, 3, 32, 32) torch.float32" in out
     assert "labels torch.int64" in out

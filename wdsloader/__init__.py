@@ -52,6 +52,10 @@ _EXPORTS = {
     "validate_batch": "wdsloader.validate",
     "validate_dataset": "wdsloader.validate",
     "validate_first_batch": "wdsloader.validate",
+    "DataLoaderConfig": "wdsloader.training",
+    "DataLoaderFactory": "wdsloader.training",
+    "create_optimized_dataloader": "wdsloader.training",
+    "seed_worker": "wdsloader.training",
 }
 
 __all__ = sorted(_EXPORTS)
@@ -85,6 +89,12 @@ if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs
         WdsDataLoader,
         create_loader,
         set_epoch,
+    )
+    from wdsloader.training import (
+        DataLoaderConfig,
+        DataLoaderFactory,
+        create_optimized_dataloader,
+        seed_worker,
     )
     from wdsloader.validate import (
         ValidationReport,

@@ -56,6 +56,12 @@ _EXPORTS = {
     "DataLoaderFactory": "wdsloader.training",
     "create_optimized_dataloader": "wdsloader.training",
     "seed_worker": "wdsloader.training",
+    "Batch": "wdsloader.training",
+    "ProfileResult": "wdsloader.training",
+    "get_epoch_length": "wdsloader.training",
+    "get_train_dataloader_steps": "wdsloader.training",
+    "get_val_dataloader_steps": "wdsloader.training",
+    "profile_dataloader": "wdsloader.training",
 }
 
 __all__ = sorted(_EXPORTS)
@@ -91,9 +97,15 @@ if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs
         set_epoch,
     )
     from wdsloader.training import (
+        Batch,
         DataLoaderConfig,
         DataLoaderFactory,
+        ProfileResult,
         create_optimized_dataloader,
+        get_epoch_length,
+        get_train_dataloader_steps,
+        get_val_dataloader_steps,
+        profile_dataloader,
         seed_worker,
     )
     from wdsloader.validate import (

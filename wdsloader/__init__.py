@@ -62,6 +62,7 @@ _EXPORTS = {
     "get_train_dataloader_steps": "wdsloader.training",
     "get_val_dataloader_steps": "wdsloader.training",
     "profile_dataloader": "wdsloader.training",
+    "create_dataloaders": "wdsloader.training",
 }
 
 __all__ = sorted(_EXPORTS)
@@ -101,6 +102,7 @@ if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs
         DataLoaderConfig,
         DataLoaderFactory,
         ProfileResult,
+        create_dataloaders,
         create_optimized_dataloader,
         get_epoch_length,
         get_train_dataloader_steps,

@@ -20,6 +20,7 @@ _EXPORTS = {
     "WorkerSeeder": "wdsloader.training.seeding",
     "seed_worker": "wdsloader.training.seeding",
     "worker_seed": "wdsloader.training.seeding",
+    "create_dataloaders": "wdsloader.training.text",
     "Batch": "wdsloader.training.steps",
     "get_epoch_length": "wdsloader.training.steps",
     "get_train_dataloader_steps": "wdsloader.training.steps",
@@ -46,3 +47,4 @@ if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs
         get_train_dataloader_steps,
         get_val_dataloader_steps,
     )
+    from wdsloader.training.text import create_dataloaders

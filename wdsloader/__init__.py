@@ -63,6 +63,8 @@ _EXPORTS = {
     "get_val_dataloader_steps": "wdsloader.training",
     "profile_dataloader": "wdsloader.training",
     "create_dataloaders": "wdsloader.training",
+    "DataModuleProtocol": "wdsloader.training",
+    "UniversalDataModule": "wdsloader.training",
 }
 
 __all__ = sorted(_EXPORTS)
@@ -101,7 +103,9 @@ if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs
         Batch,
         DataLoaderConfig,
         DataLoaderFactory,
+        DataModuleProtocol,
         ProfileResult,
+        UniversalDataModule,
         create_dataloaders,
         create_optimized_dataloader,
         get_epoch_length,

@@ -15,6 +15,9 @@ _EXPORTS = {
     "EpochShuffleSampler": "wdsloader.training.factory",
     "SeededDataLoader": "wdsloader.training.factory",
     "create_optimized_dataloader": "wdsloader.training.factory",
+    "DataModuleProtocol": "wdsloader.training.datamodule",
+    "UniversalDataModule": "wdsloader.training.datamodule",
+    "as_lightning_datamodule": "wdsloader.training.lightning",
     "ProfileResult": "wdsloader.training.profile",
     "profile_dataloader": "wdsloader.training.profile",
     "WorkerSeeder": "wdsloader.training.seeding",
@@ -33,12 +36,14 @@ __getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
 
 if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs
     from wdsloader.training.config import DataLoaderConfig
+    from wdsloader.training.datamodule import DataModuleProtocol, UniversalDataModule
     from wdsloader.training.factory import (
         DataLoaderFactory,
         EpochShuffleSampler,
         SeededDataLoader,
         create_optimized_dataloader,
     )
+    from wdsloader.training.lightning import as_lightning_datamodule
     from wdsloader.training.profile import ProfileResult, profile_dataloader
     from wdsloader.training.seeding import WorkerSeeder, seed_worker, worker_seed
     from wdsloader.training.steps import (

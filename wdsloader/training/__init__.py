@@ -1,6 +1,8 @@
 """What training code imports: the loader factory and its config, worker seeding, data modules,
 language-model text loaders, step accounting and loader profiling (the names seeds 001-004
-document). Names are imported on first use (torch, and ``build_shards`` for the text loaders)."""
+document). Names are imported on first use (torch, and ``build_shards`` for the text loaders).
+The Lightning adapter (``wdsloader.training.lightning``, needs ``lightning``) is not
+re-exported: ``UniversalDataModule.to_lightning()`` loads it."""
 
 # ruff: noqa: F401 - the TYPE_CHECKING imports name what __all__ (from _EXPORTS) lists
 from __future__ import annotations
@@ -17,7 +19,6 @@ _EXPORTS = {
     "create_optimized_dataloader": "wdsloader.training.factory",
     "DataModuleProtocol": "wdsloader.training.datamodule",
     "UniversalDataModule": "wdsloader.training.datamodule",
-    "as_lightning_datamodule": "wdsloader.training.lightning",
     "ProfileResult": "wdsloader.training.profile",
     "profile_dataloader": "wdsloader.training.profile",
     "WorkerSeeder": "wdsloader.training.seeding",
@@ -43,7 +44,6 @@ if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs
         SeededDataLoader,
         create_optimized_dataloader,
     )
-    from wdsloader.training.lightning import as_lightning_datamodule
     from wdsloader.training.profile import ProfileResult, profile_dataloader
     from wdsloader.training.seeding import WorkerSeeder, seed_worker, worker_seed
     from wdsloader.training.steps import (

@@ -147,6 +147,8 @@ class DataLoaderFactory:
         config = config if config is not None else DataLoaderConfig()
         collate = self.resolve_collate(config, task_spec, tokenizer)
         if is_shard_dataset(dataset):
+            if isinstance(config.collate_fn, str) and tokenizer is None:
+                collate = config.collate_fn  # by name: the loader's state records the name
             return _shard_loader(dataset, split, config, collate, shard_options)
         if shard_options:
             raise ValueError(f"{sorted(shard_options)} apply only to a built shard dataset")
@@ -195,8 +197,6 @@ def _shard_loader(
 ) -> WdsDataLoader:
     from wdsloader.stream.loader import create_loader
 
-    if isinstance(config.collate_fn, str):
-        collate = config.collate_fn  # by name: the loader's state records the name
     topology: dict[str, Any] = {}
     if config.distributed:
         if config.rank is None and config.world_size is None:

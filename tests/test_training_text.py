@@ -174,3 +174,33 @@ def test_workers_with_the_default_start_method(corpus, tmp_path):
         train_path, None, tiny_tokenizer(), 4, SEQ, cache_dir=tmp_path / "c"
     )
     assert sorted(map(tuple, rows(train))) == sorted(map(tuple, rows(train0)))
+
+
+def test_waits_for_another_process_building_the_same_shards(corpus, tmp_path, monkeypatch):
+    """A second process (a DDP rank) finding the build lock held waits for the manifest."""
+    import wdsloader.training.text as text_mod
+    from build_shards.lock import OutputLockedError
+
+    train_path, _, _, _ = corpus
+    real = text_builder.build_text_shards
+    calls = []
+
+    def other_process_holds_the_lock(paths, output, *args, **kwargs):
+        calls.append(output)
+        real(paths, output, *args, **kwargs)  # the other process finishes meanwhile
+        raise OutputLockedError(f"{output}: locked by another build")
+
+    monkeypatch.setattr(text_builder, "build_text_shards", other_process_holds_the_lock)
+    monkeypatch.setattr(text_mod, "BUILD_POLL_S", 0.0)
+    train, _ = create_dataloaders(
+        train_path, None, tiny_tokenizer(), 4, SEQ, cache_dir=tmp_path / "c"
+    )
+    assert len(calls) == 1 and len(rows(train)) > 0
+
+    def always_locked(paths, output, *args, **kwargs):
+        raise OutputLockedError(f"{output}: locked by another build")
+
+    monkeypatch.setattr(text_builder, "build_text_shards", always_locked)
+    monkeypatch.setattr(text_mod, "BUILD_WAIT_S", 0.0)
+    with pytest.raises(TimeoutError, match="another process has been building these token shards"):
+        create_dataloaders(train_path, None, tiny_tokenizer(), 4, 4, cache_dir=tmp_path / "c")

@@ -16,6 +16,7 @@ import json
 import logging
 import os
 import sys
+import time
 from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -29,6 +30,8 @@ log = logging.getLogger(__name__)
 Paths = str | os.PathLike[str] | Iterable[str | os.PathLike[str]]
 
 CACHE_VERSION = 1  # bump when the layout of the cached shards changes
+BUILD_WAIT_S = 3600.0  # how long to wait for another process building the same shards
+BUILD_POLL_S = 0.5
 PROBE_DOCUMENTS = 4  # documents of the input whose ids fingerprint a tokenizer of unknown kind
 
 
@@ -161,19 +164,37 @@ def _cached_shards(
     cache_dir: str,
     options: dict[str, Any],
 ) -> str:
-    """The folder of ``path``'s token shards (split ``split``), built unless cached."""
+    """The folder of ``path``'s token shards (split ``split``), built unless cached.
+
+    When another process builds the same folder (DDP ranks sharing a cache), this one waits
+    for that build's manifest (polling, up to ``BUILD_WAIT_S`` seconds) instead of building
+    too.
+    """
+    from build_shards.errors import OutputExistsError
+    from build_shards.lock import OutputLockedError
+    from build_shards.text import build_text_shards
     from wdsloader.io.storage import join, url_to_fs
 
-    name = f"{split}-{text_fingerprint(path, tokenizer, options)}"
-    root = join(cache_dir, name)
+    root = join(cache_dir, f"{split}-{text_fingerprint(path, tokenizer, options)}")
     fs, manifest_path = url_to_fs(join(root, "manifest.json"))
-    if fs.exists(manifest_path):  # written last: its presence means the build finished
-        log.info("%s: token shards cached in %s", path, root)
-        return root
-    from build_shards.text import build_text_shards
-
-    log.info("%s: tokenizing into %s", path, root)
-    build_text_shards(path, root, tokenizer, splits={split: 1.0}, **options)
+    wait_s = BUILD_WAIT_S
+    deadline = time.monotonic() + wait_s
+    while not fs.exists(manifest_path):  # written last: its presence means the build finished
+        try:
+            log.info("%s: tokenizing into %s", path, root)
+            build_text_shards(path, root, tokenizer, splits={split: 1.0}, **options)
+        except OutputExistsError:  # another process finished it since the check
+            pass
+        except OutputLockedError:
+            if time.monotonic() > deadline:
+                raise TimeoutError(
+                    f"{root}: another process has been building these token shards for more "
+                    f"than {wait_s:.0f} s; remove {join(root, '_build.lock')} if it died"
+                ) from None
+            log.info("%s: another process is building it; waiting", root)
+            time.sleep(BUILD_POLL_S)
+        fs.invalidate_cache()
+    log.info("%s: token shards in %s", path, root)
     return root
 
 

@@ -53,6 +53,19 @@ _EXPORTS = {
     "validate_batch": "wdsloader.validate",
     "validate_dataset": "wdsloader.validate",
     "validate_first_batch": "wdsloader.validate",
+    "DataLoaderConfig": "wdsloader.training",
+    "DataLoaderFactory": "wdsloader.training",
+    "create_optimized_dataloader": "wdsloader.training",
+    "seed_worker": "wdsloader.training",
+    "Batch": "wdsloader.training",
+    "ProfileResult": "wdsloader.training",
+    "get_epoch_length": "wdsloader.training",
+    "get_train_dataloader_steps": "wdsloader.training",
+    "get_val_dataloader_steps": "wdsloader.training",
+    "profile_dataloader": "wdsloader.training",
+    "create_dataloaders": "wdsloader.training",
+    "DataModuleProtocol": "wdsloader.training",
+    "UniversalDataModule": "wdsloader.training",
 }
 
 __all__ = sorted(_EXPORTS)
@@ -88,6 +101,21 @@ if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs
         WdsDataLoader,
         create_loader,
         set_epoch,
+    )
+    from wdsloader.training import (
+        Batch,
+        DataLoaderConfig,
+        DataLoaderFactory,
+        DataModuleProtocol,
+        ProfileResult,
+        UniversalDataModule,
+        create_dataloaders,
+        create_optimized_dataloader,
+        get_epoch_length,
+        get_train_dataloader_steps,
+        get_val_dataloader_steps,
+        profile_dataloader,
+        seed_worker,
     )
     from wdsloader.validate import (
         ValidationReport,

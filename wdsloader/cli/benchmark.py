@@ -1,7 +1,8 @@
 """Measure how fast a dataset reads through :func:`wdsloader.create_loader` (``wdsloader bench``).
 
 :func:`measure_loader` reads one epoch (or ``max_batches`` batches) of a split with the same
-loader a training job would use and returns a :class:`BenchResult`; the ``wdsloader bench DATASET``
+loader a training job would use, timed by :func:`wdsloader.training.profile_dataloader` (the one
+implementation), and returns a :class:`BenchResult`; the ``wdsloader bench DATASET``
 command (:mod:`wdsloader.cli.commands`) prints it. The suite that compares wdsloader with its peers is
 ``bench/run.py`` in the repository.
 """
@@ -14,6 +15,10 @@ import os
 import sys
 import time
 from typing import Any
+
+from wdsloader.training.profile import batch_size_of
+
+__all__ = ["BenchResult", "batch_size_of", "measure_loader", "peak_rss_mb"]
 
 log = logging.getLogger(__name__)
 
@@ -53,26 +58,6 @@ def peak_rss_mb() -> float | None:
     return peak / 2**20 if sys.platform == "darwin" else peak / 1024  # bytes on macOS, KiB else
 
 
-def batch_size_of(batch: Any) -> int:
-    """The number of samples in a collated batch (dict, tuple/list or tensor)."""
-    if isinstance(batch, dict):
-        keys = batch.get("__key__")
-        if isinstance(keys, list | tuple):
-            return len(keys)
-        values = list(batch.values())
-    elif isinstance(batch, list | tuple):
-        values = list(batch)
-    else:
-        values = [batch]
-    for v in values:
-        shape = getattr(v, "shape", None)
-        if shape is not None and len(shape) > 0:
-            return int(shape[0])
-        if isinstance(v, list | tuple):
-            return len(v)
-    raise TypeError(f"cannot tell the number of samples in a batch of type {type(batch).__name__}")
-
-
 def measure_loader(
     dataset: str | os.PathLike[str],
     split: str = "train",
@@ -92,8 +77,8 @@ def measure_loader(
     """
     if max_batches is not None and max_batches < 1:
         raise ValueError(f"max_batches must be >= 1, got {max_batches}")
-    from wdsloader.progress import progress_bar
     from wdsloader.stream.loader import create_loader
+    from wdsloader.training.profile import profile_dataloader
 
     t0 = time.perf_counter()
     loader = create_loader(
@@ -104,38 +89,23 @@ def measure_loader(
         storage_options=storage_options,
         **loader_kwargs,
     )
+    startup = time.perf_counter() - t0
     info = loader.dataset_obj.manifest.split(split)
     avg_bytes = info.num_bytes / max(1, info.num_samples)
     total = len(loader) if max_batches is None else min(max_batches, len(loader))
-    samples = batches = 0
-    t_first: float | None = None
-    bar = progress_bar(total=total, unit="batch", enabled=progress)
-    it = iter(loader)
-    try:
-        for batch in it:
-            if t_first is None:
-                t_first = time.perf_counter()
-            samples += batch_size_of(batch)
-            batches += 1
-            bar.update(1)
-            if not bar.disable and batches % 8 == 0:
-                bar.set_postfix_str(f"{samples / (time.perf_counter() - t0):,.0f} samples/s")
-            if max_batches is not None and batches >= max_batches:
-                break
-    finally:
-        t_end = time.perf_counter()
-        bar.close()
-        del it  # shuts DataLoader workers down when the loop stopped early
-    seconds = t_end - t0
+    profile = profile_dataloader(loader, num_batches=max(1, total), progress=progress)
+    seconds = startup + profile.seconds
+    samples = profile.samples
     nbytes = round(avg_bytes * samples)
+    ttfb = profile.time_to_first_batch_s
     result = BenchResult(
         samples=samples,
-        batches=batches,
+        batches=profile.batches,
         bytes=nbytes,
         seconds=seconds,
         samples_per_s=samples / seconds if seconds > 0 else 0.0,
         mb_per_s=nbytes / seconds / 1e6 if seconds > 0 else 0.0,
-        time_to_first_batch_s=None if t_first is None else t_first - t0,
+        time_to_first_batch_s=None if ttfb is None else startup + ttfb,
         peak_rss_mb=peak_rss_mb(),
     )
     log.info(

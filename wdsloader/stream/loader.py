@@ -204,12 +204,21 @@ def dataset_fingerprint(
     )
 
 
-def set_epoch(loader: WdsDataLoader, epoch: int) -> None:
-    """Alias of ``loader.set_epoch(epoch)`` (:meth:`WdsDataLoader.set_epoch`), kept for
-    existing training loops."""
-    if not isinstance(loader, WdsDataLoader):
-        raise TypeError("set_epoch expects a loader made by wdsloader.create_loader")
-    loader.set_epoch(epoch)
+def set_epoch(loader: Any, epoch: int) -> None:
+    """Alias of ``loader.set_epoch(epoch)`` (:meth:`WdsDataLoader.set_epoch`, and the loaders
+    of ``wdsloader.training.DataLoaderFactory``), kept for existing training loops; for a plain
+    torch DataLoader, its sampler's ``set_epoch`` (e.g. a ``DistributedSampler``)."""
+    method = getattr(loader, "set_epoch", None)
+    if method is None:
+        batch_sampler = getattr(loader, "batch_sampler", None)
+        sampler = getattr(batch_sampler, "sampler", getattr(loader, "sampler", None))
+        method = getattr(sampler, "set_epoch", None)
+    if not callable(method):
+        raise TypeError(
+            "set_epoch expects a loader made by wdsloader.create_loader or DataLoaderFactory, "
+            f"or a DataLoader whose sampler has set_epoch; got {type(loader).__name__}"
+        )
+    method(epoch)
 
 
 def _rank_and_world(distributed: bool, rank: int | None, world_size: int | None) -> tuple[int, int]:

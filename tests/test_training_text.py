@@ -1,0 +1,206 @@
+"""create_dataloaders (seed 003): JSONL/plain text -> cached token shards -> causal-LM batches.
+
+Checks the shapes and the shift, the exact token stream (separators, windows), train shuffled
+with drop_last and val in order with its partial batch, the cache hit (nothing built) and miss
+(changed input, tokenizer or option), the tokenizer kinds (tokenizers, transformers, an
+``encode`` returning a dict: seed 003's "Bug 1001"), file:line errors and workers."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+import torch
+
+import build_shards.text as text_builder
+from build_shards.errors import BuildError
+from tests.tokenizers_util import BOS, EOS, ids_of, tiny_hf_tokenizer, tiny_tokenizer, words
+from wdsloader.training import create_dataloaders
+
+SEQ = 8
+
+
+def write_corpus(tmp_path, n_train: int = 40, n_val: int = 7):
+    train = tmp_path / "train.jsonl"
+    train_docs = [words(5 + i % 9, seed=i) for i in range(n_train)]
+    train.write_text(
+        "".join(json.dumps({"text": d, "id": i}) + "\n" for i, d in enumerate(train_docs))
+    )
+    val = tmp_path / "val.txt"
+    val_docs = [words(4 + i % 5, seed=1000 + i) for i in range(n_val)]
+    val.write_text("\n\n".join(d.replace(" ", " \n", 1) for d in val_docs) + "\n")
+    return train, val, train_docs, val_docs
+
+
+def chunks(docs, bos=BOS, eos=EOS, stride=SEQ):
+    stream = []
+    for d in docs:
+        stream += (
+            ([bos] if bos is not None else []) + ids_of(d) + ([eos] if eos is not None else [])
+        )
+    return [stream[i : i + SEQ + 1] for i in range(0, len(stream) - SEQ, stride)]
+
+
+def rows(loader):
+    out = []
+    for b in loader:
+        assert torch.equal(b["input_ids"][:, 1:], b["labels"][:, :-1])
+        assert b["input_ids"].shape == b["labels"].shape and b["input_ids"].shape[1] == SEQ
+        out += [
+            x + [y[-1]] for x, y in zip(b["input_ids"].tolist(), b["labels"].tolist(), strict=True)
+        ]
+    return out
+
+
+@pytest.fixture()
+def corpus(tmp_path):
+    return write_corpus(tmp_path)
+
+
+def test_batches_windows_and_order(corpus, tmp_path):
+    train_path, val_path, train_docs, val_docs = corpus
+    train, val = create_dataloaders(
+        train_path,
+        val_path,
+        tiny_tokenizer(),
+        batch_size=4,
+        seq_length=SEQ,
+        cache_dir=tmp_path / "c",
+    )
+    expected_train, expected_val = chunks(train_docs), chunks(val_docs)
+    got_val = rows(val)
+    assert got_val == expected_val  # in order, every window, the last partial batch kept
+    assert len(val) == -(-len(expected_val) // 4) and len(expected_val) % 4 != 0
+    assert all(b["input_ids"].shape == (4, SEQ) for b in train)
+    got_train = rows(train)
+    assert len(got_train) == len(expected_train) // 4 * 4  # drop_last
+    assert got_train != expected_train[: len(got_train)]  # shuffled
+    assert {tuple(r) for r in got_train} <= {tuple(r) for r in expected_train}
+
+
+def test_cache_hit_builds_nothing_and_changes_rebuild(corpus, tmp_path, monkeypatch):
+    train_path, val_path, _, _ = corpus
+    cache = tmp_path / "cache"
+    calls = []
+    real = text_builder.build_text_shards
+
+    def counting(paths, output, *args, **kwargs):
+        calls.append(os.path.basename(str(output)))
+        return real(paths, output, *args, **kwargs)
+
+    monkeypatch.setattr(text_builder, "build_text_shards", counting)
+    tok = tiny_tokenizer()
+    first_train, first_val = create_dataloaders(train_path, val_path, tok, 4, SEQ, cache_dir=cache)
+    assert len(calls) == 2 and sorted(c.split("-")[0] for c in calls) == ["train", "val"]
+    stamps = {p: os.stat(cache / p / "manifest.json") for p in os.listdir(cache)}
+    again_train, again_val = create_dataloaders(train_path, val_path, tok, 4, SEQ, cache_dir=cache)
+    assert len(calls) == 2  # nothing built
+    for p, st in stamps.items():
+        now = os.stat(cache / p / "manifest.json")
+        assert (now.st_ino, now.st_mtime_ns) == (st.st_ino, st.st_mtime_ns)
+    assert rows(again_val) == rows(first_val)
+    # a changed input rebuilds that file's shards only
+    with open(train_path, "a") as f:
+        f.write(json.dumps({"text": "w1 w2 w3"}) + "\n")
+    create_dataloaders(train_path, val_path, tok, 4, SEQ, cache_dir=cache)
+    assert len(calls) == 3 and calls[-1].startswith("train-")
+    # another tokenizer (same vocabulary, another template) or option rebuilds too
+    create_dataloaders(train_path, None, tiny_tokenizer(template=True), 4, SEQ, cache_dir=cache)
+    create_dataloaders(train_path, None, tok, 4, SEQ, cache_dir=cache, stride=4)
+    assert len(calls) == 5 and len(os.listdir(cache)) == 5
+
+
+def test_tokenizer_kinds_give_the_same_tokens(corpus, tmp_path):
+    train_path, val_path, _, val_docs = corpus
+    pytest.importorskip("transformers")
+    _, hf_val = create_dataloaders(
+        train_path, val_path, tiny_hf_tokenizer(), 4, SEQ, cache_dir=tmp_path / "c"
+    )
+    assert rows(hf_val) == chunks(val_docs)
+
+
+class DictEncoder:
+    """Seed 003's tokenizer: ``encode`` returns a dict (input_ids, attention_mask)."""
+
+    def encode(self, text):
+        ids = ids_of(text)
+        return {
+            "input_ids": ids,
+            "token_type_ids": [0] * len(ids),
+            "attention_mask": [1] * len(ids),
+        }
+
+
+class ListEncoder:
+    def encode(self, text):
+        return [BOS, *ids_of(text), EOS]
+
+
+def test_encode_returning_a_dict_or_ids(corpus, tmp_path):
+    train_path, val_path, _, val_docs = corpus
+    _, val = create_dataloaders(
+        train_path, val_path, DictEncoder(), 4, SEQ, cache_dir=tmp_path / "c"
+    )
+    assert rows(val) == chunks(val_docs, bos=None, eos=None)  # its ids as they come
+    _, val = create_dataloaders(
+        train_path, val_path, ListEncoder(), 4, SEQ, cache_dir=tmp_path / "c"
+    )
+    assert rows(val) == chunks(val_docs)
+    with pytest.raises(TypeError, match="an object with encode"):
+        create_dataloaders(train_path, val_path, object(), cache_dir=tmp_path / "c")
+
+
+def test_jsonl_errors_name_file_and_line(tmp_path):
+    bad = tmp_path / "bad.jsonl"
+    good = "".join(json.dumps({"text": words(20, seed=i)}) + "\n" for i in range(6))
+    bad.write_text(good + '{"body": "w4"}\n')  # line 7: past the documents the cache key reads
+    with pytest.raises(BuildError, match=rf"{bad}:7: no field 'text'"):
+        create_dataloaders(bad, None, tiny_tokenizer(), seq_length=4, cache_dir=tmp_path / "c")
+    assert not list((tmp_path / "c").glob("*/manifest.json"))  # nothing cached
+    bad.write_text('{"text": "w1 w2"}\nnot json\n')
+    with pytest.raises(BuildError, match=rf"{bad}:2: invalid JSON"):
+        create_dataloaders(bad, None, tiny_tokenizer(), cache_dir=tmp_path / "c")
+
+
+def test_workers_with_the_default_start_method(corpus, tmp_path):
+    train_path, val_path, _, val_docs = corpus
+    train, val = create_dataloaders(
+        train_path, val_path, tiny_tokenizer(), 4, SEQ, num_workers=2, cache_dir=tmp_path / "c"
+    )
+    assert train.num_workers == 2 and val.num_workers == 2
+    assert rows(val) == chunks(val_docs)
+    train0, _ = create_dataloaders(
+        train_path, None, tiny_tokenizer(), 4, SEQ, cache_dir=tmp_path / "c"
+    )
+    assert sorted(map(tuple, rows(train))) == sorted(map(tuple, rows(train0)))
+
+
+def test_waits_for_another_process_building_the_same_shards(corpus, tmp_path, monkeypatch):
+    """A second process (a DDP rank) finding the build lock held waits for the manifest."""
+    import wdsloader.training.text as text_mod
+    from build_shards.lock import OutputLockedError
+
+    train_path, _, _, _ = corpus
+    real = text_builder.build_text_shards
+    calls = []
+
+    def other_process_holds_the_lock(paths, output, *args, **kwargs):
+        calls.append(output)
+        real(paths, output, *args, **kwargs)  # the other process finishes meanwhile
+        raise OutputLockedError(f"{output}: locked by another build")
+
+    monkeypatch.setattr(text_builder, "build_text_shards", other_process_holds_the_lock)
+    monkeypatch.setattr(text_mod, "BUILD_POLL_S", 0.0)
+    train, _ = create_dataloaders(
+        train_path, None, tiny_tokenizer(), 4, SEQ, cache_dir=tmp_path / "c"
+    )
+    assert len(calls) == 1 and len(rows(train)) > 0
+
+    def always_locked(paths, output, *args, **kwargs):
+        raise OutputLockedError(f"{output}: locked by another build")
+
+    monkeypatch.setattr(text_builder, "build_text_shards", always_locked)
+    monkeypatch.setattr(text_mod, "BUILD_WAIT_S", 0.0)
+    with pytest.raises(TimeoutError, match="another process has been building these token shards"):
+        create_dataloaders(train_path, None, tiny_tokenizer(), 4, 4, cache_dir=tmp_path / "c")

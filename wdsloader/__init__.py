@@ -35,6 +35,10 @@ _EXPORTS = {
     "StateMismatchError": "wdsloader.errors",
     "WdsLoaderError": "wdsloader.errors",
     "WorkerDiedError": "wdsloader.errors",
+    "EpochLengthPolicy": "wdsloader.mix",
+    "MultiDataLoader": "wdsloader.mix",
+    "MultiDataLoaderConfig": "wdsloader.mix",
+    "SamplingStrategy": "wdsloader.mix",
     "ReadOptions": "wdsloader.io",
     "ShardStore": "wdsloader.io",
     "FieldSpec": "wdsloader.format",
@@ -78,6 +82,12 @@ if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs
     )
     from wdsloader.format import FieldSpec, Manifest, ShardInfo, SplitInfo
     from wdsloader.io import ReadOptions, ShardStore
+    from wdsloader.mix import (
+        EpochLengthPolicy,
+        MultiDataLoader,
+        MultiDataLoaderConfig,
+        SamplingStrategy,
+    )
     from wdsloader.plan import PlanConfig, Resume
     from wdsloader.stream import (
         DevicePrefetcher,

@@ -1,0 +1,71 @@
+"""Mixing arithmetic: exact integer quotas from weights and an even interleave of quotas.
+
+Pure functions, no I/O and no global random state. Quotas use the largest-remainder (Hamilton)
+method in exact rational arithmetic, so every platform rounds the same way.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from fractions import Fraction
+
+import numpy as np
+
+from wdsloader.format.checks import as_int
+
+__all__ = [
+    "even_interleave",
+    "largest_remainder",
+]
+
+
+def _weights(weights: Sequence[float], what: str) -> list[Fraction]:
+    out = []
+    for i, w in enumerate(weights):
+        try:
+            f = float(w)
+        except (TypeError, ValueError):
+            raise ValueError(f"{what}[{i}] = {w!r} is not a number") from None
+        if not math.isfinite(f) or f < 0:
+            raise ValueError(f"{what}[{i}] = {w!r} must be a finite number >= 0")
+        out.append(Fraction(repr(f)))  # the decimal the user wrote: 0.3 is 3/10
+    if not out or sum(out) <= 0:
+        raise ValueError(f"{what} must sum to more than 0, got {list(weights)!r}")
+    return out
+
+
+def largest_remainder(weights: Sequence[float], total: int, *, what: str = "weights") -> np.ndarray:
+    """``total`` split in proportion to ``weights`` (int64, summing to ``total``).
+
+    Each share is the floor of its exact quota; the units left over go to the largest
+    remainders, ties to the lower index. A float weight counts as the shortest decimal that
+    prints as it (``0.3`` is 3/10, not the binary double just below). ``what`` names the
+    weights in errors.
+    """
+    total = as_int(total, "total", 0)
+    fw = _weights(weights, what)
+    s = sum(fw)
+    exact = [w * total / s for w in fw]
+    quotas = [math.floor(q) for q in exact]
+    left = total - sum(quotas)
+    order = sorted(range(len(fw)), key=lambda i: (-(exact[i] - quotas[i]), i))
+    for i in order[:left]:
+        quotas[i] += 1
+    return np.asarray(quotas, dtype=np.int64)
+
+
+def even_interleave(quotas: Sequence[int] | np.ndarray) -> np.ndarray:
+    """Indices ``i`` repeated ``quotas[i]`` times, spread evenly: the ``k``-th occurrence of
+    ``i`` sits at ideal time ``(k + 1/2) / quotas[i]``; equal times go to the lower index.
+
+    Every prefix of length ``t`` holds each index about ``t * quotas[i] / sum(quotas)`` times.
+    """
+    q = np.asarray([as_int(v, f"quotas[{i}]", 0) for i, v in enumerate(quotas)], dtype=np.int64)
+    owner = np.repeat(np.arange(q.size, dtype=np.int64), q)
+    first = np.cumsum(q) - q
+    k = np.arange(owner.size, dtype=np.int64) - first[owner]
+    # correctly rounded division: equal rationals give equal floats on every platform
+    time = (2 * k + 1) / (2.0 * q[owner]) if owner.size else np.zeros(0)
+    out: np.ndarray = owner[np.lexsort((owner, time))]
+    return out

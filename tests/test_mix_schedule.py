@@ -19,7 +19,7 @@ from wdsloader.mix import (
     epoch_schedule,
     epoch_steps,
 )
-from wdsloader.plan.mix import even_interleave, largest_remainder
+from wdsloader.plan.quotas import even_interleave, largest_remainder
 
 C = MultiDataLoaderConfig
 S = SamplingStrategy

@@ -39,6 +39,7 @@ _EXPORTS = {
     "MultiDataLoader": "wdsloader.mix",
     "MultiDataLoaderConfig": "wdsloader.mix",
     "SamplingStrategy": "wdsloader.mix",
+    "Source": "wdsloader.mix",
     "ReadOptions": "wdsloader.io",
     "ShardStore": "wdsloader.io",
     "FieldSpec": "wdsloader.format",
@@ -87,6 +88,7 @@ if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs
         MultiDataLoader,
         MultiDataLoaderConfig,
         SamplingStrategy,
+        Source,
     )
     from wdsloader.plan import PlanConfig, Resume
     from wdsloader.stream import (

@@ -1,4 +1,5 @@
-"""Mixing several datasets: loaders on a schedule (:class:`MultiDataLoader`)."""
+"""Mixing several datasets: loaders on a schedule (:class:`MultiDataLoader`), and weighted
+sources mixed sample by sample (:class:`Source`, planned by :mod:`wdsloader.plan.mix`)."""
 
 from wdsloader.mix.multi import MixStep, MultiDataLoader
 from wdsloader.mix.schedule import (
@@ -8,6 +9,7 @@ from wdsloader.mix.schedule import (
     epoch_schedule,
     epoch_steps,
 )
+from wdsloader.mix.source import Source, mix_epoch, mix_names, mix_quotas_for
 
 __all__ = [
     "EpochLengthPolicy",
@@ -15,6 +17,10 @@ __all__ = [
     "MultiDataLoader",
     "MultiDataLoaderConfig",
     "SamplingStrategy",
+    "Source",
     "epoch_schedule",
     "epoch_steps",
+    "mix_epoch",
+    "mix_names",
+    "mix_quotas_for",
 ]

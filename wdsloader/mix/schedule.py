@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from wdsloader.format.checks import as_int
-from wdsloader.plan.mix import even_interleave, largest_remainder
+from wdsloader.plan.quotas import even_interleave, largest_remainder
 
 __all__ = [
     "EpochLengthPolicy",

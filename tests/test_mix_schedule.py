@@ -464,3 +464,49 @@ def test_torchdata_stateful_dataloaders_resume_exactly(caplog):
     with caplog.at_level(logging.WARNING, logger="wdsloader.mix.multi"):
         assert head + run(second, epochs=1) == full
     assert "no state_dict" not in caplog.text
+
+
+@pytest.fixture(scope="module")
+def three_datasets(tmp_path_factory):
+    from tests.dataset_factory import write_dataset
+
+    root = tmp_path_factory.mktemp("mix3")
+    for name, counts in {"web": [30, 20], "code": [12], "tiny": [5]}.items():
+        write_dataset(str(root / name), {"train": counts})
+    return root
+
+
+def _ours(root):
+    from wdsloader import create_loader
+
+    loaders = [create_loader(str(root / n), "train", 4, seed=2) for n in ("web", "code", "tiny")]
+    config = C(sampling_strategy=S.WEIGHTED, dataloader_weights=[0.5, 0.3, 0.2],
+               epoch_length_policy=P.FIXED_NUM_STEPS, steps_per_epoch=20)  # fmt: skip
+    return MultiDataLoader(loaders, config)
+
+
+def _keys(mdl, epochs=2, steps=None):
+    out = []
+    while mdl.epoch < epochs:
+        e = mdl.epoch
+        for s in mdl:
+            out.append((e, s.name, list(s.batch["__key__"])))
+            if steps is not None and len(out) == steps:
+                return out
+    return out
+
+
+@pytest.mark.parametrize("stop", [7, 20, 33])  # mid-epoch 0, between epochs, mid-epoch 1
+def test_our_loaders_resume_exactly(three_datasets, stop, caplog):
+    full = _keys(_ours(three_datasets))
+    assert len(full) == 40
+    first = _ours(three_datasets)
+    head = _keys(first, steps=stop)
+    state = json.loads(json.dumps(first.state_dict()))
+    second = _ours(three_datasets)
+    second.load_state_dict(state)
+    with caplog.at_level(logging.WARNING, logger="wdsloader.mix.multi"):
+        assert head + _keys(second) == full
+    assert "no state_dict" not in caplog.text
+    # tiny (1 batch a pass) and code (3) cycle; each pass is the next epoch of its loader
+    assert full[:40] != full[20:] + full[:20]

@@ -44,10 +44,11 @@ class _Cursor:
     cycles: list[int]
     exhausted: list[bool]
     iterators: list[Iterator[Any] | None] = field(default_factory=list)
+    resume: list[Any] = field(default_factory=list)  # saved loader states not yet loaded
 
     @staticmethod
     def start(n: int) -> _Cursor:
-        return _Cursor(0, [0] * n, [0] * n, [False] * n, [None] * n)
+        return _Cursor(0, [0] * n, [0] * n, [False] * n, [None] * n, [None] * n)
 
 
 def _stateful(loader: Any) -> bool:
@@ -111,7 +112,6 @@ class MultiDataLoader:
         self.names: tuple[str, ...] = self.config.check_loaders(len(self.loaders))
         self.epoch = as_int(epoch, "epoch", 0)
         self._pending: dict[str, Any] | None = None  # a loaded state not yet started
-        self._restored: set[int] = set()  # loaders positioned by their own loaded state
         self._cursor: _Cursor | None = None  # the epoch being iterated
 
     # -- schedule ----------------------------------------------------------------------------
@@ -131,24 +131,30 @@ class MultiDataLoader:
         """Make the next iteration play ``epoch``; a loaded state of another epoch is dropped."""
         epoch = as_int(epoch, "epoch", 0)
         if self._pending is not None and self._pending["epoch"] != epoch:
-            self._pending, self._restored = None, set()
+            self._pending = None
         self.epoch = epoch
 
     # -- iteration ---------------------------------------------------------------------------
     def __iter__(self) -> Iterator[MixStep]:
         epoch = self.epoch
         sched = self.schedule(epoch)
-        cur, pending, restored = _Cursor.start(len(self.loaders)), self._pending, self._restored
-        self._pending, self._restored = None, set()
+        n = len(self.loaders)
+        cur, pending, self._pending = _Cursor.start(n), self._pending, None
+        # a loader's own saved state, loaded when the epoch first uses it (an unused one would
+        # hold a stale position into the next epoch); loaders without one skip batches instead
+        resume: list[Any] = [None] * n
         if pending is not None:
             cur.position = pending["position"]
             for i, row in enumerate(pending["loaders"]):
                 cur.batches[i], cur.cycles[i] = row["batches"], row["cycles"]
                 cur.exhausted[i] = row["exhausted"]
+                if row["state"] is not None and _stateful(self.loaders[i]):
+                    resume[i] = row["state"]
         for i, loader in enumerate(self.loaders):
-            if i not in restored:
+            if resume[i] is None:
                 _set_epoch(loader, epoch)
-        skip = [0 if i in restored else cur.batches[i] for i in range(len(self.loaders))]
+        skip = [0 if resume[i] is not None else cur.batches[i] for i in range(n)]
+        cur.resume = resume
         self._cursor = cur
         while cur.position < sched.size:
             i = int(sched[cur.position])
@@ -166,6 +172,9 @@ class MultiDataLoader:
             return False, None
         it = cur.iterators[i]
         if it is None:
+            if cur.resume[i] is not None:
+                self.loaders[i].load_state_dict(cur.resume[i])  # type: ignore[attr-defined]
+                cur.resume[i] = None
             it = cur.iterators[i] = self._start(i, skip[i])
         try:
             batch = next(it)
@@ -209,13 +218,10 @@ class MultiDataLoader:
 
     # -- state -------------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
-        """The position: epoch, schedule position, per-loader batches, passes and own state."""
+        """The position: epoch, schedule position, per-loader batches, passes and own state
+        (the latter only for loaders used in the epoch so far: the others start it afresh)."""
         if self._pending is not None:
-            state = dict(self._pending)
-            state["loaders"] = [
-                {**row, "state": self._inner_state(i)} for i, row in enumerate(state["loaders"])
-            ]
-            return state
+            return dict(self._pending)
         cur = self._cursor or _Cursor.start(len(self.loaders))
         return {
             "format": STATE_FORMAT,
@@ -230,15 +236,19 @@ class MultiDataLoader:
                     "batches": cur.batches[i],
                     "cycles": cur.cycles[i],
                     "exhausted": cur.exhausted[i],
-                    "state": self._inner_state(i),
+                    "state": self._inner_state(i, cur),
                 }
                 for i in range(len(self.loaders))
             ],
         }
 
-    def _inner_state(self, i: int) -> Any:
+    def _inner_state(self, i: int, cur: _Cursor) -> Any:
+        if cur.resume[i] is not None:  # resumed, not used since: its saved state still holds
+            return cur.resume[i]
         loader = self.loaders[i]
-        return loader.state_dict() if _stateful(loader) else None  # type: ignore[attr-defined]
+        if not (cur.batches[i] or cur.cycles[i]) or not _stateful(loader):
+            return None
+        return loader.state_dict()  # type: ignore[attr-defined]
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Continue from ``state``: the next iteration yields the steps that followed it.
@@ -248,12 +258,6 @@ class MultiDataLoader:
         differs.
         """
         state = _check_state(state, self)
-        self._restored = set()
-        for i, row in enumerate(state["loaders"]):
-            loader = self.loaders[i]
-            if row["state"] is not None and _stateful(loader):
-                loader.load_state_dict(row["state"])  # type: ignore[attr-defined]
-                self._restored.add(i)
         self.epoch = state["epoch"]
         self._pending = state
 

@@ -34,6 +34,11 @@ _EXPORTS = {
     "StateMismatchError": "wdsloader.errors",
     "WdsLoaderError": "wdsloader.errors",
     "WorkerDiedError": "wdsloader.errors",
+    "EpochLengthPolicy": "wdsloader.mix",
+    "MultiDataLoader": "wdsloader.mix",
+    "MultiDataLoaderConfig": "wdsloader.mix",
+    "SamplingStrategy": "wdsloader.mix",
+    "Source": "wdsloader.mix",
     "ReadOptions": "wdsloader.io",
     "ShardStore": "wdsloader.io",
     "FieldSpec": "wdsloader.format",
@@ -92,6 +97,13 @@ if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs
     )
     from wdsloader.format import FieldSpec, Manifest, ShardInfo, SplitInfo
     from wdsloader.io import ReadOptions, ShardStore
+    from wdsloader.mix import (
+        EpochLengthPolicy,
+        MultiDataLoader,
+        MultiDataLoaderConfig,
+        SamplingStrategy,
+        Source,
+    )
     from wdsloader.plan import PlanConfig, Resume
     from wdsloader.stream import (
         DevicePrefetcher,

@@ -1,0 +1,34 @@
+"""examples/mixing.py runs in its small mode: exact quotas per epoch and an exact resume."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_mixing_example_small(tmp_path):
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "examples" / "mixing.py"), "--small", "--out", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = proc.stdout
+    assert "built 2460 samples: web 2000, code 400, curated 60" in out
+    # train drops the last partial batch: 2000 // 16 + 400 // 16 + 60 // 16 = 125 + 25 + 3
+    assert "153 steps per epoch" in out
+    assert "identical to an uninterrupted run: True" in out
+    rows = [line.split() for line in out.splitlines() if re.match(r"^\s+[01]\s+\w+\s+\d", line)]
+    assert [(r[0], r[1], r[2], r[3]) for r in rows] == [
+        (e, name, steps, steps)  # steps taken == the largest-remainder quota (91.8, 45.9, 15.3)
+        for e in ("0", "1")
+        for name, steps in (("web", "92"), ("code", "46"), ("curated", "15"))
+    ]
+    assert [r[6] for r in rows[:3]] == ["0.74", "1.84", "5.00"]  # the short ones cycle

@@ -1,0 +1,354 @@
+"""The mix plan (wdsloader.plan.mix) against brute-force references: exact quotas, selection that
+repeats no sample before its source is used up, the two batchings, every rank equal, resume."""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from fractions import Fraction
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from wdsloader.curriculum import linear, steps
+from wdsloader.mix import Source, mix_epoch, mix_quotas_for
+from wdsloader.plan.mix import (
+    MixEpoch,
+    MixTopology,
+    _key,
+    keyed_permutation,
+    mix_num_batches,
+    mix_rank_batches,
+    mix_worker_batches,
+    mixed_layout,
+    source_ids,
+)
+from wdsloader.plan.quotas import mix_quotas
+
+FAST = settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+
+def reference_lr(weights, total):
+    """Hamilton's method, written out: floors, then the largest remainders (ties: lower index)."""
+    w = [Fraction(repr(float(x))) for x in weights]
+    exact = [x * total / sum(w) for x in w]
+    floors = [math.floor(e) for e in exact]
+    ranked = sorted(range(len(w)), key=lambda i: (floors[i] - exact[i], i))
+    for i in ranked[: total - sum(floors)]:
+        floors[i] += 1
+    return floors
+
+
+def pairs(batches):
+    srcs = np.concatenate([s for s, _ in batches]).tolist()
+    ids = np.concatenate([i for _, i in batches]).tolist()
+    return Counter(zip(srcs, ids, strict=True))
+
+
+def epoch_multiset(me: MixEpoch):
+    src, ids = mixed_layout(me, np.arange(me.length))
+    return Counter(zip(src.tolist(), ids.tolist(), strict=True))
+
+
+sources_st = st.lists(st.integers(1, 25), min_size=1, max_size=4)
+
+
+# ----------------------------------------------------------------------------------- quotas
+
+
+@FAST
+@given(
+    sizes=sources_st,
+    data=st.data(),
+    epoch_samples=st.one_of(st.none(), st.integers(0, 200)),
+)
+def test_quotas_are_the_largest_remainder_of_the_weights(sizes, data, epoch_samples):
+    n = len(sizes)
+    fixed = data.draw(st.lists(st.one_of(st.none(), st.integers(0, 30)), min_size=n, max_size=n))
+    weights = [
+        data.draw(st.floats(0.01, 10).map(lambda x: round(x, 3))) if f is None else None
+        for f in fixed
+    ]
+    weighted = [i for i in range(n) if fixed[i] is None]
+    fixed_sum = sum(f for f in fixed if f is not None)
+    left = sum(sizes[i] for i in weighted) if epoch_samples is None else epoch_samples - fixed_sum
+    if weighted and left < 0:
+        with pytest.raises(ValueError, match=r"is less than the \d+ samples the sources with"):
+            mix_quotas(sizes, weights, fixed, epoch_samples)
+        return
+    if not weighted and epoch_samples is not None and left != 0:
+        with pytest.raises(ValueError, match=r"differs from the \d+ samples the sources take"):
+            mix_quotas(sizes, weights, fixed, epoch_samples)
+        return
+    q = mix_quotas(sizes, weights, fixed, epoch_samples).tolist()
+    for i in range(n):
+        if fixed[i] is not None:
+            assert q[i] == fixed[i]
+    if weighted:
+        assert [q[i] for i in weighted] == reference_lr([weights[i] for i in weighted], left)
+        assert sum(q) == (fixed_sum + left)
+
+
+def test_source_forms_and_their_quotas():
+    sizes = [1000, 50, 7]
+    web, code, tiny = Source("s3://b/web/", weight=0.7), Source("./code", repeat=3), Source("t")
+    assert web.name == "web" and code.name == "code"
+    assert mix_quotas_for([Source("a", weight=0.7), Source("b", weight=0.3)], [10, 10], 0) == (
+        14,
+        6,
+    )  # SUM of the weighted sizes, 0.7/0.3 of it
+    assert mix_quotas_for([web, code, Source("t", samples=5)], sizes, 0, epoch_samples=505) == (
+        350,
+        150,
+        5,
+    )
+    assert mix_quotas_for([Source("a"), Source("b")], [3, 4], 0) == (3, 4)  # each once
+    assert mix_quotas_for([Source("a", repeat=0.25), Source("b", repeat=2.5)], [10, 3], 0) == (2, 7)
+    with pytest.raises(ValueError, match=r"give one of weight=, samples= or repeat=, not"):
+        Source("a", weight=1, samples=3)
+    with pytest.raises(ValueError, match=r"weight=-1 must be finite, >= 0"):
+        Source("a", weight=-1)
+    with pytest.raises(ValueError, match=r"sources share the names \['x'\]"):
+        mix_quotas_for([Source("a/x"), Source("b/x")], [1, 1], 0)
+    with pytest.raises(ValueError, match=r"sources \['t'\] have no weight=, samples= or repeat="):
+        mix_quotas_for([web, tiny], sizes[:2], 0)
+    with pytest.raises(ValueError, match=r"sources \['web'\] have a weight= and the mix a weights"):
+        mix_quotas_for([web, code], sizes[:2], 0, weights=steps({0: {"web": 1.0}}))
+    with pytest.raises(ValueError, match=r"sources \[1\] have no samples but a quota of \[3\]"):
+        mix_quotas_for([Source("a", weight=1), Source("b", samples=3)], [4, 0], 0)
+
+
+def test_a_weight_schedule_gives_each_epoch_its_quotas_and_streams_continue():
+    sources = [Source("web"), Source("code"), Source("tiny", samples=4)]
+    sizes = [100, 10, 3]
+    sched = linear({"web": 0.9, "code": 0.1}, {"web": 0.5, "code": 0.5}, epochs=2)
+    plans = [mix_epoch(sources, sizes, e, weights=sched, seed=5) for e in range(4)]
+    assert [p.quotas for p in plans] == [(99, 11, 4), (77, 33, 4), (55, 55, 4), (55, 55, 4)]
+    assert [p.offsets for p in plans] == [(0, 0, 0), (99, 11, 4), (176, 44, 8), (231, 99, 12)]
+    # a process that starts at epoch 3 (a resume after the weights changed) plans what an
+    # uninterrupted run plays: each source's stream continues exactly where epoch 2 stopped
+    for s, n in enumerate(sizes):
+        keys = _key(5, s, 0x5043_5EED)
+        played = np.concatenate(
+            [source_ids(n, 1, keys, p.offsets[s] + np.arange(p.quotas[s])) for p in plans]
+        )
+        cycle = source_ids(n, 1, keys, np.arange(n))
+        assert played.tolist() == [cycle[t % n] for t in range(played.size)]
+
+
+# -------------------------------------------------------------------------------- selection
+
+
+@FAST
+@given(
+    size=st.integers(1, 40),
+    block=st.integers(1, 6),
+    quotas=st.lists(st.integers(0, 90), min_size=1, max_size=6),
+    seed=st.integers(0, 3),
+)
+def test_selection_repeats_no_sample_before_its_source_is_used_up(size, block, quotas, seed):
+    keys = _key(seed, 0, 0x5043_5EED)
+    cycle = source_ids(size, block, keys, np.arange(size)).tolist()
+    assert sorted(cycle) == list(range(size))  # one pass holds every sample once
+    # blocks of `block` consecutive ids stay together (the short block ends the pass)
+    starts = [cycle[i] for i in range(0, size - size % block, block)]
+    for i, a in enumerate(starts):
+        assert cycle[i * block : (i + 1) * block] == list(range(a, a + block))
+    offset = 0
+    for q in quotas:
+        ids = source_ids(size, block, keys, offset + np.arange(q)).tolist()
+        assert ids == [cycle[(offset + t) % size] for t in range(q)]  # the stream, continued
+        counts = Counter(ids)
+        k = q // size
+        assert sum(counts.values()) == q
+        assert all(counts[i] in (k, k + 1) for i in range(size))  # each k or k+1 times
+        assert len(set(ids[:size])) == min(q, size)  # no repeat before all were used
+        if q == size:
+            assert sorted(ids) == list(range(size))  # exactly once
+        offset += q
+
+
+def test_keyed_permutation_is_a_bijection_and_depends_on_the_key():
+    for n in (1, 2, 3, 7, 64, 1000, 4099):
+        perm = keyed_permutation(n, _key(1, n), np.arange(n))
+        assert sorted(perm.tolist()) == list(range(n))
+    a = keyed_permutation(1000, _key(1), np.arange(1000))
+    assert a.tolist() != keyed_permutation(1000, _key(2), np.arange(1000)).tolist()
+    assert a.tolist() == keyed_permutation(1000, _key(1), np.arange(1000)).tolist()
+
+
+# ------------------------------------------------------------------------------------ order
+
+
+@st.composite
+def mix_epochs(draw, max_quota=60):
+    sizes = draw(sources_st)
+    quotas = draw(st.lists(st.integers(0, max_quota), min_size=len(sizes), max_size=len(sizes)))
+    offsets = draw(st.lists(st.integers(0, 100), min_size=len(sizes), max_size=len(sizes)))
+    return MixEpoch(
+        sizes=tuple(sizes), quotas=tuple(quotas), offsets=tuple(offsets),
+        seed=draw(st.integers(0, 5)), epoch=draw(st.integers(0, 5)), block=draw(st.integers(1, 5)),
+    )  # fmt: skip
+
+
+@FAST
+@given(me=mix_epochs(), data=st.data())
+def test_mixed_layout_matches_the_materialised_reference(me, data):
+    b = me.block
+    # reference: every source's epoch samples in stream order, cut into blocks; short blocks
+    # first in source order, then the whole blocks in the keyed order
+    per_source = [
+        source_ids(n, b, _key(me.seed, s, 0x5043_5EED), me.offsets[s] + np.arange(q)).tolist()
+        for s, (n, q) in enumerate(zip(me.sizes, me.quotas, strict=True))
+    ]
+    short = [(s, x) for s, ids in enumerate(per_source) for x in ids[len(ids) - len(ids) % b :]]
+    whole = [
+        [(s, x) for x in ids[i : i + b]]
+        for s, ids in enumerate(per_source)
+        for i in range(0, len(ids) - len(ids) % b, b)
+    ]
+    order = keyed_permutation(
+        len(whole), _key(me.seed, me.epoch, 0xB10C_5EED), np.arange(len(whole))
+    )
+    reference = short + [p for i in order.tolist() for p in whole[i]]
+    src, ids = mixed_layout(me, np.arange(me.length))
+    assert list(zip(src.tolist(), ids.tolist(), strict=True)) == reference
+    # any positions, in any order, one at a time: the same answer (no global state)
+    if me.length:
+        pos = data.draw(st.lists(st.integers(0, me.length - 1), min_size=1, max_size=8))
+        s1, i1 = mixed_layout(me, np.asarray(pos))
+        assert list(zip(s1.tolist(), i1.tolist(), strict=True)) == [reference[p] for p in pos]
+
+
+@FAST
+@given(
+    me=mix_epochs(max_quota=40),
+    world=st.integers(1, 8),
+    workers=st.integers(0, 3),
+    batch=st.integers(1, 5),
+    drop_last=st.booleans(),
+    batching=st.sampled_from(["mixed", "stratified"]),
+    window=st.integers(0, 7),
+)
+def test_every_rank_yields_the_same_batches_and_the_epoch_is_delivered(
+    me, world, workers, batch, drop_last, batching, window
+):
+    topo = MixTopology(batch_size=batch, world_size=world, num_workers=max(workers, 1),
+                       drop_last=drop_last, window=window, batching=batching)  # fmt: skip
+    n = mix_num_batches(me, topo)
+    ranks = [mix_rank_batches(me, topo, r) for r in range(world)]
+    assert [len(r) for r in ranks] == [n] * world  # equal on every rank
+    g = world * batch
+    if drop_last:
+        assert n == me.length // g
+        assert all(src.size == batch for rank in ranks for src, _ in rank)
+    elif batching == "stratified":
+        assert n == -(-me.length // g)
+    else:
+        per_rank = -(-me.length // world)
+        assert n == -(-per_rank // batch)
+    got = sum((pairs(r) for r in ranks if r), Counter())
+    want = epoch_multiset(me)
+    delivered = sum(got.values())
+    if drop_last:  # fewer than one global batch left out, nothing added
+        assert not got - want and me.length - delivered < g
+    else:  # everything, plus fewer than `world` repeats to pad the last batches
+        assert not want - got and delivered - me.length < world
+    if me.length % g == 0:
+        assert got == want  # nothing left out, nothing repeated
+    if me.quotas == me.sizes:  # weights that allow it: every sample of every source once
+        assert want == Counter((s, i) for s, n in enumerate(me.sizes) for i in range(n))
+
+
+@FAST
+@given(
+    me=mix_epochs(max_quota=40),
+    world=st.integers(1, 4),
+    batch=st.integers(1, 6),
+    drop_last=st.booleans(),
+)
+def test_stratified_global_batches_hold_each_sources_exact_share(me, world, batch, drop_last):
+    topo = MixTopology(batch_size=batch, world_size=world, drop_last=drop_last,
+                       batching="stratified")  # fmt: skip
+    ranks = [mix_rank_batches(me, topo, r) for r in range(world)]
+    g, q = world * batch, np.asarray(me.quotas)
+    full, last = divmod(me.length, g)
+    tail = np.zeros_like(q)
+    if last:  # the last (short) global batch: the largest-remainder share of its samples
+        tail = np.asarray(reference_lr(q, last) if q.sum() else tail)
+    body = q - tail
+    totals = np.zeros_like(q)
+    for t in range(full):
+        counts = sum(np.bincount(ranks[r][t][0], minlength=q.size) for r in range(world))
+        assert counts.sum() == g
+        assert np.all((counts == body // full) | (counts == body // full + 1))  # floor or ceil
+        totals += counts
+    assert totals.tolist() == body.tolist()  # the remainders rotate: the quotas hold
+    if last and not drop_last:
+        real = Counter()
+        for r in range(world):
+            src, ids = ranks[r][full]
+            real.update(zip(src.tolist(), ids.tolist(), strict=True))
+        assert {s for s, _ in real} <= {s for s in range(q.size) if tail[s]}
+    # the samples of a source are its epoch samples: the multiset over the full batches is
+    # exactly its stream's first body[s] epoch positions
+    for s in range(q.size):
+        got = Counter(
+            x for r in range(world) for src, ids in ranks[r][:full] for x in ids[src == s].tolist()
+        )
+        keys = _key(me.seed, s, 0x5043_5EED)
+        ref = source_ids(me.sizes[s], me.block, keys, me.offsets[s] + np.arange(body[s]))
+        assert got == Counter(ref.tolist())
+
+
+@FAST
+@given(
+    me=mix_epochs(max_quota=40),
+    world=st.integers(1, 3),
+    workers=st.integers(1, 3),
+    batch=st.integers(1, 4),
+    batching=st.sampled_from(["mixed", "stratified"]),
+    data=st.data(),
+)
+def test_resuming_after_k_batches_yields_exactly_the_rest(
+    me, world, workers, batch, batching, data
+):
+    topo = MixTopology(batch_size=batch, world_size=world, num_workers=workers, window=3,
+                       batching=batching, drop_last=False)  # fmt: skip
+    n = mix_num_batches(me, topo)
+    k = data.draw(st.integers(0, n))
+    for rank in range(world):
+        full = mix_rank_batches(me, topo, rank)
+        lists = [mix_worker_batches(me, topo, rank, i, batches_done=k) for i in range(workers)]
+        longest = max(len(x) for x in lists)
+        rest = [lst[j] for j in range(longest) for lst in lists if j < len(lst)]
+        assert [(s.tolist(), i.tolist()) for s, i in rest] == [
+            (s.tolist(), i.tolist()) for s, i in full[k:]
+        ]
+
+
+def test_mixed_batches_mix_the_sources_and_depend_on_seed_and_epoch():
+    me = MixEpoch(sizes=(600, 300, 100), quotas=(600, 300, 100), offsets=(0, 0, 0), block=4)
+    topo = MixTopology(batch_size=50, window=200)
+    batches = mix_rank_batches(me, topo, 0)
+    assert len(batches) == 20
+    shares = np.mean([np.bincount(s, minlength=3) for s, _ in batches], axis=0) / 50
+    assert np.allclose(shares, [0.6, 0.3, 0.1])
+    assert sum(len(set(s.tolist())) == 3 for s, _ in batches) >= 15  # most batches hold all 3
+    other = MixEpoch(sizes=me.sizes, quotas=me.quotas, offsets=me.offsets, block=4, epoch=1)
+    assert mix_rank_batches(other, topo, 0)[0][1].tolist() != batches[0][1].tolist()
+    assert mix_rank_batches(me, topo, 0)[0][1].tolist() == batches[0][1].tolist()
+
+
+def test_topology_and_epoch_errors():
+    with pytest.raises(ValueError, match=r"batching must be 'mixed' or 'stratified', got 'x'"):
+        MixTopology(batch_size=2, batching="x")
+    with pytest.raises(ValueError, match=r"need one entry per source, got 2, 1 and 2"):
+        MixEpoch(sizes=(1, 2), quotas=(1,), offsets=(0, 0))
+    with pytest.raises(ValueError, match=r"sources \[0\] have no samples but a quota"):
+        MixEpoch(sizes=(0, 2), quotas=(1, 1), offsets=(0, 0))
+    me = MixEpoch(sizes=(4,), quotas=(4,), offsets=(0,))
+    with pytest.raises(ValueError, match=r"rank"):
+        mix_worker_batches(me, MixTopology(batch_size=2, world_size=2), rank=2, worker=0)

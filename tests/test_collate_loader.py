@@ -76,6 +76,31 @@ def test_create_loader_collate_errors(text_shards):
         create_loader(root, "train", batch_size=4, collate_fn=len, collate_options={"tokenizer": 1})
 
 
+class Keys:
+    """A user collator (module level: picklable): the batch's keys, prefixed."""
+
+    def __init__(self, task_spec=None, prefix: str = ""):
+        self.prefix = prefix
+
+    def __call__(self, samples):
+        return [self.prefix + s["__key__"] for s in samples]
+
+
+def test_create_loader_uses_the_one_registry(text_shards):
+    root, docs = text_shards
+    registry = CollatorRegistry.get_instance()
+    registry.register("keys", modality="text")(Keys)
+    try:
+        loader = create_loader(
+            root, "train", batch_size=4, drop_last=False, collate_fn="keys",
+            collate_options={"prefix": "x-"},
+        )  # fmt: skip
+        got = [k for batch in loader for k in batch]
+    finally:
+        CollatorRegistry.reset()
+    assert sorted(got) == sorted(f"x-{k}" for k in docs)
+
+
 class Images(torch.utils.data.Dataset):
     """Map-style uint8 HWC images with a class label (module level: spawn workers import it)."""
 

@@ -11,7 +11,7 @@ from torch.utils.data import DataLoader
 
 from wdsloader import plan
 from wdsloader.collate.collators import get_collator
-from wdsloader.decode.codecs import SampleDecoder
+from wdsloader.decode.registry import SampleDecoder
 from wdsloader.errors import ManifestError, WorkerDiedError
 from wdsloader.format import FieldSpec, Manifest
 from wdsloader.io.fetch import ReadOptions, ShardStore

@@ -11,7 +11,7 @@ import pytest
 
 from tests.dataset_factory import write_dataset
 from wdsloader import create_loader
-from wdsloader.decode import codecs
+from wdsloader.decode import codecs, registry
 from wdsloader.decode.batch import Columns, NotGatherable
 from wdsloader.errors import DecodeError
 from wdsloader.stream import reader as reader_module
@@ -30,13 +30,13 @@ def ds(tmp_path_factory):
 @pytest.fixture
 def json_decoder():
     """Swap the registered ``json`` decoder for the test; restore the default after it."""
-    original = codecs.get_decoder("json")
+    original = registry.get_decoder("json")
 
     def swap(fn):
-        codecs.register_decoder("json", fn, replace=True)
+        registry.register_decoder("json", fn, replace=True)
 
     yield swap
-    codecs.register_decoder("json", original, replace=True)
+    registry.register_decoder("json", original, replace=True)
 
 
 def as_view(buf):
@@ -187,12 +187,23 @@ def test_a_custom_npy_decoder_is_not_bypassed_by_gathering(ds):
     def doubled(buf):
         return codecs.decode_npy(buf) * 2
 
-    original = codecs.get_decoder("npy")
-    codecs.register_decoder("npy", doubled, replace=True)
+    original = registry.get_decoder("npy")
+    registry.register_decoder("npy", doubled, replace=True)
     try:
         loader = create_loader(ds, "train", batch_size=4, shuffle=False, fields=["vec"])
         (first, *_) = list(loader)
     finally:
-        codecs.register_decoder("npy", original, replace=True)
+        registry.register_decoder("npy", original, replace=True)
     assert first["vec"].tolist() == [[2 * (i * 10 + k) for k in range(4)] for i in range(4)]
     assert loader.dataset_obj.columnar is None and loader.stats["gathered_batches"] == 0
+
+
+def test_names_moved_out_of_codecs_stay_importable_there():
+    from wdsloader.decode import parse
+    from wdsloader.decode.codecs import SampleDecoder, get_decoder, parse_sample, register_decoder
+
+    assert SampleDecoder is registry.SampleDecoder and parse_sample is parse.parse_sample
+    assert (get_decoder, register_decoder) == (registry.get_decoder, registry.register_decoder)
+    assert codecs._REGISTRY is registry._REGISTRY
+    with pytest.raises(AttributeError, match="no attribute 'nope'"):
+        codecs.nope  # noqa: B018

@@ -1,10 +1,10 @@
-"""Bytes to values: the decoder registry and codecs, the sample parser, whole-batch gathering."""
+"""Bytes to values: codecs and their registry, the sample parser, whole-batch gathering, and the
+columnar and row decoders of a batch."""
 
 from wdsloader.decode.codecs import (
     IMAGE_ENCODINGS,
     PICKLE_ENCODINGS,
     Decoder,
-    SampleDecoder,
     decode_bytes,
     decode_image,
     decode_int,
@@ -14,11 +14,10 @@ from wdsloader.decode.codecs import (
     decode_pickle_refused,
     decode_pt,
     decode_text,
-    get_decoder,
-    parse_sample,
-    register_decoder,
 )
 from wdsloader.decode.gather import FieldTable, field_tables, gather_rows, sample_keys
+from wdsloader.decode.parse import parse_sample
+from wdsloader.decode.registry import SampleDecoder, get_decoder, register_decoder
 
 __all__ = [
     "IMAGE_ENCODINGS",

@@ -19,7 +19,6 @@ from typing import Any, TypeAlias
 import numpy as np
 
 from wdsloader.decode.batch import Columns, NotGatherable, RawBatch
-from wdsloader.decode.codecs import SampleDecoder, parse_sample
 from wdsloader.decode.gather import (
     FieldTable,
     field_tables,
@@ -30,6 +29,8 @@ from wdsloader.decode.gather import (
     prefix_end,
     walk_members,
 )
+from wdsloader.decode.parse import parse_sample
+from wdsloader.decode.registry import SampleDecoder
 from wdsloader.decode.variants import Variants
 from wdsloader.errors import ShardFormatError, WdsLoaderError
 from wdsloader.format.manifest import FieldSpec, ShardInfo

@@ -9,7 +9,8 @@ from typing import Any
 import numpy as np
 
 from wdsloader.decode.batch import RawBatch
-from wdsloader.decode.codecs import SampleDecoder, parse_sample
+from wdsloader.decode.parse import parse_sample
+from wdsloader.decode.registry import SampleDecoder
 from wdsloader.decode.variants import Variants
 from wdsloader.errors import WdsLoaderError
 

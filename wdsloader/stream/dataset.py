@@ -20,8 +20,8 @@ from torch.utils.data import IterableDataset, get_worker_info
 
 from wdsloader import plan
 from wdsloader.decode.batch import Columns, RawBatch
-from wdsloader.decode.codecs import SampleDecoder
 from wdsloader.decode.columnar import ColumnarDecoder
+from wdsloader.decode.registry import SampleDecoder
 from wdsloader.decode.rows import RowDecoder
 from wdsloader.decode.variants import Variants
 from wdsloader.errors import SkipLimitError, WdsLoaderError

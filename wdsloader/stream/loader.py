@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 from torch.utils.data import DataLoader
 
 from wdsloader import plan
-from wdsloader.decode.codecs import SampleDecoder
+from wdsloader.decode.registry import SampleDecoder
 from wdsloader.errors import ManifestError, WorkerDiedError
 from wdsloader.format import FieldSpec, Manifest
 from wdsloader.io.fetch import ReadOptions, ShardStore

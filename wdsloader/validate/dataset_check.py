@@ -14,7 +14,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from wdsloader.decode.codecs import SampleDecoder, parse_sample
+from wdsloader.decode.parse import parse_sample
+from wdsloader.decode.registry import SampleDecoder
 from wdsloader.errors import WdsLoaderError
 from wdsloader.format import FieldSpec, Manifest, ShardInfo
 from wdsloader.format.index import INDEX_DTYPE

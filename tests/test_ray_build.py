@@ -118,8 +118,12 @@ def reference(tmp_path_factory) -> dict[str, str]:
 
 
 def test_ray_writes_the_local_engines_bytes_to_a_folder(tmp_path, reference):
-    m = build_shards(Items(N), tmp_path / "ds", engine="ray", **OPTS)
+    seen: list[int] = []
+    m = build_shards(
+        Items(N), tmp_path / "ds", engine="ray", progress=lambda d, t: seen.append(d), **OPTS
+    )
     assert m.build["num_blocks"] == 8 and m.num_samples == N
+    assert seen == list(range(50, N + 1, 50))  # the driver's progress: one step per block
     got = local_digests(tmp_path / "ds")
     assert got == reference
     assert sum(p.endswith(".tar") for p in got) >= 16  # several shards per block and split
@@ -248,3 +252,18 @@ def test_import_build_shards_never_imports_ray():
         [sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True
     )
     assert out.stdout.strip() == "False"
+
+
+def test_a_datasets_datasetdict_keeps_its_splits_and_the_local_bytes(tmp_path):
+    datasets = pytest.importorskip("datasets")
+    rows = [sample(i) for i in range(120)]
+    cols = {k: [r[k] for r in rows] for k in ("__key__", "emb", "cls", "text")}
+    dd = datasets.DatasetDict(
+        train=datasets.Dataset.from_dict({k: v[:90] for k, v in cols.items()}),
+        val=datasets.Dataset.from_dict({k: v[90:] for k, v in cols.items()}),
+    )
+    opts = dict(shard_max_count=16, block_size=40)
+    build_shards(dd, tmp_path / "ref", **opts)
+    m = build_shards(dd, tmp_path / "ray", engine="ray", **opts)
+    assert (m.splits["train"].num_samples, m.splits["val"].num_samples) == (90, 30)
+    assert local_digests(tmp_path / "ray") == local_digests(tmp_path / "ref")

@@ -12,8 +12,10 @@ Printed per engine: the median wall time of ``--repeats`` builds (interleaved, s
 neighbour hurts every engine alike), samples/s and MB/s from it, and CPU seconds: this process
 with its pool workers (local) or the Ray workers and Ray's own daemons (raylet, GCS, ...) read
 from /proc (Linux). "ray start" is ``ray.init``; "ray cold" the first build, which also starts
-and warms the Ray worker processes (each imports torch, numpy and the builder). Every build's
-bytes are checked against the first local one.
+and warms the Ray worker processes (each imports torch, numpy and the builder). For the last Ray
+build, Ray's own task timeline splits the tasks' time into submit, argument deserialisation,
+execution (our ``write_block``) and storing the result, and gives how busy the CPU slots were.
+Every build's bytes are checked against the others.
 """
 
 from __future__ import annotations
@@ -127,6 +129,20 @@ def timed(build: Callable[[Path], Any], out: Path, ray_run: bool) -> dict[str, f
     return row
 
 
+def task_phases(ray: Any, since: float) -> dict[str, float]:
+    """Seconds per phase of the Ray tasks that started after ``since`` (``time.time()``), from
+    Ray's own task timeline: submit, argument deserialisation, execution, storing the result."""
+    out: dict[str, float] = {}
+    for event in ray.timeline():
+        if (
+            "dur" in event
+            and event["ts"] >= since * 1e6
+            and event["name"].startswith(("task:", "submit_task"))
+        ):
+            out[event["name"]] = out.get(event["name"], 0.0) + event["dur"] / 1e6
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--samples", type=int, default=8000)
@@ -152,6 +168,7 @@ def main() -> None:
     }
     rows: dict[str, list[dict[str, float]]] = {name: [] for name in engines}
     digests: dict[str, set[str]] = {name: set() for name in engines}
+    phases: dict[str, float] = {}
     try:
         t0 = time.perf_counter()
         ray.init(num_cpus=args.cpus, include_dashboard=False, log_to_driver=False)
@@ -161,8 +178,12 @@ def main() -> None:
         for _ in range(args.repeats):
             for name, build in engines.items():
                 out = tmp / name.replace(" ", "").replace(",", "-")
+                since = time.time()
                 rows[name].append(timed(build, out, name == ray_name))
                 digests[name].add(digest(out))
+                if name == ray_name:
+                    time.sleep(1.5)  # the task events reach the timeline about once a second
+                    phases = task_phases(ray, since)
     finally:
         ray.shutdown()
         shutil.rmtree(tmp, ignore_errors=True)
@@ -189,6 +210,10 @@ def main() -> None:
         )  # fmt: skip
         print(f"{name:<18}{wall:>8.2f}{n / wall:>11,.0f}{med['bytes'] / 1e6 / wall:>7.1f}"
               f"{cpu:>7.1f}  {split}; x{base / wall:.2f} of local 1")  # fmt: skip
+    last = rows[ray_name][-1]
+    busy = phases.get("task:execute", 0.0) / (last["wall"] * args.cpus)
+    print(f"last ray build: task slots busy {busy:.0%} of wall x CPUs; Ray's per-task phases "
+          + ", ".join(f"{k} {v:.3f} s" for k, v in sorted(phases.items())))  # fmt: skip
     same = len(set().union(*digests.values())) == 1
     print(f"bytes identical across engines and repeats: {same}")
 

@@ -175,6 +175,19 @@ def test_an_interrupted_driver_resumes_on_rerun_keeping_finished_blocks(tmp_path
     assert seen[-1] == N
 
 
+def test_a_ray_build_stopped_on_the_driver_is_resumed_by_the_local_engine(tmp_path, reference):
+    out = tmp_path / "ds"
+    with pytest.raises(Interrupt):
+        build_shards(Items(N), out, engine="ray", progress=StopAfter(100), **OPTS)
+    blocks = [int(p.stem.split("-")[1]) for p in (out / "_build").glob("block-*.json")]
+    shards = [p for b in blocks for p in out.glob(f"*/shard-{b:05d}-*.tar")]
+    before = {p: p.stat().st_mtime_ns for p in shards}
+    assert len(blocks) >= 2 and shards
+    build_shards(Items(N), out, **OPTS)  # the local engine: the same fingerprint, so it resumes
+    assert {p: p.stat().st_mtime_ns for p in shards} == before
+    assert local_digests(out) == reference
+
+
 def test_a_data_error_in_a_task_is_raised_as_itself_and_leaves_nothing(tmp_path):
     class_ = BadShape(N)
     with pytest.raises(SchemaError, match=r"s00210.*emb|emb.*s00210"):

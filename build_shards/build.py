@@ -16,6 +16,7 @@ from typing import Any
 
 from build_shards.blocks import BlockJob, prepare
 from build_shards.encode import SampleEncoder, build_schema
+from build_shards.engines import Engine, Output, make_engine
 from build_shards.errors import BuildError, BuildWorkerError, SourceChangedError, naming_options
 from build_shards.lock import DEFAULT_LOCK_TIMEOUT, BuildLock, OutputLockedError
 from build_shards.merge import manifest_build, merge
@@ -23,7 +24,7 @@ from build_shards.params import BuildParams, callable_name
 from build_shards.pool import refuse_reimported_main
 from build_shards.records import BlockRecord
 from build_shards.resume import check_kept
-from build_shards.run import Output, Progress, ProgressBar, run_blocks
+from build_shards.run import Progress, ProgressBar, run_blocks
 from build_shards.sources import Source, open_source
 from build_shards.splits import Splitter, make_splitter
 from build_shards.state import OutputState
@@ -58,6 +59,8 @@ def build_shards(
     progress: Progress = False,
     lock_timeout: float | None = DEFAULT_LOCK_TIMEOUT,
     break_lock: bool = False,
+    engine: str = "local",
+    ray_address: str | None = None,
 ) -> Manifest:
     """Write ``source`` as WebDataset tar shards with ``.tar.idx`` files and ``manifest.json``.
 
@@ -103,18 +106,69 @@ def build_shards(
     default (``loader_defaults["curriculum"]``) after checking its variant fields against the
     schema (ValueError before anything is written).
 
+    ``engine``: ``"local"`` (this process, or ``workers`` local processes) or ``"ray"``: one Ray
+    task per block on the cluster at ``ray_address`` (None: the cluster ``ray.init()`` finds, or
+    a local one; an already initialised Ray is used as is). Each task reads its block's range of
+    the source itself and writes its shards straight to ``output`` (so the output must be
+    reachable from every node, e.g. ``s3://``); the shards are byte-identical to the local
+    engine's. Ray reads a ``datasets`` Dataset/DatasetDict, a torch map-style Dataset, or JSONL
+    and text files (indexed by one task per file first); a list, iterator or iterable dataset
+    lives in this process and is refused (BuildError). Ray retries a task that raised an
+    ``OSError`` or whose worker died; a block written twice is the same bytes.
+
     ``progress``: True for a tqdm bar, or a callable ``(items_done, items_total_or_0)``.
     """
     refuse_reimported_main()
     _check_options(shard_max_count, shard_max_bytes, block_size, workers, key_field, lock_timeout)
-    out = _open_output(output, storage_options, workers)
+    runner = make_engine(engine, workers=workers, ray_address=ray_address)
+    try:
+        return _build(
+            runner, source, output, splits=splits, split_field=split_field, group_by=group_by,
+            key_field=key_field, schema=schema, dims=dims, map_fn=map, seed=seed,
+            allow_nan=allow_nan, shard_max_count=shard_max_count,
+            shard_max_bytes=shard_max_bytes, block_size=block_size or BLOCK_FACTOR * shard_max_count,
+            overwrite=overwrite, storage_options=storage_options, loader_defaults=loader_defaults,
+            curriculum=curriculum, progress=progress, lock_timeout=lock_timeout,
+            break_lock=break_lock,
+        )  # fmt: skip
+    finally:
+        runner.close()
+
+
+def _build(
+    runner: Engine,
+    source: Any,
+    output: str | os.PathLike[str],
+    *,
+    splits: Mapping[str, float] | None,
+    split_field: str | None,
+    group_by: str | None,
+    key_field: str,
+    schema: Mapping[str, FieldSpec | Mapping[str, Any]] | None,
+    dims: Mapping[str, int] | None,
+    map_fn: Callable[[dict[str, Any]], dict[str, Any]] | None,
+    seed: int,
+    allow_nan: bool,
+    shard_max_count: int,
+    shard_max_bytes: int,
+    block_size: int,
+    overwrite: bool,
+    storage_options: dict[str, Any] | None,
+    loader_defaults: Mapping[str, Any] | None,
+    curriculum: Any,
+    progress: Progress,
+    lock_timeout: float | None,
+    break_lock: bool,
+) -> Manifest:
+    """:func:`build_shards` once its options are checked and its engine made."""
+    out = _open_output(output, storage_options, runner)
     state = OutputState(out.fs, out.root, out.url, storage_options)
     state.check_existing(overwrite)
     inp = _open_input(
-        source, splits=splits, split_field=split_field, group_by=group_by, key_field=key_field,
-        schema=schema, dims=dims, map_fn=map, seed=seed, allow_nan=allow_nan,
-        shard_max_count=shard_max_count, shard_max_bytes=shard_max_bytes,
-        block_size=block_size or BLOCK_FACTOR * shard_max_count,
+        runner.prepare(open_source(source)), splits=splits, split_field=split_field,
+        group_by=group_by, key_field=key_field, schema=schema, dims=dims, map_fn=map_fn,
+        seed=seed, allow_nan=allow_nan, shard_max_count=shard_max_count,
+        shard_max_bytes=shard_max_bytes, block_size=block_size,
     )  # fmt: skip
     defaults = dict(loader_defaults or {})
     if curriculum is not None:
@@ -129,7 +183,7 @@ def build_shards(
         bar = ProgressBar(progress, inp.src.length)
         try:
             records = run_blocks(
-                job, inp.src, stream, completed, inp.params.block_size, workers, out, bar
+                job, inp.src, stream, completed, inp.params.block_size, runner, out, bar
             )
             manifest = _manifest(records, inp, state, defaults)
             lock.check()
@@ -184,17 +238,22 @@ def _check_options(
 
 
 def _open_output(
-    output: str | os.PathLike[str], storage_options: dict[str, Any] | None, workers: int
+    output: str | os.PathLike[str], storage_options: dict[str, Any] | None, runner: Engine
 ) -> Output:
     url = os.fspath(output)
     fs, root = url_to_fs(url, storage_options)
-    if workers > 1 and "memory" in _protocols(fs):
-        raise BuildError("memory:// lives in one process: use workers=1 for a memory:// output")
+    if "memory" in _protocols(fs) and not runner.single_process:
+        if runner.name == "local":
+            raise BuildError("memory:// lives in one process: use workers=1 for a memory:// output")
+        raise BuildError(
+            f"memory:// lives in one process: engine={runner.name!r} writes from other processes "
+            "(use a folder every node reaches, or s3://)"
+        )
     return Output(fs, root, url, storage_options)
 
 
 def _open_input(
-    source: Any,
+    src: Source,
     *,
     splits: Mapping[str, float] | None,
     split_field: str | None,
@@ -209,8 +268,7 @@ def _open_input(
     shard_max_bytes: int,
     block_size: int,
 ) -> Input:
-    """Open the source, infer the schema from its first sample and check that sample."""
-    src = open_source(source)
+    """Infer the schema from the source's first sample and check that sample."""
     splitter = make_splitter(
         src, splits=splits, split_field=split_field, group_by=group_by, seed=seed
     )

@@ -39,6 +39,10 @@ BUILD_EXAMPLES = """\
   # a dataset saved with datasets' save_to_disk, written to S3 (MinIO endpoint)
   build-shards build ./hf_saved -o s3://bucket/ds --format hf-disk \\
       --storage-option client_kwargs.endpoint_url=http://localhost:9000
+
+  # on a running Ray cluster: one task per block, each reads its part of the input and writes
+  # its shards to S3 (the same bytes as a local build)
+  build-shards build 's3://raw/*.jsonl' -o s3://bucket/ds --engine ray --ray-address auto
 """
 TEXT_EXAMPLES = """\
   # tokenize text for a language model: chunks of 1024 + 1 tokens, 10% held out
@@ -228,6 +232,18 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--split-field", metavar="FIELD", help="the split is this field's value")
     b.add_argument("--key-field", default="__key__", metavar="FIELD", help="sample key field")
     b.add_argument("--allow-nan", action="store_true", help="count NaN/Inf instead of failing")
+    b.add_argument(
+        "--engine",
+        choices=["local", "ray"],
+        default="local",
+        help="local: this machine (--workers processes); ray: one Ray task per block, each "
+        "reading its own part of the input (same shards, byte for byte)",
+    )
+    b.add_argument(
+        "--ray-address",
+        metavar="ADDR",
+        help="the Ray cluster (--engine ray; default: RAY_ADDRESS, else a local Ray)",
+    )
     _output_options(b)
 
     t = sub.add_parser(
@@ -371,6 +387,10 @@ def _build_source(args: argparse.Namespace) -> Any:
 def _run_build(args: argparse.Namespace, options: dict[str, Any], progress: bool) -> Any:
     from build_shards.build import build_shards
 
+    if args.engine != "ray" and args.ray_address is not None:
+        _fail("--ray-address needs --engine ray")
+    if args.engine == "ray" and args.workers != 1:
+        _fail("--workers is for --engine local; --engine ray runs one task per block")
     source = _build_source(args)
     return build_shards(
         source,
@@ -381,6 +401,8 @@ def _run_build(args: argparse.Namespace, options: dict[str, Any], progress: bool
         key_field=args.key_field,
         allow_nan=args.allow_nan,
         progress=progress,
+        engine=args.engine,
+        ray_address=args.ray_address,
         **options,
     )
 

@@ -17,6 +17,7 @@ the block it was building; blocks finished before stay recorded for a rerun.
 from __future__ import annotations
 
 import concurrent.futures as cf
+import dataclasses
 import itertools
 import multiprocessing
 import os
@@ -25,11 +26,12 @@ import queue as _queue
 import signal
 import tempfile
 import threading
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures.process import BrokenProcessPool
 from typing import Any
 
-from build_shards.blocks import BlockJob, run_block
+from build_shards.blocks import BlockJob
+from build_shards.engines.base import BlockTask, write_block
 from build_shards.errors import BuildError, BuildWorkerError
 from build_shards.paths import BUILD_DIR, remove_quietly
 from build_shards.records import BlockRecord
@@ -41,8 +43,6 @@ GUARD_HINT = (
     "(worker processes start by re-importing the main script)"
 )
 _POLL_S = 0.5  # seconds between progress reports while waiting for blocks
-
-Block = tuple[int, int, "int | None", "Iterator[tuple[int, Any]] | None"]
 
 
 def refuse_reimported_main() -> None:
@@ -125,20 +125,16 @@ def init_worker(
     )
 
 
-def worker_block(
-    block: int, start: int, stop: int, items: Iterable[tuple[int, Any]] | None
-) -> BlockRecord:
-    """Build one block in a worker: read ``[start, stop)`` from the source, or use ``items``
-    (a list or :class:`~build_shards.spool.SpooledItems`)."""
-    job: BlockJob = _STATE["job"]
+def worker_block(task: BlockTask) -> BlockRecord:
+    """Build one block in a worker: its range read from the source, or its ``items`` (a list or
+    :class:`~build_shards.spool.SpooledItems`)."""
     queue = _STATE["progress"]
     report = None if queue is None else _QueueReport(queue)
-    it = items if items is not None else job.source.iter_range(start, stop)
     table: RunningTable = _STATE["table"]
-    table.mark(_STATE["slot"], block)
+    table.mark(_STATE["slot"], task.block)
     try:
-        return run_block(
-            job, _STATE["fs"], _STATE["root"], block, start, it, abort=_STATE["abort"],
+        return write_block(
+            _STATE["job"], _STATE["fs"], _STATE["root"], task, abort=_STATE["abort"],
             report=report,
         )  # fmt: skip
     finally:
@@ -162,7 +158,7 @@ class _QueueReport:
 
 def run_pool(
     job: BlockJob,
-    blocks: Iterator[Block],
+    blocks: Iterator[BlockTask],
     workers: int,
     fs: Any,
     root: str,
@@ -197,9 +193,9 @@ def run_pool(
         try:
             for nxt in itertools.chain(blocks, [None]):
                 if nxt is not None:
-                    b, start, stop, items = nxt
-                    payload = spool_items(items, fs, root) if items is not None else None
-                    inflight[_submit(pool, b, start, stop, payload)] = b
+                    if nxt.items is not None:
+                        nxt = dataclasses.replace(nxt, items=spool_items(nxt.items, fs, root))
+                    inflight[_submit(pool, nxt)] = nxt.block
                 limit = 2 * workers if nxt is not None else 1
                 while len(inflight) >= limit:
                     timeout = _POLL_S if queue is not None else None
@@ -224,11 +220,9 @@ def run_pool(
         remove_quietly(job_path)  # every worker has loaded it (or is gone) once shut down
 
 
-def _submit(
-    pool: cf.ProcessPoolExecutor, b: int, start: int, stop: int | None, payload: Any
-) -> cf.Future[Any]:
+def _submit(pool: cf.ProcessPoolExecutor, task: BlockTask) -> cf.Future[Any]:
     try:
-        return pool.submit(worker_block, b, start, stop, payload)
+        return pool.submit(worker_block, task)
     except (pickle.PicklingError, AttributeError, TypeError) as exc:
         raise BuildError(f"cannot send the source to worker processes: {exc}") from exc
 

@@ -1,4 +1,4 @@
-"""Running a build's blocks: which blocks are left, inline or in worker processes, with progress."""
+"""Running a build's blocks: which blocks are left, run by the build's engine, with progress."""
 
 from __future__ import annotations
 
@@ -7,26 +7,14 @@ import math
 import time
 from collections import deque
 from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass
 from typing import Any
 
-from build_shards.blocks import BlockJob, run_block
-from build_shards.pool import run_pool
+from build_shards.blocks import BlockJob
+from build_shards.engines import BlockTask, Engine, Output
 from build_shards.records import BlockRecord
 from build_shards.sources import Source
 
 Progress = bool | Callable[[int, int], None]
-
-
-@dataclass(frozen=True, slots=True)
-class Output:
-    """Where a build writes: the filesystem, the root path on it, and its URL + options (for the
-    worker processes, which open the filesystem again)."""
-
-    fs: Any
-    root: str
-    url: str
-    storage_options: dict[str, Any] | None
 
 
 def blocks_left(
@@ -35,9 +23,9 @@ def blocks_left(
     completed: Mapping[int, BlockRecord],
     block_size: int,
     bar: ProgressBar,
-) -> Iterator[tuple[int, int, int | None, Iterator[tuple[int, Any]] | None]]:
-    """``(block, start, stop, items)`` for the blocks to build; ``items`` is None when the
-    worker reads the range itself. Finished blocks are skipped (a stream is still read past)."""
+) -> Iterator[BlockTask]:
+    """The blocks to build; a task's ``items`` is None when its runner reads the range itself.
+    Finished blocks are skipped (a stream is still read past)."""
     if stream is None:
         assert src.length is not None
         for b in range(math.ceil(src.length / block_size)):
@@ -45,7 +33,7 @@ def blocks_left(
                 bar.update(completed[b].num_items, 0)
                 continue
             start, stop = b * block_size, min(src.length, (b + 1) * block_size)
-            yield b, start, stop, src.iter_range(start, stop) if src.in_memory else None
+            yield BlockTask(b, start, stop, src.iter_range(start, stop) if src.in_memory else None)
         return
     for b in itertools.count():
         head = next(stream, None)
@@ -56,7 +44,7 @@ def blocks_left(
             deque(items, maxlen=0)
             bar.update(completed[b].num_items, 0)
             continue
-        yield b, b * block_size, None, items
+        yield BlockTask(b, b * block_size, None, items)
 
 
 def run_blocks(
@@ -65,23 +53,16 @@ def run_blocks(
     stream: Iterator[tuple[int, Any]] | None,
     completed: Mapping[int, BlockRecord],
     block_size: int,
-    workers: int,
+    engine: Engine,
     out: Output,
     bar: ProgressBar,
 ) -> dict[int, BlockRecord]:
-    """Build every unfinished block, inline or in worker processes; all records by block
-    (compacted: key hashes instead of keys)."""
+    """Build every unfinished block with ``engine``; all records by block (compacted: key
+    hashes instead of keys)."""
     records = {b: rec.compact() for b, rec in completed.items()}
-    blocks = blocks_left(src, stream, completed, block_size, bar)
-    if workers == 1:
-        for b, start, stop, items in blocks:
-            it = items if items is not None else src.iter_range(start, stop)
-            rec = run_block(job, out.fs, out.root, b, start, it, report=bar.update)
-            records[b] = rec.compact()
-        return records
+    tasks = blocks_left(src, stream, completed, block_size, bar)
     report = bar.update if bar.active else None
-    built = run_pool(job, blocks, workers, out.fs, out.root, out.url, out.storage_options, report)
-    for b, rec in built:
+    for b, rec in engine.run(job, tasks, out, report):
         records[b] = rec.compact()
     return records
 

@@ -1,4 +1,4 @@
-"""The collator registry and the built-in collators."""
+"""The collator registry, TaskSpec, and the ``default`` and ``causal_lm`` collators."""
 
 from __future__ import annotations
 
@@ -6,18 +6,42 @@ import numpy as np
 import pytest
 import torch
 
-from wdsloader.collate import CollatorInfo, get_collator, list_collators, register_collator
-from wdsloader.collate import collators as col
+import wdsloader
+from wdsloader.collate import (
+    CausalLMCollator,
+    CollatorInfo,
+    CollatorRegistry,
+    DefaultCollator,
+    TaskSpec,
+    TextCollator,
+    VisionCollator,
+)
+
+BUILTINS = r"default \(any\), text \(text\), vision \(vision\), causal_lm \(text\)"
 
 
 @pytest.fixture(autouse=True)
 def _restore_registry():
-    factories, info = dict(col._FACTORIES), dict(col._INFO)
     yield
-    col._FACTORIES.clear()
-    col._FACTORIES.update(factories)
-    col._INFO.clear()
-    col._INFO.update(info)
+    CollatorRegistry.reset()
+
+
+def registry() -> CollatorRegistry:
+    return CollatorRegistry.get_instance()
+
+
+def get(name: str, **kwargs):
+    return registry().get_collator(collator_name=name, **kwargs)
+
+
+class Count:
+    """A test collator (module level: picklable): the batch size times ``scale``."""
+
+    def __init__(self, task_spec=None, scale: int = 1):
+        self.task_spec, self.scale = task_spec, scale
+
+    def __call__(self, samples):
+        return len(samples) * self.scale
 
 
 # ------------------------------------------------------------------------------------------------
@@ -25,59 +49,158 @@ def _restore_registry():
 # ------------------------------------------------------------------------------------------------
 
 
-def test_builtins_are_listed():
-    infos = {i.name: i for i in list_collators()}
-    assert infos["default"].modality == "any"
-    assert infos["causal_lm"].modality == "text"
-    assert isinstance(infos["causal_lm"], CollatorInfo) and infos["causal_lm"].description
-    assert [i.name for i in list_collators()][:2] == ["default", "causal_lm"]
+def test_builtins_in_lookup_order():
+    infos = registry().list_collators()
+    assert [(i.name, i.modality) for i in infos] == [
+        ("default", "any"),
+        ("text", "text"),
+        ("vision", "vision"),
+        ("causal_lm", "text"),
+    ]
+    assert [i.factory for i in infos] == [
+        DefaultCollator,
+        TextCollator,
+        VisionCollator,
+        CausalLMCollator,
+    ]
+    assert all(isinstance(i, CollatorInfo) and i.description for i in infos)
+
+
+def test_singleton_and_independent_registries():
+    assert CollatorRegistry.get_instance() is registry()
+    assert wdsloader.CollatorRegistry is CollatorRegistry and wdsloader.TaskSpec is TaskSpec
+    own = CollatorRegistry()
+    own.register("count", modality="audio")(Count)
+    assert "count" in own and "count" not in registry()
+    assert CollatorRegistry(builtins=False).list_collators() == []
 
 
 def test_register_and_get_by_name_and_modality():
-    @register_collator("count", modality="audio", description="how many samples")
-    def count_factory(scale: int = 1):
-        return lambda samples: len(samples) * scale
+    @registry().register("count", modality="audio", description="how many samples")
+    def count_factory(task_spec=None, scale: int = 1):
+        return Count(task_spec, scale)
 
-    assert get_collator("count")([{}, {}]) == 2
-    assert get_collator("count", scale=10)([{}]) == 10
-    assert get_collator(modality="audio", scale=3)([{}, {}]) == 6
-    assert CollatorInfo("count", "audio", "how many samples") in list_collators()
+    assert count_factory(scale=2)([{}]) == 2  # the decorator returns the factory unchanged
+    assert get("count")([{}, {}]) == 2
+    assert get("count", scale=10)([{}]) == 10
+    spec = TaskSpec(name="speech", task_type="classification", modality="audio")
+    by_modality = registry().get_collator(task_spec=spec, scale=3)
+    assert by_modality([{}, {}]) == 6 and by_modality.task_spec is spec
+    info = registry().list_collators()[-1]
+    assert (info.name, info.factory, info.modality) == ("count", count_factory, "audio")
+    assert info.description == "how many samples"
 
     # A second collator for the same modality does not displace the first.
-    register_collator("count2", modality="audio")(lambda: lambda samples: -1)
-    assert get_collator(modality="audio")([{}]) == 1
-    assert get_collator("count2")([{}]) == -1
+    registry().register("count2", modality="audio")(Count)
+    assert registry().get_collator(spec).scale == 1 and get("count2", scale=5)([{}]) == 5
+    assert registry().get_collator(spec, "count2", scale=7).scale == 7
 
 
-def test_duplicate_names_need_replace():
-    with pytest.raises(ValueError, match="'default' is already registered; pass replace=True"):
-        register_collator("default")(lambda: lambda s: s)
-    register_collator("default", replace=True)(lambda: lambda s: "mine")
-    assert get_collator()([{"a": 1}]) == "mine"
+def test_explicit_name_wins_and_gets_the_task_spec():
+    spec = TaskSpec.vision_tiny()
+    collate = registry().get_collator(task_spec=spec, collator_name="default")
+    assert collate == DefaultCollator()
+    registry().register("count", modality="audio")(Count)
+    assert registry().get_collator(spec, "count").task_spec is spec
+    assert get("count").task_spec is None
 
 
-def test_unknown_name_or_modality_is_an_error():
-    with pytest.raises(ValueError, match=r"unknown collator 'nope'; registered: \['causal_lm', "):
-        get_collator("nope")
+def test_lookup_errors_list_what_exists():
+    with pytest.raises(ValueError, match=rf"unknown collator 'nope'; registered: {BUILTINS}$"):
+        get("nope")
+    tabular = TaskSpec(name="rows", task_type="classification", modality="tabular")
     with pytest.raises(
         ValueError,
-        match=r"no collator registered for modality 'image'; modalities: \['any', 'text'\]",
+        match=rf"no collator registered for modality 'tabular' \(task 'rows'\); "
+        rf"registered: {BUILTINS}; register one or pass collator_name= \(e.g. 'default'\)",
     ):
-        get_collator(modality="image")
+        registry().get_collator(tabular)
+    # the default collator serves no modality: only a caller naming it gets it
+    with pytest.raises(ValueError, match="no collator registered for modality 'any'"):
+        registry().get_collator(TaskSpec(name="x", task_type="lm", modality="any"))
     with pytest.raises(
-        ValueError, match="collator 'causal_lm' is for modality 'text', not 'audio'"
+        ValueError,
+        match=rf"get_collator needs a task_spec or a collator_name; registered: {BUILTINS}",
     ):
-        get_collator("causal_lm", modality="audio")
-    # "any" serves every modality when named explicitly.
-    get_collator("default", modality="audio")
+        registry().get_collator()
 
 
-def test_modality_lookup_and_default():
-    text = get_collator(modality="text")
-    batch = text([{"tokens": np.array([1, 2, 3])}])
-    assert batch["input_ids"].tolist() == [[1, 2]]
-    default = get_collator()
-    assert default([{"x": 1}])["x"].tolist() == [1]
+def test_register_errors():
+    with pytest.raises(ValueError, match="'default' is already registered; pass replace=True"):
+        registry().register("default")(Count)
+    registry().register("default", replace=True)(Count)
+    assert get("default")([{"a": 1}]) == 1
+    assert [i.name for i in registry().list_collators()][0] == "default"  # keeps its place
+    with pytest.raises(TypeError, match="factory for 'late' must accept task_spec="):
+        registry().register("late")(lambda scale=1: Count(None, scale))
+    with pytest.raises(TypeError, match="factory for 'x' must be callable, got 3"):
+        registry().register("x")(3)
+    with pytest.raises(ValueError, match="collator name must be a non-empty string, got ''"):
+        registry().register("")
+    with pytest.raises(ValueError, match="modality must be a non-empty string, got None"):
+        registry().register("x", modality=None)
+    registry().register("broken")(lambda task_spec=None: "not callable")
+    with pytest.raises(TypeError, match="collator factory 'broken' returned str, not a callable"):
+        get("broken")
+
+
+def test_reset_restores_the_builtins_in_place():
+    before = registry()
+    registry().register("count", modality="text")(Count)
+    registry().register("text", replace=True, modality="text")(Count)
+    again = CollatorRegistry.reset()
+    assert again is before is registry()
+    assert [i.name for i in again.list_collators()] == ["default", "text", "vision", "causal_lm"]
+    assert again.list_collators()[1].factory is TextCollator
+
+
+# ------------------------------------------------------------------------------------------------
+# TaskSpec
+# ------------------------------------------------------------------------------------------------
+
+
+def test_task_spec_presets():
+    lm, cls_, s2s, vis = (
+        TaskSpec.lm_tiny(),
+        TaskSpec.cls_tiny(),
+        TaskSpec.seq2seq_tiny(),
+        TaskSpec.vision_tiny(),
+    )
+    assert [t.name for t in (lm, cls_, s2s, vis)] == [
+        "lm_tiny",
+        "cls_tiny",
+        "seq2seq_tiny",
+        "vision_tiny",
+    ]
+    assert [t.task_type for t in (lm, cls_, s2s, vis)] == [
+        "lm",
+        "classification",
+        "seq2seq",
+        "vision_classification",
+    ]
+    assert [t.modality for t in (lm, cls_, s2s, vis)] == ["text", "text", "text", "vision"]
+    assert lm.input_fields == ["input_ids", "attention_mask"] and lm.target_field == "labels"
+    assert s2s.input_fields[-1] == "decoder_input_ids"
+    assert lm.special_tokens == {"pad_token_id": 0} and cls_.output_schema == {"num_classes": 2}
+    assert vis.input_fields == ["pixel_values"] and vis.input_schema["image_size"] == [3, 32, 32]
+    assert vis.preprocessing_config == {"normalize": "imagenet"}
+    # each call is a new spec: changing one does not change the preset
+    vis.preprocessing_config["normalize"] = "cifar10"
+    assert TaskSpec.vision_tiny().preprocessing_config == {"normalize": "imagenet"}
+    assert isinstance(registry().get_collator(TaskSpec.vision_tiny()), VisionCollator)
+
+
+def test_task_spec_round_trip_and_errors():
+    spec = TaskSpec.seq2seq_tiny()
+    assert TaskSpec.from_dict(spec.to_dict()) == spec
+    with pytest.raises(ValueError, match=r"unknown keys \['colour'\]"):
+        TaskSpec.from_dict({**spec.to_dict(), "colour": 1})
+    with pytest.raises(ValueError, match="TaskSpec.modality must be a non-empty string, got ''"):
+        TaskSpec(name="x", task_type="lm", modality="")
+    with pytest.raises(TypeError, match="input_fields is a list of names, got 'input_ids'"):
+        TaskSpec(name="x", task_type="lm", input_fields="input_ids")
+    minimal = TaskSpec(name="x", task_type="lm")
+    assert minimal.modality == "text" and minimal.preprocessing_config == {}
 
 
 # ------------------------------------------------------------------------------------------------
@@ -109,7 +232,7 @@ def _samples(n: int = 3) -> list[dict]:
 
 def test_default_collator_values_dtypes_shapes():
     samples = _samples()
-    b = get_collator()(samples)
+    b = get("default")(samples)
     assert list(b) == list(samples[0])
     assert b["__key__"] == ["k0", "k1", "k2"]
     assert b["vec"].dtype == torch.float32 and b["vec"].shape == (3, 4)
@@ -131,13 +254,13 @@ def test_default_collator_values_dtypes_shapes():
 
 def test_default_collator_copies_arrays():
     samples = _samples(2)
-    b = get_collator()(samples)
+    b = get("default")(samples)
     samples[0]["vec"][0] = 99
     assert b["vec"][0, 0].item() == 0
 
 
 def test_mixed_numbers_and_non_numeric_arrays():
-    c = get_collator()
+    c = get("default")
     assert c([{"x": 1}, {"x": 2.5}])["x"].dtype == torch.float32
     assert c([{"x": 1}, {"x": True}])["x"] == [1, True]  # mixed types: kept as a list
     strings = [{"s": np.array(["a", "b"])}, {"s": np.array(["c", "d"])}]
@@ -145,31 +268,66 @@ def test_mixed_numbers_and_non_numeric_arrays():
     assert isinstance(out, list) and [a.tolist() for a in out] == [["a", "b"], ["c", "d"]]
 
 
-def test_mismatched_shapes_name_field_and_keys():
+def test_ragged_values_stay_lists_unless_stacking_was_asked():
     samples = _samples(3)
     samples[2]["vec"] = np.zeros(5, dtype=np.float32)
+    samples[1]["t"] = torch.zeros(3, dtype=torch.int64)
+    b = get("default")(samples)
+    assert isinstance(b["vec"], list) and [v.shape for v in b["vec"]] == [(4,), (4,), (5,)]
+    assert b["vec"][2] is samples[2]["vec"]
+    assert isinstance(b["t"], list) and [list(t.shape) for t in b["t"]] == [[2], [3], [2]]
+    assert b["mat"].shape == (3, 2, 3)  # the other fields still stack
     with pytest.raises(
         ValueError,
-        match=r"field 'vec': sample 'k0' has shape \[4\] float32 but sample 'k2' has shape \[5\]",
+        match=r"field 'vec': sample 'k0' has shape \[4\] float32 but sample 'k2' has shape "
+        r"\[5\] float32; cannot stack",
     ):
-        get_collator()(samples)
+        get("default", stack=["vec"])(samples)
+    with pytest.raises(ValueError, match=r"field 't'.*sample 'k1' has shape \[3\] torch.int64"):
+        get("default", stack=["t"])(samples)
     samples = _samples(2)
     samples[1]["vec"] = samples[1]["vec"].astype(np.float64)
+    assert isinstance(get("default")(samples)["vec"], list)
     with pytest.raises(ValueError, match=r"field 'vec'.*sample 'k1' has shape \[4\] float64"):
-        get_collator()(samples)
-    samples = _samples(2)
-    samples[1]["t"] = torch.zeros(3, dtype=torch.int64)
-    with pytest.raises(ValueError, match=r"field 't'.*sample 'k1' holds shape \[3\]"):
-        get_collator()(samples)
+        get("default", stack=("vec",))(samples)
+
+
+def test_stack_turns_equal_lists_into_tensors_and_refuses_the_rest():
+    samples = [{"__key__": "a", "ids": [1, 2], "s": "x"}, {"__key__": "b", "ids": [3, 4], "s": "y"}]
+    assert get("default")(samples)["ids"] == [[1, 2], [3, 4]]
+    assert get("default", stack=["ids"])(samples)["ids"].tolist() == [[1, 2], [3, 4]]
+    samples[1]["ids"] = [3]
+    with pytest.raises(ValueError, match=r"field 'ids': sample 'a' has shape \[2\] int64 but "):
+        get("default", stack=["ids"])(samples)
+    with pytest.raises(ValueError, match=r"field 's' holds \['str'\]; cannot stack"):
+        get("default", stack=["s"])(samples)
+    with pytest.raises(ValueError, match=r"stack names \['nope'\], which sample 'a' lacks"):
+        get("default", stack=["nope"])(samples)
+    with pytest.raises(TypeError, match="stack takes field names, got the string 'ids'"):
+        get("default", stack="ids")
+    strings = [{"s": np.array(["a"])}, {"s": np.array(["b"])}]
+    with pytest.raises(ValueError, match="field 's' holds <U1 arrays; cannot stack"):
+        get("default", stack=["s"])(strings)
+
+
+def test_collate_columns_matches_rows():
+    c = get("default")
+    columns = {"__key__": ["a", "b"], "v": np.ones((2, 3), np.float32), "m": [{}, {"x": 1}]}
+    out = c.collate_columns(columns)
+    rows = c(
+        [{"__key__": k, "v": columns["v"][i], "m": columns["m"][i]} for i, k in enumerate("ab")]
+    )
+    assert out["__key__"] == rows["__key__"] == ["a", "b"] and out["m"] == rows["m"]
+    assert torch.equal(out["v"], rows["v"])
 
 
 def test_different_field_sets_and_empty_batch():
     samples = _samples(2)
     del samples[1]["label"]
     with pytest.raises(ValueError, match=r"samples 'k0' and 'k1' have different fields.*'label'"):
-        get_collator()(samples)
+        get("default")(samples)
     with pytest.raises(ValueError, match="empty batch"):
-        get_collator()([])
+        get("default")([])
 
 
 # ------------------------------------------------------------------------------------------------
@@ -182,7 +340,7 @@ def test_causal_lm_shift():
         {"__key__": "a", "tokens": np.array([1, 2, 3, 4], dtype=np.int32)},
         {"__key__": "b", "tokens": np.array([5, 6, 7, 8], dtype=np.int32)},
     ]
-    b = get_collator("causal_lm")(samples)
+    b = get("causal_lm")(samples)
     assert set(b) == {"input_ids", "labels", "attention_mask", "__key__"}
     assert b["input_ids"].tolist() == [[1, 2, 3], [5, 6, 7]]
     assert b["labels"].tolist() == [[2, 3, 4], [6, 7, 8]]
@@ -198,7 +356,7 @@ def test_causal_lm_padding():
         {"ids": np.array([20, 21, 22])},  # shorter: right-padded
         {"ids": torch.tensor([30, 31, 32, 33, 34])},
     ]
-    b = get_collator("causal_lm", field="ids", pad_id=0)(samples)
+    b = get("causal_lm", field="ids", pad_id=0)(samples)
     assert b["input_ids"].tolist() == [[10, 11, 0, 0], [20, 21, 22, 0], [30, 31, 32, 33]]
     assert b["labels"].tolist() == [[11, -100, -100, -100], [21, 22, -100, -100], [31, 32, 33, 34]]
     assert b["attention_mask"].tolist() == [[1, 1, 0, 0], [1, 1, 1, 0], [1, 1, 1, 1]]
@@ -206,7 +364,7 @@ def test_causal_lm_padding():
 
 
 def test_causal_lm_errors():
-    c = get_collator("causal_lm")
+    c = get("causal_lm")
     uneven = [{"__key__": "a", "tokens": [1, 2, 3]}, {"__key__": "b", "tokens": [1, 2]}]
     with pytest.raises(ValueError, match="3 tokens in sample 'a' but 2 in sample 'b'; pass pad_id"):
         c(uneven)

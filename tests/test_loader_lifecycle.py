@@ -14,7 +14,8 @@ import threading
 import pytest
 
 from tests.dataset_factory import write_dataset
-from wdsloader import WorkerDiedError, create_loader, get_collator
+from wdsloader import WorkerDiedError, create_loader
+from wdsloader.collate import DefaultCollator
 
 COUNTS = [5] * 12  # one descriptor per shard leaked before
 
@@ -97,7 +98,7 @@ class KillOnKey:
     def __init__(self, key: str, how: str = "kill") -> None:
         self.key = key
         self.how = how
-        self.inner = get_collator("default")
+        self.inner = DefaultCollator()
 
     def __call__(self, samples):
         if any(s["__key__"] == self.key for s in samples):

@@ -12,8 +12,9 @@ import pytest
 import torch
 
 from tests.test_curriculum_loader import VARIANTS, write_curriculum_dataset
+from tests.tokenizers_util import tiny_tokenizer, words
 from wdsloader import Curriculum, create_loader, set_epoch
-from wdsloader.collate import get_collator, list_collators
+from wdsloader.collate import CausalLMCollator, CollatorRegistry, DefaultCollator
 from wdsloader.curriculum import cosine, fixed, from_callable, linear, steps, zero_decay
 from wdsloader.decode import SampleDecoder
 from wdsloader.format import FieldSpec
@@ -96,17 +97,27 @@ def test_sample_decoder_and_field_decoders_pickle(allow_pickle):
 
 
 def test_every_registered_collator_pickles():
-    samples = [{"__key__": f"k{i}", "tokens": np.arange(i, i + 4), "x": float(i)} for i in range(3)]
-    for info in list_collators():
-        collate = get_collator(info.name)
+    rows = [{"__key__": f"k{i}", "tokens": np.arange(i, i + 4), "x": float(i)} for i in range(3)]
+    images = [{"pixel_values": np.full((8, 8, 3), i, np.uint8), "labels": i} for i in range(3)]
+    texts = [{"__key__": f"k{i}", "text": words(3 + i, seed=i)} for i in range(3)]
+    cases = {  # name -> (options, samples): every registered collator needs a case
+        "default": ({}, rows),
+        "causal_lm": ({}, rows),
+        "vision": ({}, images),
+        "text": ({"tokenizer": tiny_tokenizer()}, texts),
+    }
+    registry = CollatorRegistry.get_instance()
+    assert {i.name for i in registry.list_collators()} == set(cases)
+    for name, (options, samples) in cases.items():
+        collate = registry.get_collator(collator_name=name, **options)
         copy = _roundtrip(collate)
-        assert copy == collate, info.name
-        assert repr(copy) == repr(collate)
-        assert _same(copy(samples), collate(samples)), info.name
-    padded = get_collator("causal_lm", pad_id=0)
-    assert _roundtrip(padded) == padded and _roundtrip(padded) != get_collator("causal_lm")
+        assert type(copy) is type(collate) and repr(copy) == repr(collate), name
+        assert _same(copy(samples), collate(samples)), name
+    padded = CausalLMCollator(pad_id=0)
+    assert _roundtrip(padded) == padded and _roundtrip(padded) != CausalLMCollator()
     columns = {"__key__": ["a", "b"], "v": np.ones((2, 3), np.float32), "m": [{}, {}]}
-    default = get_collator("default")
+    default = DefaultCollator(stack=["v"])
+    assert _roundtrip(default) == default != DefaultCollator()
     assert _same(_roundtrip(default).collate_columns(columns), default.collate_columns(columns))
 
 
@@ -128,7 +139,7 @@ def test_loader_dataset_object_round_trips(tmp_path, gather):
     loader = create_loader(root, "train", batch_size=8, drop_last=False, gather=gather)
     ds = loader.dataset_obj
     copy = _roundtrip(ds)
-    assert copy.collate_fn == ds.collate_fn == get_collator("default")
+    assert copy.collate_fn == ds.collate_fn == DefaultCollator()
     assert copy.curriculum.to_dict() == ds.curriculum.to_dict()
     batches, again = list(ds), list(copy)
     assert len(batches) == 5

@@ -12,7 +12,7 @@ import pytest
 
 from tests.dataset_factory import SCHEMA, sample_members, write_dataset, write_split
 from wdsloader import StateMismatchError, WdsLoaderError, create_loader
-from wdsloader.collate.collators import get_collator
+from wdsloader.collate import DefaultCollator
 from wdsloader.format import Manifest
 from wdsloader.stream import state as state_module
 from wdsloader.stream.state import LoaderState
@@ -36,7 +36,7 @@ def two_datasets(tmp_path_factory):
 
 def _keys_only(samples):
     """A collator of its own (module level: picklable)."""
-    return get_collator("default")(samples)
+    return DefaultCollator()(samples)
 
 
 def loader(root, **kw):

@@ -15,9 +15,8 @@ from wdsloader.lazy import lazy_exports
 __version__ = "0.1.0"
 
 _EXPORTS = {
-    "get_collator": "wdsloader.collate",
-    "list_collators": "wdsloader.collate",
-    "register_collator": "wdsloader.collate",
+    "CollatorRegistry": "wdsloader.collate",
+    "TaskSpec": "wdsloader.collate",
     "Curriculum": "wdsloader.curriculum",
     "Schedule": "wdsloader.curriculum",
     "ShardStreamDataset": "wdsloader.stream",
@@ -42,6 +41,8 @@ _EXPORTS = {
     "ShardInfo": "wdsloader.format",
     "SplitInfo": "wdsloader.format",
     "DevicePrefetcher": "wdsloader.stream",
+    "LoaderConfig": "wdsloader.stream",
+    "LoaderState": "wdsloader.stream",
     "WdsDataLoader": "wdsloader.stream",
     "create_loader": "wdsloader.stream",
     "set_epoch": "wdsloader.stream",
@@ -73,7 +74,7 @@ __getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
 
 
 if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs
-    from wdsloader.collate import get_collator, list_collators, register_collator
+    from wdsloader.collate import CollatorRegistry, TaskSpec
     from wdsloader.curriculum import Curriculum, Schedule
     from wdsloader.decode import SampleDecoder, get_decoder, parse_sample, register_decoder
     from wdsloader.errors import (
@@ -94,6 +95,8 @@ if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs
     from wdsloader.plan import PlanConfig, Resume
     from wdsloader.stream import (
         DevicePrefetcher,
+        LoaderConfig,
+        LoaderState,
         ShardStreamDataset,
         WdsDataLoader,
         create_loader,

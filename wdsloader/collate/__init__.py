@@ -1,27 +1,22 @@
-"""Samples to batches: the collator registry and the built-in collators."""
+"""Samples to batches: the collator registry, task specs and the built-in collators."""
 
-from wdsloader.collate.collators import (
-    IGNORE_INDEX,
-    CausalLMCollator,
-    CollateFn,
-    CollatorInfo,
-    DefaultCollator,
-    causal_lm_collator,
-    default_collator,
-    get_collator,
-    list_collators,
-    register_collator,
-)
+from wdsloader.collate.batch import IGNORE_INDEX, CollateFn
+from wdsloader.collate.causal_lm import CausalLMCollator
+from wdsloader.collate.default import DefaultCollator
+from wdsloader.collate.registry import CollatorInfo, CollatorRegistry
+from wdsloader.collate.task import TaskSpec
+from wdsloader.collate.text import TextCollator
+from wdsloader.collate.vision import NORMALIZATIONS, VisionCollator
 
 __all__ = [
     "IGNORE_INDEX",
+    "NORMALIZATIONS",
     "CausalLMCollator",
     "CollateFn",
     "CollatorInfo",
+    "CollatorRegistry",
     "DefaultCollator",
-    "causal_lm_collator",
-    "default_collator",
-    "get_collator",
-    "list_collators",
-    "register_collator",
+    "TaskSpec",
+    "TextCollator",
+    "VisionCollator",
 ]

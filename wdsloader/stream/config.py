@@ -37,7 +37,8 @@ class LoaderConfig:
     """Everything a loader is built from, with every default resolved.
 
     ``fields`` are the decoded stored fields (None: all the samples hold); ``collate`` is a
-    registered collator's name or a callable; ``loader_kwargs`` go to torch's DataLoader.
+    registered collator's name (made with ``collate_options``) or a callable;
+    ``loader_kwargs`` go to torch's DataLoader.
     """
 
     split: str
@@ -47,6 +48,7 @@ class LoaderConfig:
     fields: tuple[str, ...] | None
     curriculum: Curriculum | None
     collate: CollateSpec
+    collate_options: Mapping[str, Any] = dataclasses.field(default_factory=dict)
     allow_pickle: bool
     on_error: str
     max_skipped: int | None
@@ -216,6 +218,7 @@ def resolve_config(
     span: int | None = None,
     fields: Sequence[str] | None = None,
     collate_fn: CollateSpec | None = None,
+    collate_options: Mapping[str, Any] | None = None,
     allow_pickle: bool = False,
     on_error: str = "raise",
     max_skipped: int | None = None,
@@ -230,7 +233,8 @@ def resolve_config(
 
     ValueError for an explicit option that would be unused: a curriculum whose output is not in
     ``fields``, ``persistent_workers``/``prefetch_factor``/``multiprocessing_context`` with
-    ``num_workers=0``, ``max_skipped`` with ``on_error="raise"``.
+    ``num_workers=0``, ``max_skipped`` with ``on_error="raise"``, ``collate_options`` with a
+    callable ``collate_fn``.
     """
     if batch_size < 1:
         raise ValueError(f"batch_size must be >= 1, got {batch_size}")
@@ -257,6 +261,11 @@ def resolve_config(
     )
     plain, curr = resolve_fields(fields, curriculum, manifest)
     collate = collate_fn if collate_fn is not None else manifest.loader_defaults.get("collate")
+    if collate_options and callable(collate):
+        raise ValueError(
+            f"collate_options={sorted(collate_options)} would be unused: collate_fn is a "
+            "callable (they configure a registered collator given by name)"
+        )
     return LoaderConfig(
         split=split,
         rank=rank,
@@ -265,6 +274,7 @@ def resolve_config(
         fields=plain,
         curriculum=curr,
         collate=collate if collate is not None else "default",
+        collate_options=dict(collate_options or {}),
         allow_pickle=allow_pickle,
         on_error=on_error,
         max_skipped=max_skipped,
@@ -274,3 +284,14 @@ def resolve_config(
             num_workers, pin_memory, persistent_workers, prefetch_factor, multiprocessing_context
         ),
     )
+
+
+def make_collate(config: LoaderConfig) -> Callable[[list[dict[str, Any]]], Any]:
+    """The collate function of ``config``: its callable, or the registered collator it names
+    made with its ``collate_options`` (a ValueError listing the registered ones when unknown)."""
+    if callable(config.collate):
+        return config.collate
+    from wdsloader.collate.registry import CollatorRegistry
+
+    registry = CollatorRegistry.get_instance()
+    return registry.get_collator(collator_name=config.collate, **config.collate_options)

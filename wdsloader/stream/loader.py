@@ -10,7 +10,6 @@ from typing import TYPE_CHECKING, Any
 from torch.utils.data import DataLoader
 
 from wdsloader import plan
-from wdsloader.collate.collators import get_collator
 from wdsloader.decode.codecs import SampleDecoder
 from wdsloader.errors import ManifestError, WorkerDiedError
 from wdsloader.format import FieldSpec, Manifest
@@ -24,6 +23,7 @@ from wdsloader.stream.config import (
     WINDOW_BYTES,
     LoaderConfig,
     default_span_window,
+    make_collate,
     resolve_config,
     resolve_read_options,
 )
@@ -84,7 +84,8 @@ class WdsDataLoader(DataLoader):
         self._started_from: plan.Resume | None = None
         self._yielded = 0
 
-    def __iter__(self) -> Iterator[Any]:
+    # a generator over DataLoader's iterator (resume bookkeeping), not a _BaseDataLoaderIter
+    def __iter__(self) -> Iterator[Any]:  # type: ignore[override]
         ds = self.dataset_obj
         resume = None
         if self._pending is not None and self._pending.epoch == ds.epoch:
@@ -258,7 +259,6 @@ def build_dataset(
     config: LoaderConfig, manifest: Manifest, store: ShardStore
 ) -> ShardStreamDataset:
     """The per-worker dataset a :class:`LoaderConfig` describes, set to its epoch."""
-    collate = config.collate
     dataset = ShardStreamDataset(
         manifest=manifest,
         split=config.split,
@@ -270,7 +270,7 @@ def build_dataset(
             None if config.fields is None else list(config.fields),
             allow_pickle=config.allow_pickle,
         ),
-        collate_fn=collate if callable(collate) else get_collator(collate),
+        collate_fn=make_collate(config),
         on_error=config.on_error,
         readahead_batches=config.readahead_batches,
         curriculum=config.curriculum,
@@ -306,6 +306,7 @@ def create_loader(
     span: int | None = None,
     fields: Sequence[str] | None = None,
     collate_fn: str | Callable[[list[dict[str, Any]]], Any] | None = None,
+    collate_options: Mapping[str, Any] | None = None,
     storage_options: dict[str, Any] | None = None,
     cache_dir: str | None = None,
     cache_limit_bytes: int | None = None,
@@ -334,9 +335,11 @@ def create_loader(
     ``span`` (samples read together from one shard) and ``shuffle_window`` (samples a worker
     shuffles among) default to sizes derived from the average sample size (256 KiB and 64 MiB
     of data). ``fields`` limits decoding to those fields. ``collate_fn`` is a callable or the
-    name of a registered collator (default: the manifest's ``loader_defaults["collate"]`` or
-    ``"default"``). ``distributed=True`` takes rank and world size from ``torch.distributed``;
-    ``rank``/``world_size`` set them explicitly. ``pin_memory`` takes effect only with CUDA.
+    name of a collator in :class:`~wdsloader.collate.CollatorRegistry` (default: the
+    manifest's ``loader_defaults["collate"]`` or ``"default"``), made with ``collate_options``
+    (e.g. ``{"tokenizer": tok}`` for ``"text"``). ``distributed=True`` takes rank and world
+    size from ``torch.distributed``; ``rank``/``world_size`` set them explicitly.
+    ``pin_memory`` takes effect only with CUDA.
 
     ``curriculum`` (a :class:`~wdsloader.curriculum.Curriculum` or its dict) replaces the stored
     variant fields by one output field drawn per sample and epoch; None uses the manifest's
@@ -381,8 +384,8 @@ def create_loader(
         manifest, split, batch_size, rank=r, world_size=world, remote=not store.reads_locally,
         num_workers=num_workers, epoch=epoch, drop_last=drop_last, pin_memory=pin_memory,
         seed=seed, shuffle=shuffle, shuffle_window=shuffle_window, span=span, fields=fields,
-        collate_fn=collate_fn, allow_pickle=allow_pickle, on_error=on_error,
-        max_skipped=max_skipped, persistent_workers=persistent_workers,
+        collate_fn=collate_fn, collate_options=collate_options, allow_pickle=allow_pickle,
+        on_error=on_error, max_skipped=max_skipped, persistent_workers=persistent_workers,
         prefetch_factor=prefetch_factor, multiprocessing_context=multiprocessing_context,
         curriculum=curriculum, gather=gather,
     )  # fmt: skip

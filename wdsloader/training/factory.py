@@ -101,10 +101,9 @@ class DataLoaderFactory:
 
     def _registry(self) -> Any:
         if self.collator_registry is None:
-            import importlib  # TODO(merge fix-collate): a plain import of CollatorRegistry
+            from wdsloader.collate import CollatorRegistry
 
-            registry_cls = importlib.import_module("wdsloader.collate").CollatorRegistry
-            self.collator_registry = registry_cls.get_instance()
+            self.collator_registry = CollatorRegistry.get_instance()
         return self.collator_registry
 
     def resolve_collate(

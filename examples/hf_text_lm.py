@@ -97,7 +97,7 @@ def main() -> None:
     parser.add_argument("--epochs", type=int, default=None)
     parser.add_argument("--workers", type=int, default=0)
     args = parser.parse_args()
-    n_texts, epochs = (400, 2) if args.small else (4000, 3)
+    n_texts, epochs = (400, 2) if args.small else (2000, 2)
     epochs = args.epochs or epochs
 
     import datasets

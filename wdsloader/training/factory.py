@@ -101,21 +101,21 @@ class DataLoaderFactory:
 
     def _registry(self) -> Any:
         if self.collator_registry is None:
-            import importlib  # TODO(merge fix-collate): a plain import of CollatorRegistry
+            from wdsloader.collate import CollatorRegistry
 
-            registry_cls = importlib.import_module("wdsloader.collate").CollatorRegistry
-            self.collator_registry = registry_cls.get_instance()
+            self.collator_registry = CollatorRegistry.get_instance()
         return self.collator_registry
 
     def resolve_collate(
         self, config: DataLoaderConfig, task_spec: Any = None, tokenizer: Any = None
     ) -> Callable[[list[Any]], Any] | str | None:
-        """The collate function: ``config.collate_fn`` (a name is looked up in the registry),
-        else the registry's pick for ``task_spec``, else None (torch's default collate)."""
+        """The collate function: ``config.collate_fn`` (a name is looked up in the registry and
+        its factory gets ``task_spec`` too), else the registry's pick for ``task_spec``, else
+        None (torch's default collate)."""
         extra = {} if tokenizer is None else {"tokenizer": tokenizer}
         collate = config.collate_fn
         if isinstance(collate, str):
-            return self._registry().get_collator(collator_name=collate, **extra)
+            return self._registry().get_collator(task_spec, collator_name=collate, **extra)
         if collate is not None:
             return collate
         if task_spec is not None:
@@ -147,7 +147,7 @@ class DataLoaderFactory:
         config = config if config is not None else DataLoaderConfig()
         collate = self.resolve_collate(config, task_spec, tokenizer)
         if is_shard_dataset(dataset):
-            if isinstance(config.collate_fn, str) and tokenizer is None:
+            if isinstance(config.collate_fn, str) and tokenizer is None and task_spec is None:
                 collate = config.collate_fn  # by name: the loader's state records the name
             return _shard_loader(dataset, split, config, collate, shard_options)
         if shard_options:

@@ -154,3 +154,19 @@ def test_elastic_resume_from_512_to_384_ranks_delivers_the_rest_once(old, data):
     else:  # the old plan's padding repeats a few samples: still none is delivered after resume
         assert not np.isin(delivered, consumed).any()
     assert np.unique(both).size + dropped == old.num_samples
+
+
+def test_elastic_replan_holds_a_few_pieces_per_worker_not_the_consumed_samples():
+    from wdsloader.plan.resume import Remaining, resolve
+
+    counts = tuple([1000] * 800)  # 800,000 samples, 512 ranks x 8 workers, windows of 96
+    old = PlanConfig(counts=counts, batch_size=8, world_size=512, num_workers=8, span=4, window=96)
+    new = PlanConfig(counts=counts, batch_size=8, world_size=384, num_workers=8, span=4, window=96)
+    k = 37  # every worker stands inside a window: 4 or 5 of its batches done, 12 per window
+    base, _, skip = resolve(new, 0, Resume(old, k))
+    assert isinstance(base, Remaining) and skip == 0
+    assert len(base.leftovers) == 512 * 8 and base.cum.size <= 3 * 512 * 8 + 2
+    assert base.size == 800_000 - 512 * k * 8
+    first = worker_batches(new, 0, 0, 0, Resume(old, k))[0]
+    consumed = flat([x for r in (0, 255, 511) for x in rank_batches(old, 0, r)[:k]])
+    assert first.size == 8 and not np.isin(first, consumed).any()

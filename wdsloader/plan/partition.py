@@ -12,14 +12,35 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import cast, overload
+from typing import Protocol, cast, overload
 
 import numpy as np
 
 from wdsloader.plan.config import WINDOW_TAG, PlanConfig
 from wdsloader.plan.order import EpochOrder
 
-__all__ = ["Geometry", "Runs", "WorkerBatches", "batches_before", "geometry", "window_perm"]
+__all__ = [
+    "Geometry",
+    "Positions",
+    "Runs",
+    "WorkerBatches",
+    "batches_before",
+    "geometry",
+    "window_perm",
+]
+
+
+class Positions(Protocol):
+    """A sequence of positions of the epoch order (what a plan runs over), read by index."""
+
+    @property
+    def size(self) -> int:
+        """Length of the sequence."""
+        ...
+
+    def take(self, pos: np.ndarray) -> np.ndarray:
+        """The order positions at ``pos`` (int64 array, each in [0, size))."""
+        ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -175,7 +196,7 @@ class WorkerBatches(Sequence[np.ndarray]):
         worker: int,
         skip: int,
         *,
-        base: Runs,
+        base: Positions,
         order: EpochOrder,
         geom: Geometry,
     ) -> None:

@@ -15,7 +15,15 @@ import numpy as np
 
 from wdsloader.format.checks import as_int
 from wdsloader.plan.config import PlanConfig, describe
-from wdsloader.plan.partition import Geometry, Runs, batches_before, geometry, window_perm, windowed
+from wdsloader.plan.partition import (
+    Geometry,
+    Positions,
+    Runs,
+    batches_before,
+    geometry,
+    window_perm,
+    windowed,
+)
 
 __all__ = ["Resume", "next_resume", "resolve"]
 
@@ -78,7 +86,91 @@ def _to_source(
     )
 
 
-def _remaining(cfg: PlanConfig, epoch: int, base: Runs, k: int) -> Runs:
+@dataclass(frozen=True, slots=True, eq=False)
+class _Leftover:
+    """The part of a shuffle window a worker had not yielded: entries ``used ..`` of the yield
+    order of chunk offsets ``[lo, hi)`` of plan worker ``worker`` of ``rank`` under ``cfg``,
+    as sorted positions of the sequence that plan ran over (``start``: chunk offset 0)."""
+
+    cfg: PlanConfig
+    epoch: int
+    rank: int
+    worker: int
+    n: int
+    lo: int
+    hi: int
+    used: int
+    start: int
+
+    def members(self) -> np.ndarray:
+        perm = window_perm(self.cfg, self.epoch, self.rank, self.worker, self.n, self.lo, self.hi)
+        return np.sort(self.start + perm[self.used :])
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class Remaining:
+    """What an elastic resume leaves of ``parent``, in ``parent``'s order: piece ``i`` holds this
+    sequence's positions ``cum[i] .. cum[i + 1] - 1``, either a run of consecutive parent
+    positions from ``starts[i]`` or (``starts[i] == -1``) the leftover of a shuffle window,
+    whose members are drawn again when read (a few kept in ``cache``)."""
+
+    parent: Positions
+    cum: np.ndarray
+    starts: np.ndarray
+    leftovers: dict[int, _Leftover]
+    cache: dict[int, np.ndarray]
+
+    @property
+    def size(self) -> int:
+        """Length of the sequence."""
+        return int(self.cum[-1])
+
+    def _members(self, piece: int) -> np.ndarray:
+        if piece not in self.cache:
+            if len(self.cache) >= 16:
+                self.cache.clear()
+            self.cache[piece] = self.leftovers[piece].members()
+        return self.cache[piece]
+
+    def take(self, pos: np.ndarray) -> np.ndarray:
+        """The order positions at ``pos`` (int64 array, each in [0, size))."""
+        piece = np.searchsorted(self.cum, pos, side="right") - 1
+        local = pos - self.cum[piece]
+        out = self.starts[piece] + local
+        for p in np.unique(piece[self.starts[piece] < 0]):
+            mask = piece == p
+            out[mask] = self._members(int(p))[local[mask]]
+        return self.parent.take(out)
+
+
+def _windows(
+    cfg: PlanConfig, epoch: int, g: Geometry, used: np.ndarray
+) -> tuple[np.ndarray, np.ndarray, list[_Leftover], np.ndarray]:
+    """Per rank and plan worker, the start and end of the chunk positions consumed as one
+    interval; the leftovers of partly yielded windows; the positions consumed one by one (in
+    windows that padding reaches twice)."""
+    w = cfg.window if windowed(cfg) else 1
+    full = (used // w) * w
+    wend = np.minimum(g.chunk_len, full + w)
+    pad = 0 if cfg.drop_last else cfg.world_size * g.per_rank - g.size
+    q0 = (np.arange(cfg.world_size, dtype=np.int64)[:, None] * g.per_rank + g.chunk_start).ravel()
+    hi = q0 + np.tile(full, cfg.world_size)
+    points, leftovers = [], []
+    for p in np.flatnonzero(used > full):  # a window partly yielded
+        n, a, b, u = int(g.chunk_len[p]), int(full[p]), int(wend[p]), int(used[p])
+        for rank in range(cfg.world_size):
+            start = rank * g.per_rank + int(g.chunk_start[p])
+            if start + a >= pad and start + b <= g.size:  # no position reached twice (padding)
+                hi[rank * cfg.num_workers + p] = start + b
+                leftovers.append(_Leftover(cfg, epoch, rank, int(p), n, a, b, u - a, start))
+            else:
+                local = window_perm(cfg, epoch, rank, int(p), n, a, u)
+                points.append((start + local + g.rot) % g.size)
+    pts = np.concatenate(points) if points else np.zeros(0, np.int64)
+    return q0, hi, leftovers, pts
+
+
+def _remaining(cfg: PlanConfig, epoch: int, base: Positions, k: int) -> Positions:
     """``base`` without the samples of the first ``k`` batches of every rank under ``cfg``."""
     g = geometry(cfg, epoch, base.size)
     if k > g.batches:
@@ -88,24 +180,27 @@ def _remaining(cfg: PlanConfig, epoch: int, base: Runs, k: int) -> Runs:
     if k == 0 or g.size == 0:
         return base
     used = np.minimum(batches_before(k, cfg.num_workers) * cfg.batch_size, g.chunk_len)
-    full = (used // cfg.window) * cfg.window if windowed(cfg) else used
-    rank_start = np.arange(cfg.world_size, dtype=np.int64)[:, None] * g.per_rank
-    q_lo = (rank_start + g.chunk_start[None, :]).ravel()
-    lo, hi = _to_source(q_lo, q_lo + np.tile(full, cfg.world_size), g.rot, g.size)
-    points = []
-    for p in np.flatnonzero(used > full):  # the part of a window a worker had yielded
-        n, a, b = int(g.chunk_len[p]), int(full[p]), int(used[p])
-        for rank in range(cfg.world_size):
-            local = window_perm(cfg, epoch, rank, int(p), n, a, b)
-            points.append((rank * g.per_rank + g.chunk_start[p] + local + g.rot) % g.size)
-    pts = np.concatenate(points) if points else np.zeros(0, np.int64)
+    q_lo, q_hi, leftovers, pts = _windows(cfg, epoch, g, used)
+    lo, hi = _to_source(q_lo, q_hi, g.rot, g.size)
     lo, hi = np.concatenate([lo, pts]), np.concatenate([hi, pts + 1])
     order = np.argsort(lo, kind="stable")
     lo, hi = lo[order], np.maximum.accumulate(hi[order])
     gap_lo = np.concatenate([np.zeros(1, np.int64), hi])
     gap_hi = np.concatenate([lo, np.array([g.size], np.int64)])
     keep = gap_hi > gap_lo
-    return base.restrict(gap_lo[keep], gap_hi[keep])
+    gap_lo, gap_hi = gap_lo[keep], gap_hi[keep]
+    if not leftovers and isinstance(base, Runs):
+        return base.restrict(gap_lo, gap_hi)
+    starts = np.concatenate([gap_lo, [x.start + x.lo for x in leftovers]]).astype(np.int64)
+    lengths = np.concatenate([gap_hi - gap_lo, [x.hi - x.lo - x.used for x in leftovers]])
+    is_run = np.concatenate([np.ones(gap_lo.size, bool), np.zeros(len(leftovers), bool)])
+    by_start = np.argsort(starts, kind="stable")
+    cum = np.zeros(by_start.size + 1, np.int64)
+    np.cumsum(lengths[by_start].astype(np.int64), out=cum[1:])
+    kept = {
+        int(i): leftovers[int(j) - gap_lo.size] for i, j in enumerate(by_start) if j >= gap_lo.size
+    }
+    return Remaining(base, cum, np.where(is_run[by_start], starts[by_start], -1), kept, {})
 
 
 def _check_compatible(cfg: PlanConfig, saved: PlanConfig) -> None:
@@ -118,7 +213,7 @@ def _check_compatible(cfg: PlanConfig, saved: PlanConfig) -> None:
             )
 
 
-def _base_after(cfg: PlanConfig, epoch: int, resume: Resume | None) -> Runs:
+def _base_after(cfg: PlanConfig, epoch: int, resume: Resume | None) -> Positions:
     """The epoch's order positions left once ``resume`` has been consumed."""
     if resume is None:
         return Runs.identity(cfg.num_samples)
@@ -127,14 +222,14 @@ def _base_after(cfg: PlanConfig, epoch: int, resume: Resume | None) -> Runs:
     return _remaining(resume.config, epoch, base, resume.batches_done)
 
 
-def resolve(cfg: PlanConfig, epoch: int, resume: Resume | None) -> tuple[Runs, Geometry, int]:
+def resolve(cfg: PlanConfig, epoch: int, resume: Resume | None) -> tuple[Positions, Geometry, int]:
     """The order positions the plan of ``cfg`` runs over, its geometry, and the batches to skip
     (cached: the ranks and workers of one process share the work of an elastic re-plan)."""
     return _resolve(cfg, as_int(epoch, "epoch", 0), resume)
 
 
 @functools.lru_cache(maxsize=8)
-def _resolve(cfg: PlanConfig, epoch: int, resume: Resume | None) -> tuple[Runs, Geometry, int]:
+def _resolve(cfg: PlanConfig, epoch: int, resume: Resume | None) -> tuple[Positions, Geometry, int]:
     if resume is not None and resume.config == cfg:
         base, skip = _base_after(cfg, epoch, resume.prior), resume.batches_done
     else:

@@ -170,3 +170,18 @@ def test_elastic_replan_holds_a_few_pieces_per_worker_not_the_consumed_samples()
     first = worker_batches(new, 0, 0, 0, Resume(old, k))[0]
     consumed = flat([x for r in (0, 255, 511) for x in rank_batches(old, 0, r)[:k]])
     assert first.size == 8 and not np.isin(first, consumed).any()
+
+
+def test_shuffle_quality_holds_over_seeds():
+    """The keyed order is as good as a uniform permutation of spans on the quality benchmark's
+    split (bench/shuffle_quality.py): small |rho| for every seed, consecutive distance ~ N/3."""
+    from scipy.stats import spearmanr
+
+    rhos, dists = [], []
+    for seed in range(8):
+        cfg = PlanConfig(counts=(2000,) * 50, batch_size=256, span=24, window=16384, seed=seed)
+        stream = flat(rank_batches(cfg, 0, 0))
+        rhos.append(abs(spearmanr(stream, np.arange(stream.size)).statistic))
+        dists.append(np.abs(np.diff(stream)).mean() / 100_000)
+    assert max(rhos) < 0.05 and np.mean(rhos) < 0.025
+    assert 0.32 < min(dists) and max(dists) < 0.345

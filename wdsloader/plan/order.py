@@ -21,7 +21,7 @@ from wdsloader.plan.config import ORDER_TAG, PlanConfig
 
 __all__ = ["EpochOrder", "KeyedPermutation", "epoch_order", "order_of", "shard_of"]
 
-ROUNDS = 6
+ROUNDS = 12  # small domains need more rounds than the 4 of Luby-Rackoff to look uniform
 _M1 = np.uint64(0xBF58476D1CE4E5B9)
 _M2 = np.uint64(0x94D049BB133111EB)
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)

@@ -1,11 +1,11 @@
 """What planning an epoch costs one rank, from 10^7 to 10^10 samples, without reading data.
 
     PYTHONPATH=. .venv/bin/python bench/plan_scale.py [--sizes 1e7 1e9 1e10] [--shards 200000]
-        [--world 1024] [--workers 8] [--batch 256] [--old /tmp/base --old-sizes 1e7 1e8]
+        [--world 1024] [--workers 8] [--batch 256] [--span N] [--old /tmp/base --old-sizes 1e7 1e8]
 
 The split is ``--shards`` shards of uneven size (uniform between 0.5x and 1.5x the mean, seeded)
-summing to each size; span and window are what create_loader derives for 2.5 KB samples read
-locally. Each figure is measured in a fresh process (``--one``) on a middle rank:
+summing to each size; span (unless ``--span``) and window are what create_loader derives for
+2.5 KB samples read locally. Each figure is measured in a fresh process (``--one``) on a middle rank:
 
 - ``first batch``: from the per-shard counts to the first batch's sample ids of DataLoader worker 0
   (PlanConfig, epoch order, geometry, one window): what each worker process pays before reading.
@@ -55,6 +55,7 @@ def measure(what: str, total: int, args: argparse.Namespace) -> dict[str, float]
 
     counts = shard_counts(total, args.shards)
     span, window = default_span_window(total, total * SAMPLE_BYTES, args.batch)
+    span = args.span or span
     rank = args.world // 2
     rss0 = _rss_mb()
     tracemalloc.start()
@@ -103,7 +104,7 @@ def measure(what: str, total: int, args: argparse.Namespace) -> dict[str, float]
 def run_one(what: str, total: int, args: argparse.Namespace, pythonpath: str) -> dict[str, float]:
     cmd = [sys.executable, __file__, "--one", what, str(total)]
     cmd += ["--shards", str(args.shards), "--world", str(args.world)]
-    cmd += ["--workers", str(args.workers), "--batch", str(args.batch)]
+    cmd += ["--workers", str(args.workers), "--batch", str(args.batch), "--span", str(args.span)]
     env = {**os.environ, "PYTHONPATH": pythonpath}
     out = subprocess.run(cmd, env=env, check=True, capture_output=True, text=True).stdout
     result: dict[str, float] = json.loads(out.strip().splitlines()[-1])
@@ -117,6 +118,7 @@ def main() -> None:
     p.add_argument("--world", type=int, default=1024)
     p.add_argument("--workers", type=int, default=8)
     p.add_argument("--batch", type=int, default=256)
+    p.add_argument("--span", type=int, default=0, help="samples per span (0: create_loader's)")
     p.add_argument("--what", nargs="+", default=["first", "epoch", "elastic"])
     p.add_argument("--old", help="an older wdsloader's source folder, timed on the first batch")
     p.add_argument("--old-sizes", type=float, nargs="+", default=[1e7, 1e8])

@@ -215,9 +215,9 @@ def test_plan_is_pinned():
     cfg = PlanConfig(
         counts=(3, 0, 5, 7), batch_size=2, world_size=2, num_workers=3, span=2, window=3, seed=1
     )
-    assert epoch_order(cfg, 0).tolist() == [8, 9, 2, 0, 1, 10, 11, 3, 4, 7, 5, 6, 12, 13, 14]
-    assert [b.tolist() for b in rank_batches(cfg, 0, 0)] == [[9, 8], [2, 0], [1, 10]]
-    assert [b.tolist() for b in rank_batches(cfg, 0, 1)] == [[11, 3], [7, 4], [5, 6]]
+    assert epoch_order(cfg, 0).tolist() == [10, 11, 3, 4, 0, 1, 8, 9, 5, 6, 14, 7, 12, 13, 2]
+    assert [b.tolist() for b in rank_batches(cfg, 0, 0)] == [[11, 10], [3, 4], [0, 1]]
+    assert [b.tolist() for b in rank_batches(cfg, 0, 1)] == [[8, 9], [6, 5], [14, 7]]
 
 
 # ---------------------------------------------------------------- steps 2-3: ranks and workers
@@ -413,11 +413,11 @@ def test_elastic_resume_example_by_hand():
     new = PlanConfig(
         counts=(3, 0, 5, 7), batch_size=3, num_workers=2, span=2, window=3, seed=1, drop_last=False
     )
-    # old ranks yielded [9, 8], [2, 0] and [11, 3], [7, 4]; 12, 13, 14 were the dropped tail.
-    rest = [1, 10, 5, 6, 12, 13, 14]
+    # old ranks yielded [11, 10], [3, 4] and [8, 9], [6, 5]; 12, 13, 2 were the dropped tail.
+    rest = [0, 1, 14, 7, 12, 13, 2]
     got = rank_batches(new, 0, 0, Resume(old, 2))
     assert sorted(flat(got).tolist()) == sorted(rest)
-    assert [sorted(b.tolist()) for b in got] == [[6, 12, 13], [1, 5, 10], [14]]
+    assert [sorted(b.tolist()) for b in got] == [[7, 12, 13], [0, 1, 14], [2]]
 
 
 def test_elastic_resume_where_the_consumed_range_wraps_around_the_order():

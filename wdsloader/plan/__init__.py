@@ -1,24 +1,34 @@
-"""Pure planning: which sample ids each DDP rank and DataLoader worker yields, in which order."""
+"""Pure planning: which sample ids each DDP rank and DataLoader worker yields, in which order.
 
-from wdsloader.plan.sample_plan import (
-    PLAN_ALGORITHM,
-    PlanConfig,
-    Resume,
+An epoch is planned in three steps, each a module: the epoch order (:mod:`~wdsloader.plan.order`:
+spans of shards in a keyed pseudo-random order, evaluated only where read), the rank and worker
+partition with the per-worker window shuffle (:mod:`~wdsloader.plan.partition`), and exact or
+elastic resume (:mod:`~wdsloader.plan.resume`); :mod:`~wdsloader.plan.batches` answers with the
+batches of a rank or worker. Pure numpy, no I/O, no global random state: the same inputs give the
+same plan on every process. A sample's global id is its position in the concatenation of the
+split's shards in manifest order.
+"""
+
+from wdsloader.plan.batches import (
     epoch_dropped,
-    epoch_order,
     epoch_padding,
     interleave,
-    next_resume,
     num_batches,
     rank_batches,
-    shard_of,
     worker_batches,
 )
+from wdsloader.plan.config import PLAN_ALGORITHM, PlanConfig
+from wdsloader.plan.order import EpochOrder, KeyedPermutation, epoch_order, shard_of
+from wdsloader.plan.partition import WorkerBatches
+from wdsloader.plan.resume import Resume, next_resume
 
 __all__ = [
     "PLAN_ALGORITHM",
+    "EpochOrder",
+    "KeyedPermutation",
     "PlanConfig",
     "Resume",
+    "WorkerBatches",
     "epoch_dropped",
     "epoch_order",
     "epoch_padding",

@@ -221,7 +221,30 @@ def set_epoch(loader: Any, epoch: int) -> None:
     method(epoch)
 
 
-def _rank_and_world(distributed: bool, rank: int | None, world_size: int | None) -> tuple[int, int]:
+def _rank_and_world(
+    distributed: bool,
+    rank: int | None,
+    world_size: int | None,
+    device_mesh: Any = None,
+    dp_dim: str | None = None,
+) -> tuple[int, int]:
+    """The data-parallel rank and size: from ``device_mesh``'s ``dp_dim``, torch.distributed,
+    or given; ValueError for a contradictory or unused combination."""
+    if device_mesh is not None:
+        if distributed or rank is not None or world_size is not None:
+            raise ValueError(
+                "device_mesh gives the data-parallel rank and size; distributed=True, rank and "
+                "world_size would contradict it (give one of them)"
+            )
+        dim = "dp" if dp_dim is None else dp_dim
+        names = tuple(getattr(device_mesh, "mesh_dim_names", None) or ())
+        if dim not in names:
+            raise ValueError(
+                f"dp_dim={dim!r} is not a dimension of device_mesh (its dimensions: {names})"
+            )
+        return int(device_mesh.get_local_rank(dim)), int(device_mesh.size(names.index(dim)))
+    if dp_dim is not None:
+        raise ValueError(f"dp_dim={dp_dim!r} would be unused: it names a dimension of device_mesh")
     if distributed:
         import torch.distributed as dist
 
@@ -318,6 +341,8 @@ def create_loader(
     prefetch_factor: int | None = None,
     rank: int | None = None,
     world_size: int | None = None,
+    device_mesh: Any = None,
+    dp_dim: str | None = None,
     read_options: ReadOptions | None = None,
     multiprocessing_context: Any = None,
     curriculum: Curriculum | Mapping[str, Any] | bool | None = None,
@@ -337,8 +362,12 @@ def create_loader(
     of data). ``fields`` limits decoding to those fields. ``collate_fn`` is a callable or the
     name of a collator in :class:`~wdsloader.collate.CollatorRegistry` (default: the
     manifest's ``loader_defaults["collate"]`` or ``"default"``), made with ``collate_options``
-    (e.g. ``{"tokenizer": tok}`` for ``"text"``). ``distributed=True`` takes rank and world
-    size from ``torch.distributed``; ``rank``/``world_size`` set them explicitly.
+    (e.g. ``{"tokenizer": tok}`` for ``"text"``). ``rank``/``world_size`` are the data-parallel
+    rank and size: every rank of a model-parallel (tensor, pipeline, sequence) group passes the
+    same ``rank`` and gets the same batches. ``device_mesh`` (a torch ``DeviceMesh``) gives them
+    as the local rank and size of its dimension ``dp_dim`` (default ``"dp"``);
+    ``distributed=True`` takes them from ``torch.distributed`` (global rank and world size:
+    plain data parallelism only).
     ``pin_memory`` takes effect only with CUDA.
 
     ``curriculum`` (a :class:`~wdsloader.curriculum.Curriculum` or its dict) replaces the stored
@@ -358,6 +387,7 @@ def create_loader(
 
     An explicit option that would be unused is a ValueError naming it: a ``curriculum`` whose
     output is not in ``fields``; ``rank``/``world_size`` with ``distributed=True``;
+    ``device_mesh`` with any of those, or ``dp_dim`` without ``device_mesh``;
     ``persistent_workers``, ``prefetch_factor`` or ``multiprocessing_context`` with
     ``num_workers=0``; ``max_skipped`` with ``on_error="raise"``; ``cache_limit_bytes``
     without a cache directory.
@@ -377,7 +407,7 @@ def create_loader(
         cache_limit_bytes=cache_limit_bytes,
         verify_checksum=verify_checksum,
     )
-    r, world = _rank_and_world(distributed, rank, world_size)
+    r, world = _rank_and_world(distributed, rank, world_size, device_mesh, dp_dim)
     root = os.fspath(dataset_dir)
     store, manifest = _open(root, options, check_shards, split)
     config = resolve_config(

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 from wdsloader.errors import StateMismatchError
 from wdsloader.format import ShardInfo
-from wdsloader.plan.sample_plan import PLAN_ALGORITHM, PlanConfig, Resume, num_batches
+from wdsloader.plan import PLAN_ALGORITHM, PlanConfig, Resume, num_batches
 
 if TYPE_CHECKING:
     from wdsloader.curriculum.curriculum import Curriculum
@@ -54,8 +54,10 @@ _OPTIONAL = {
     "shards_digest": "no shards digest (saved by an older wdsloader): it is checked against "
     "the shard counts only",
     "fingerprint": "no stage fingerprint (saved by an older wdsloader): fields, decoder, "
-    "curriculum, collator and plan version are not checked",
+    "curriculum and collator are not checked",
 }
+# every state saved before the stage fingerprint was recorded comes from this plan version
+PLAN_BEFORE_FINGERPRINT = "span-permutation/1"
 _RESUME_TYPES: dict[str, type] = {
     "batches_done": int,
     **dict.fromkeys(_TOPOLOGY, int),
@@ -310,6 +312,16 @@ class LoaderState:
     ) -> None:
         """Raise :class:`StateMismatchError` unless this state was taken over the same shards,
         split, plan identity and stage configs; the message names every part that differs."""
+        saved_plan = PLAN_BEFORE_FINGERPRINT
+        if self.fingerprint is not None:
+            saved_plan = dict(self.fingerprint).get("plan", PLAN_BEFORE_FINGERPRINT)
+        if saved_plan != fingerprint.get("plan"):
+            raise StateMismatchError(
+                f"the plan version differs: the loader state was saved by plan {saved_plan!r} and "
+                f"this wdsloader plans with {fingerprint.get('plan')!r}, where the same batches_done "
+                "stands on other samples; finish the epoch with the wdsloader that saved the "
+                "state, or start the epoch afresh without it"
+            )
         labels = {
             "counts_digest": "shard sample counts (counts_digest)",
             "shards_digest": "shards: paths or sha256 (shards_digest)",

@@ -11,6 +11,7 @@ import dataclasses
 import itertools
 import os
 from collections.abc import Callable, Iterator, Mapping
+from contextlib import closing
 from dataclasses import dataclass
 from typing import Any
 
@@ -120,84 +121,47 @@ def build_shards(
     """
     refuse_reimported_main()
     _check_options(shard_max_count, shard_max_bytes, block_size, workers, key_field, lock_timeout)
-    runner = make_engine(engine, workers=workers, ray_address=ray_address)
-    try:
-        return _build(
-            runner, source, output, splits=splits, split_field=split_field, group_by=group_by,
-            key_field=key_field, schema=schema, dims=dims, map_fn=map, seed=seed,
-            allow_nan=allow_nan, shard_max_count=shard_max_count,
-            shard_max_bytes=shard_max_bytes, block_size=block_size or BLOCK_FACTOR * shard_max_count,
-            overwrite=overwrite, storage_options=storage_options, loader_defaults=loader_defaults,
-            curriculum=curriculum, progress=progress, lock_timeout=lock_timeout,
+    with closing(make_engine(engine, workers=workers, ray_address=ray_address)) as runner:
+        out = _open_output(output, storage_options, runner)
+        state = OutputState(out.fs, out.root, out.url, storage_options)
+        state.check_existing(overwrite)
+        inp = _open_input(
+            runner.prepare(open_source(source)), splits=splits, split_field=split_field,
+            group_by=group_by, key_field=key_field, schema=schema, dims=dims, map_fn=map,
+            seed=seed, allow_nan=allow_nan, shard_max_count=shard_max_count,
+            shard_max_bytes=shard_max_bytes,
+            block_size=block_size or BLOCK_FACTOR * shard_max_count,
+        )  # fmt: skip
+        defaults = dict(loader_defaults or {})
+        if curriculum is not None:
+            defaults["curriculum"] = _curriculum_dict(
+                curriculum, inp.params.schema, inp.params.dims
+            )
+        fingerprint = inp.job.fingerprint
+        lock = BuildLock(
+            out.fs, out.root, out.url, fingerprint=fingerprint, timeout=lock_timeout,
             break_lock=break_lock,
         )  # fmt: skip
-    finally:
-        runner.close()
-
-
-def _build(
-    runner: Engine,
-    source: Any,
-    output: str | os.PathLike[str],
-    *,
-    splits: Mapping[str, float] | None,
-    split_field: str | None,
-    group_by: str | None,
-    key_field: str,
-    schema: Mapping[str, FieldSpec | Mapping[str, Any]] | None,
-    dims: Mapping[str, int] | None,
-    map_fn: Callable[[dict[str, Any]], dict[str, Any]] | None,
-    seed: int,
-    allow_nan: bool,
-    shard_max_count: int,
-    shard_max_bytes: int,
-    block_size: int,
-    overwrite: bool,
-    storage_options: dict[str, Any] | None,
-    loader_defaults: Mapping[str, Any] | None,
-    curriculum: Any,
-    progress: Progress,
-    lock_timeout: float | None,
-    break_lock: bool,
-) -> Manifest:
-    """:func:`build_shards` once its options are checked and its engine made."""
-    out = _open_output(output, storage_options, runner)
-    state = OutputState(out.fs, out.root, out.url, storage_options)
-    state.check_existing(overwrite)
-    inp = _open_input(
-        runner.prepare(open_source(source)), splits=splits, split_field=split_field,
-        group_by=group_by, key_field=key_field, schema=schema, dims=dims, map_fn=map_fn,
-        seed=seed, allow_nan=allow_nan, shard_max_count=shard_max_count,
-        shard_max_bytes=shard_max_bytes, block_size=block_size,
-    )  # fmt: skip
-    defaults = dict(loader_defaults or {})
-    if curriculum is not None:
-        defaults["curriculum"] = _curriculum_dict(curriculum, inp.params.schema, inp.params.dims)
-    fingerprint = inp.job.fingerprint
-    lock = BuildLock(
-        out.fs, out.root, out.url, fingerprint=fingerprint, timeout=lock_timeout,
-        break_lock=break_lock,
-    )  # fmt: skip
-    with lock:
-        job, stream, completed = _resume(state, inp, overwrite)
-        bar = ProgressBar(progress, inp.src.length)
-        try:
-            records = run_blocks(
-                job, inp.src, stream, completed, inp.params.block_size, runner, out, bar
-            )
-            manifest = _manifest(records, inp, state, defaults)
-            lock.check()
-            state.finalize(manifest)
-        except (OutputLockedError, SourceChangedError, BuildWorkerError):
-            raise  # not this build's files to remove (or a clear refusal: keep them)
-        except (BuildError, SchemaError):  # user errors: the data or options must change
-            state.discard()
-            raise
-        except OSError as exc:
-            _note_resumable(exc, state.url, state.replaces)
-            raise
-        finally:
-            bar.close()
+        with lock:
+            job, stream, completed = _resume(state, inp, overwrite)
+            bar = ProgressBar(progress, inp.src.length)
+            try:
+                records = run_blocks(
+                    job, inp.src, stream, completed, inp.params.block_size, runner, out, bar
+                )
+                manifest = _manifest(records, inp, state, defaults)
+                lock.check()
+                state.finalize(manifest)
+            except (OutputLockedError, SourceChangedError, BuildWorkerError):
+                raise  # not this build's files to remove (or a clear refusal: keep them)
+            except (BuildError, SchemaError):  # user errors: the data or options must change
+                state.discard()
+                raise
+            except OSError as exc:
+                _note_resumable(exc, state.url, state.replaces)
+                raise
+            finally:
+                bar.close()
     return manifest
 
 

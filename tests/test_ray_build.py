@@ -231,6 +231,15 @@ def test_jsonl_files_are_scanned_and_read_by_range_to_the_same_bytes(tmp_path):
     assert local_digests(tmp_path / "ray") == local_digests(tmp_path / "ref")
 
 
+def test_a_bad_input_file_found_by_the_scan_task_is_named_with_its_line(tmp_path):
+    good, bad = tmp_path / "a.txt", tmp_path / "b.txt"
+    good.write_text("one\n\ntwo\n")
+    bad.write_bytes(b"three\n\xff\xfe\n")
+    with pytest.raises(BuildError, match=r"b\.txt:2: not UTF-8"):
+        build_shards([str(good), str(bad)], tmp_path / "ds", engine="ray")
+    assert not (tmp_path / "ds" / "manifest.json").exists()
+
+
 def test_the_cli_builds_on_ray_with_the_same_bytes(tmp_path, capsys):
     _write_files(tmp_path / "in")
     glob = str(tmp_path / "in" / "*.jsonl")

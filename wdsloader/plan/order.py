@@ -106,20 +106,30 @@ class EpochOrder:
     def take(self, pos: np.ndarray) -> np.ndarray:
         """The global ids at order positions ``pos`` (int64 array, each in ``[0, size)``)."""
         pos = np.asarray(pos, dtype=np.int64)
-        if self.perm is None:
+        if self.perm is None or pos.size == 0:
             same: np.ndarray = pos
             return same
+        lo, hi = int(pos.min()), int(pos.max()) + 1
+        if hi - lo <= 2 * pos.size:  # read from a few ranges: evaluate the range once, in order
+            ranged = self._ids(self.perm, np.arange(lo, hi, dtype=np.int64), ordered=True)
+            picked: np.ndarray = ranged[pos - lo]
+            return picked
+        return self._ids(self.perm, pos, ordered=False)
+
+    def _ids(self, perm: KeyedPermutation, pos: np.ndarray, ordered: bool) -> np.ndarray:
+        """:meth:`take` of non-empty ``pos``; ``ordered``: increasing, so each span id is looked up
+        once for its slot rather than once per position."""
         shifted = pos + self.deficit[np.searchsorted(self.short_end, pos, side="right")]
         slot, offset = np.divmod(shifted, self.span)
-        lo = int(slot.min(initial=0))
-        hi = int(slot.max(initial=-1)) + 1
-        if hi - lo <= 2 * slot.size:  # positions read from a few ranges: one evaluation per slot
-            span_id = self.perm(np.arange(lo, hi, dtype=np.int64))[slot - lo]
+        if ordered:
+            first = int(slot[0])
+            slots, slot = np.arange(first, int(slot[-1]) + 1, dtype=np.int64), slot - first
         else:
-            span_id = self.perm(slot)
+            slots, slot = slot, np.arange(slot.size)
+        span_id = perm(slots)
         shard = np.searchsorted(self.first_span, span_id, side="right") - 1
-        start: np.ndarray = self.first_id[shard] + (span_id - self.first_span[shard]) * self.span
-        out: np.ndarray = start + offset
+        start = self.first_id[shard] + (span_id - self.first_span[shard]) * self.span
+        out: np.ndarray = start[slot] + offset
         return out
 
 

@@ -57,7 +57,7 @@ class _Refill:
 
 
 class ShardStreamDataset(IterableDataset):
-    """An IterableDataset that yields whole batches of one split, planned by :mod:`wdsloader.plan.sample_plan`.
+    """An IterableDataset that yields whole batches of one split, planned by :mod:`wdsloader.plan`.
 
     Each DataLoader worker computes its own list of batches from the plan (no coordination),
     reads the byte ranges those samples occupy (coalesced, one group of batches ahead), gathers

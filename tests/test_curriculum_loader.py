@@ -253,7 +253,7 @@ def test_builder_dataset_takes_the_block_path_and_matches_the_parser(tmp_path):
     build_shards(rows, str(tmp_path / "b"), curriculum=CURR, shard_max_count=64)
     opts = {"batch_size": 32, "drop_last": False, "seed": 2}
     fast = create_loader(str(tmp_path / "b"), "train", **opts)
-    assert fast.dataset_obj._block_len > 0  # one gather per batch serves every field
+    assert fast.dataset_obj.columnar.block_len > 0  # one gather per batch serves every field
     slow = create_loader(str(tmp_path / "b"), "train", gather=False, **opts)
     for epoch in (0, 100):
         set_epoch(fast, epoch)

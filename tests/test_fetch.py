@@ -437,9 +437,9 @@ def test_store_pickles_without_runtime_state(http_server):
     store = ShardStore(root, ReadOptions(concurrency=2, max_request_bytes=4096))
     reqs = sample_ranges(store, m.splits["train"].shards)
     store.read_ranges(reqs)
-    assert store._pool is not None and store._fs is not None
+    assert store._pool is not None and store._remote is not None
     clone = pickle.loads(pickle.dumps(store))
-    assert clone._fs is None and clone._pool is None and not clone._indexes
+    assert clone._remote is None and clone._pool is None and not clone._indexes
     assert clone.stats["requests"] == 0
     assert clone.read_ranges(reqs) == expected(folder, reqs)
 

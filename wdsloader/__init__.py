@@ -42,6 +42,8 @@ _EXPORTS = {
     "ShardInfo": "wdsloader.format",
     "SplitInfo": "wdsloader.format",
     "DevicePrefetcher": "wdsloader.stream",
+    "LoaderConfig": "wdsloader.stream",
+    "LoaderState": "wdsloader.stream",
     "WdsDataLoader": "wdsloader.stream",
     "create_loader": "wdsloader.stream",
     "set_epoch": "wdsloader.stream",
@@ -81,6 +83,8 @@ if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs
     from wdsloader.plan import PlanConfig, Resume
     from wdsloader.stream import (
         DevicePrefetcher,
+        LoaderConfig,
+        LoaderState,
         ShardStreamDataset,
         WdsDataLoader,
         create_loader,

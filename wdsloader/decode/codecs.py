@@ -610,6 +610,19 @@ class SampleDecoder:
         except Exception as exc:
             raise self._error(exc, raw, key, source, field, ext) from exc
 
+    def field_error(
+        self, exc: Exception, key: str, source: str, field: str, ext: str
+    ) -> DecodeError:
+        """The error :meth:`decode_field` raises when decoding member ``ext`` of ``field`` of
+        sample ``key`` raised ``exc`` (for callers that run :meth:`field_decoder` themselves)."""
+        return self._error(exc, {ext: None}, key, source, field, ext)
+
+    @property
+    def npy_is_builtin(self) -> bool:
+        """Whether ``npy`` members are decoded by the built-in decoder (so an array read
+        straight from the shard's bytes is what this decoder returns)."""
+        return self.decoder_for("npy") in (decode_npy, _decode_npy_trusted)
+
     @staticmethod
     def _error(
         exc: Exception, raw: Mapping[str, Any], key: str, source: str, field: str, ext: str

@@ -1,4 +1,4 @@
-"""Bytes of shards for the loader's workers: indexes, byte ranges, retries and a local shard cache.
+"""Bytes of shards for the loader's workers: indexes, byte ranges, checksums and a local shard cache.
 
 :class:`ShardStore` reads the ``.tar.idx`` and any ``[start, stop)`` byte ranges of the shards
 under a dataset root that is a local folder or any fsspec URL.
@@ -10,8 +10,9 @@ under a dataset root that is a local folder or any fsspec URL.
   the filesystem's own aiohttp session, with its headers, auth and client options; other
   filesystems, e.g. s3fs, gcsfs, memory, re-send a failed request of ``fs.cat_file`` whole).
   Connect and read timeouts reach the HTTP and S3 clients, and a deadline bounds each request
-  with its retries (see :class:`ReadOptions`). Messages and logs show URLs and storage errors
-  with credentials redacted (:mod:`wdsloader.redact`).
+  with its retries (see :class:`ReadOptions`; the requests: :mod:`wdsloader.io.retry`; the
+  ranges: :mod:`wdsloader.io.ranges`). Messages and logs show URLs and storage errors with
+  credentials redacted (:mod:`wdsloader.redact`).
 - Cache (``cache_dir``, remote roots only): the first access to a shard downloads it whole into
   a :class:`~wdsloader.io.shard_cache.ShardCache`; later reads are local preads.
 
@@ -21,109 +22,37 @@ filesystem, threads and descriptors are opened lazily in each process, and reset
 
 from __future__ import annotations
 
-import asyncio
-import dataclasses
 import errno
 import hashlib
 import logging
 import os
 import posixpath
-import sys
 import threading
-import time
-import urllib.parse
 from collections.abc import Callable, Sequence
 from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
-from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import numpy as np
 from fsspec.core import split_protocol
 
-from wdsloader.errors import ShardFormatError, ShardReadError, WdsLoaderError
+from wdsloader.errors import ShardFormatError
 from wdsloader.format import ShardInfo, decode_index
+from wdsloader.io.options import ReadOptions
+from wdsloader.io.ranges import Request, merge_requests, pread, pread_into, unique_shards
+from wdsloader.io.retry import RemoteFiles
 from wdsloader.io.shard_cache import OpenFiles, ShardCache, hash_fd, pwrite_all
-from wdsloader.io.storage import (
-    DEFAULT_CONNECT_TIMEOUT,
-    DEFAULT_READ_TIMEOUT,
-    join,
-    url_to_fs,
-    with_timeouts,
-)
-from wdsloader.plan.coalesce import coalesce
-from wdsloader.redact import redact, redact_options, secrets_of
+from wdsloader.io.storage import join, url_to_fs
+from wdsloader.redact import redact, secrets_of
+
+__all__ = ["STAT_KEYS", "ReadOptions", "Request", "ShardStore"]
 
 logger = logging.getLogger(__name__)
 
 STAT_KEYS = tuple(
     "requests bytes_read bytes_fetched retries cache_hits cache_misses evictions".split()
 )
-MAX_BACKOFF_S = 2.0
-_STREAM_CHUNK = 1 << 18
 _T = TypeVar("_T")
 _R = TypeVar("_R")
-Request = tuple[ShardInfo, int, int]
-
-
-@dataclass(slots=True, kw_only=True)
-class ReadOptions:
-    """How a :class:`ShardStore` reads.
-
-    ``retries`` per request on transient errors (dropped or reset connections, timeouts, HTTP
-    5xx/408/429, aiohttp payload errors, other ``OSError``; never on missing files, denied access
-    or other client errors), after ``backoff`` seconds doubled each time, capped at 2 s.
-    ``concurrency`` threads serve remote requests. ``cache_dir`` keeps whole remote shards and
-    indexes, ``cache_limit_bytes`` caps it. ``verify_checksum`` checks a shard's sha256 when it is
-    first downloaded into the cache or first opened.
-
-    Timeouts (seconds) bound a server that accepts a connection and never answers:
-    ``connect_timeout`` for opening a connection, ``read_timeout`` for the wait for any bytes of
-    an answer (HTTP(S): aiohttp's ``sock_connect``/``sock_read``; S3: botocore's
-    ``connect_timeout``/``read_timeout``; a timeout set in ``storage_options`` wins), and
-    ``deadline`` for one request with all its retries: an attempt still running at the
-    deadline is cancelled (filesystems with an async API: HTTP(S), S3, GCS ...) and no retry
-    starts after it; None means no deadline. The client libraries' own retries are turned off:
-    ``retries`` counts them all. Then :class:`ShardReadError` names the file and the URL
-    (credentials redacted). With the defaults a dead server is reported after about a minute.
-    """
-
-    storage_options: dict[str, Any] | None = None
-    retries: int = 5
-    backoff: float = 0.05
-    connect_timeout: float = DEFAULT_CONNECT_TIMEOUT
-    read_timeout: float = DEFAULT_READ_TIMEOUT
-    deadline: float | None = 60.0
-    max_request_bytes: int = 8 * 2**20
-    concurrency: int = 8
-    cache_dir: str | None = None
-    cache_limit_bytes: int | None = None
-    verify_checksum: bool = False
-    max_open_files: int = 64
-
-    def __post_init__(self) -> None:
-        if self.retries < 0 or self.backoff < 0 or (self.cache_limit_bytes or 0) < 0:
-            raise ValueError("retries, backoff and cache_limit_bytes must be >= 0")
-        if min(self.max_request_bytes, self.concurrency, self.max_open_files) < 1:
-            raise ValueError("max_request_bytes, concurrency and max_open_files must be >= 1")
-        if not (self.connect_timeout > 0 and self.read_timeout > 0) or (
-            self.deadline is not None and not self.deadline > 0
-        ):
-            raise ValueError("connect_timeout, read_timeout and deadline must be > 0")
-
-    def __repr__(self) -> str:
-        shown = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
-        shown["storage_options"] = redact_options(self.storage_options)  # no credentials
-        return f"ReadOptions({', '.join(f'{k}={v!r}' for k, v in shown.items())})"
-
-    def storage_options_for(self, url: str) -> dict[str, Any]:
-        """``storage_options`` with these connect and read timeouts for ``url``'s filesystem
-        (for other readers of the same dataset, e.g. its manifest)."""
-        return with_timeouts(
-            url,
-            self.storage_options,
-            connect_timeout=self.connect_timeout,
-            read_timeout=self.read_timeout,
-        )
 
 
 class ShardStore:
@@ -151,9 +80,7 @@ class ShardStore:
         self._pid = os.getpid()
         self._lock = threading.RLock()
         self._stats_lock = threading.Lock()
-        self._fs: Any = None
-        self._base = ""
-        self._http = False
+        self._remote: RemoteFiles | None = None
         self._pool: ThreadPoolExecutor | None = None
         self._files = OpenFiles(self.options.max_open_files)
         self._cache: ShardCache | None = None
@@ -203,7 +130,7 @@ class ShardStore:
             if self._pool is not None:
                 self._pool.shutdown(wait=True, cancel_futures=True)
                 self._pool = None
-            self._fs = None
+            self._remote = None
 
     @property
     def reads_locally(self) -> bool:
@@ -223,17 +150,20 @@ class ShardStore:
     def _url(self, rel: str) -> str:
         return f"{self._shown_root}/{rel}"
 
-    def _filesystem(self) -> Any:
-        if self._fs is None:
-            self._fs, self._base = url_to_fs(
+    def _storage(self) -> RemoteFiles:
+        """The files under the root, read with this store's retries (opened on first use)."""
+        if self._remote is None:
+            fs, base = url_to_fs(
                 self.root,
                 self.options.storage_options,
                 connect_timeout=self.options.connect_timeout,
                 read_timeout=self.options.read_timeout,
-                client_retries=False,  # _fetch retries, under the deadline
+                client_retries=False,  # RemoteFiles retries, under the deadline
             )
-            self._http = _is_http(self._fs)
-        return self._fs
+            self._remote = RemoteFiles(
+                fs, base, self.options, url=self._url, count=self._count, redact=self.redact
+            )
+        return self._remote
 
     def _count(self, key: str, n: int = 1) -> None:
         with self._stats_lock:
@@ -274,7 +204,7 @@ class ShardStore:
                     return f.read()
             if cache is not None and (data := cache.read(cpath)) is not None:
                 return data
-            data = self._fetch(self._filesystem(), shard.idx_path)
+            data = self._storage().fetch(shard.idx_path)
         except FileNotFoundError:
             raise ShardFormatError(f"{url}: index file not found") from None
         if cache is not None:
@@ -333,22 +263,20 @@ class ShardStore:
         return buf, positions
 
     def _read_remote(self, reqs: list[Request]) -> list[bytes]:
-        fs = self._filesystem()
+        remote = self._storage()
         if self.options.verify_checksum:
-            for rel, shard in _unique_shards(reqs).items():
+            for rel, shard in unique_shards(reqs).items():
                 if rel not in self._verified:
-                    self._check_digest(shard, self._hash_remote(fs, shard))
+                    self._check_digest(shard, self._hash_remote(shard))
                     self._verified.add(rel)
-        segments = _coalesce(reqs)
+        segments = merge_requests(reqs)
         step = self.options.max_request_bytes
         pieces = [
             (k, s, min(s + step, stop))
             for k, (_, start, stop, _) in enumerate(segments)
             for s in range(start, stop, step)
         ]
-        results = self._run_all(
-            lambda p: self._fetch(fs, segments[p[0]][0].path, p[1], p[2]), pieces
-        )
+        results = self._run_all(lambda p: remote.fetch(segments[p[0]][0].path, p[1], p[2]), pieces)
         chunks: list[list[bytes]] = [[] for _ in segments]
         for (k, _, _), data in zip(pieces, results, strict=True):
             chunks[k].append(data)
@@ -370,7 +298,7 @@ class ShardStore:
     ) -> list[bytes]:
         """Preads from local files: the shards of a local root, or their cached copies (into
         ``sink`` at ``positions`` when given; then nothing is returned)."""
-        shards = _unique_shards(reqs)
+        shards = unique_shards(reqs)
         if self._cache is None:  # a local root
             paths = {rel: join(self._local_base, rel) for rel in shards}
         else:
@@ -382,7 +310,8 @@ class ShardStore:
         if sink is not None:
             for (shard, start, stop), pos in zip(reqs, positions, strict=True):
                 fd = self._fd(shard, paths[shard.path], pinned)
-                self._pread_into(fd, sink[pos : pos + stop - start], start, self.url(shard))
+                self._count("requests")
+                pread_into(fd, sink[pos : pos + stop - start], start, self.url(shard))
             return []
         return [
             self._pread(self._fd(shard, paths[shard.path], pinned), start, stop, self.url(shard))
@@ -406,35 +335,19 @@ class ShardStore:
         return self._files[path]
 
     def _pread(self, fd: int, start: int, stop: int, url: str) -> bytes:
-        want = stop - start
         self._count("requests")
-        data = os.pread(fd, want, start)
-        while len(data) < want:
-            more = os.pread(fd, want - len(data), start + len(data))
-            if not more:
-                raise _truncated(url, start + len(data))
-            data += more
-        return data
-
-    def _pread_into(self, fd: int, out: memoryview, start: int, url: str) -> None:
-        self._count("requests")
-        done = 0
-        while done < len(out):
-            n = os.preadv(fd, [out[done:]], start + done)
-            if not n:
-                raise _truncated(url, start + done)
-            done += n
+        return pread(fd, start, stop, url)
 
     def _download_into(self, files: list[tuple[ShardInfo, int]]) -> None:
         """Write the whole of each shard into its descriptor, in parallel ranges."""
-        fs = self._filesystem()
+        remote = self._storage()
         step = self.options.max_request_bytes
         jobs = [
             (fd, shard.path, s, min(s + step, shard.num_bytes))
             for shard, fd in files
             for s in range(0, shard.num_bytes, step)
         ]
-        self._run_all(lambda j: pwrite_all(j[0], self._fetch(fs, *j[1:]), j[2]), jobs)
+        self._run_all(lambda j: pwrite_all(j[0], remote.fetch(*j[1:]), j[2]), jobs)
 
     def _check_download(self, shard: ShardInfo, cpath: str, fd: int) -> None:
         """Check a shard downloaded into the cache, if checksums are verified."""
@@ -442,93 +355,7 @@ class ShardStore:
             self._check_digest(shard, hash_fd(fd))
             self._verified.add(cpath)
 
-    # -- remote requests with retries ------------------------------------------------------------
-    def _fetch(self, fs: Any, rel: str, start: int = 0, stop: int | None = None) -> bytes:
-        """Bytes [start, stop) of a remote file (the whole file if stop is None), retried on
-        transient errors and resumed at the first byte not received."""
-        path, url = join(self._base, rel), self._url(rel)
-        buf = bytearray()
-        clock = _Deadline(self.options.deadline)
-        attempt = 0
-        while True:
-            before = len(buf)
-            pos = start + before
-            self._count("requests")
-            try:
-                if stop is None:
-                    buf[:] = _call_fs(fs, clock.remaining(), "cat_file", path)
-                elif self._http:
-                    _run_coro(fs, clock.remaining(), _http_range(fs, path, pos, stop, buf))
-                else:
-                    data = _call_fs(fs, clock.remaining(), "cat_file", path, start=pos, end=stop)
-                    buf += data[: stop - pos]
-            except Exception as exc:  # sorted by _retry_or_raise: retried or raised, never lost
-                self._count("bytes_fetched", len(buf) - before)
-                offset = start + len(buf)
-                self._retry_or_raise(exc, url, offset, attempt, stop is not None, clock)
-                attempt += 1
-                continue
-            self._count("bytes_fetched", len(buf) - before)
-            if stop is not None and len(buf) < stop - start:
-                raise _truncated(url, start + len(buf))
-            return bytes(buf)
-
-    def _retry_or_raise(
-        self,
-        exc: Exception,
-        url: str,
-        offset: int | None,
-        attempt: int,
-        ranged: bool,
-        clock: _Deadline,
-    ) -> None:
-        """Sleep before the next attempt, or raise the error the caller should see (its text
-        and cause free of credentials: the storage error is described, not chained)."""
-        at = f" at byte offset {offset}" if offset is not None else ""
-        cause = exc.__cause__
-        if (
-            isinstance(exc, FileNotFoundError)
-            and isinstance(cause, Exception)
-            and _is_transient(cause)
-        ):
-            exc = cause  # fsspec's HTTP info() calls a file that did not answer "not found"
-        if ranged and _range_unsatisfiable(exc):
-            raise _truncated(url, offset or 0) from None
-        if isinstance(exc, FileNotFoundError):
-            raise FileNotFoundError(errno.ENOENT, "file not found", url) from None
-        if isinstance(exc, PermissionError):
-            raise PermissionError(
-                errno.EACCES, f"access denied ({self._describe(exc)})", url
-            ) from None
-        if isinstance(exc, WdsLoaderError):
-            raise exc
-        if not _is_transient(exc):
-            raise ShardReadError(f"{url}: read failed{at}: {self._describe(exc)}") from None
-        delay = min(self.options.backoff * 2**attempt, MAX_BACKOFF_S)
-        left = clock.remaining()
-        expired = left is not None and left <= delay
-        if attempt >= self.options.retries or expired:
-            why = f", the deadline of {clock.limit:g}s reached" if expired else ""
-            raise ShardReadError(
-                f"{url}: read failed{at} after {attempt} retries in "
-                f"{clock.elapsed():.1f}s{why}: {self._describe(exc)}"
-            ) from None
-        self._count("retries")
-        logger.info("%s: retrying%s in %.3fs after %s", url, at, delay, self._describe(exc))
-        if delay > 0:
-            time.sleep(delay)
-
-    def _describe(self, exc: BaseException) -> str:
-        """A storage error in words, credentials redacted; timeouts say which limits applied."""
-        inner = exc.__cause__ if not str(exc) and exc.__cause__ is not None else exc
-        text = f"{type(inner).__name__}: {inner}" if str(inner) else type(inner).__name__
-        if _is_timeout(exc) or _is_timeout(inner):
-            o = self.options
-            deadline = "none" if o.deadline is None else f"{o.deadline:g}s"
-            text += f" (timed out: connect_timeout={o.connect_timeout:g}s, "
-            text += f"read_timeout={o.read_timeout:g}s, deadline={deadline})"
-        return self.redact(text)
-
+    # -- remote requests -------------------------------------------------------------------------
     def _run_all(self, fn: Callable[[_T], _R], items: Sequence[_T]) -> list[_R]:
         """``[fn(x) for x in items]`` on the thread pool; raises the first error once none runs."""
         if len(items) <= 1 or self.options.concurrency == 1:
@@ -559,7 +386,7 @@ class ShardStore:
                 path = self._cache.path(self.url(shard), shard)
                 self._cache.ensure([shard], {shard.path: path}, {path})
             else:
-                self._check_digest(shard, self._hash_remote(self._filesystem(), shard))
+                self._check_digest(shard, self._hash_remote(shard))
                 return
             self._verified.discard(path)
             self._verify_once(shard, path, force=True)
@@ -586,17 +413,17 @@ class ShardStore:
                 "the shard is corrupt or was changed after the build"
             )
 
-    def _hash_remote(self, fs: Any, shard: ShardInfo) -> str | None:
+    def _hash_remote(self, shard: ShardInfo) -> str | None:
         if not shard.sha256:
             logger.warning("%s: no sha256 in the manifest, not verified", self.url(shard))
             return None
-        return self._hash_ranges(fs, shard)
+        return self._hash_ranges(shard)
 
-    def _hash_ranges(self, fs: Any, shard: ShardInfo) -> str:
+    def _hash_ranges(self, shard: ShardInfo) -> str:
         sha = hashlib.sha256()
         step = self.options.max_request_bytes
         for start in range(0, shard.num_bytes, step):
-            sha.update(self._fetch(fs, shard.path, start, min(start + step, shard.num_bytes)))
+            sha.update(self._storage().fetch(shard.path, start, min(start + step, shard.num_bytes)))
         return sha.hexdigest()
 
     def sha256(self, shard: ShardInfo) -> str:
@@ -608,7 +435,7 @@ class ShardStore:
             if self.is_local:
                 path = join(self._local_base, shard.path)
                 return hash_fd(self._fd(shard, path, {path}))
-            return self._hash_ranges(self._filesystem(), shard)
+            return self._hash_ranges(shard)
 
     # -- start-up check --------------------------------------------------------------------------
     def check_shards(self, shards: Sequence[ShardInfo]) -> None:
@@ -653,179 +480,12 @@ class ShardStore:
         Names are the files' names (an HTTP listing's URL quoting undone)."""
         self._ensure_process()
         with self._lock:
-            fs = self._filesystem()
-            return self._list_dir(fs, join(self._base, folder) if folder else self._base)
+            return self._storage().list_dir(folder)
 
     def file_size(self, rel: str) -> int | None:
         """The size of the file ``rel`` under the root, or None when the storage does not say,
         with the retries and deadline of reads. Raises FileNotFoundError naming a missing file."""
         self._ensure_process()
         with self._lock:
-            size = self._info(self._filesystem(), rel).get("size")
+            size = self._storage().info(rel).get("size")
         return None if size is None else int(size)
-
-    def _info(self, fs: Any, rel: str) -> dict[str, Any]:
-        """``fs.info`` of a file under the root, with the retries and deadline of reads."""
-        clock = _Deadline(self.options.deadline)
-        attempt = 0
-        while True:
-            self._count("requests")
-            try:
-                return _call_fs(fs, clock.remaining(), "info", join(self._base, rel))
-            except Exception as exc:  # sorted by _retry_or_raise: retried or raised, never lost
-                self._retry_or_raise(exc, self._url(rel), None, attempt, False, clock)
-                attempt += 1
-
-    def _list_dir(self, fs: Any, path: str) -> dict[str, int | None] | None:
-        """``{basename: size or None}`` of the files in one directory, or None if it cannot list."""
-        try:
-            fs.invalidate_cache(path)
-            entries = _call_fs(fs, self.options.deadline, "ls", path, detail=True)
-        except Exception as exc:  # a listing only saves requests; the files are then probed
-            shown = self.redact(f"{path}: no listing ({exc!r}); probing files one by one")
-            logger.debug("%s", shown)
-            return None
-        out: dict[str, int | None] = {}
-        for e in entries:
-            if e.get("type", "file") == "file":
-                name = posixpath.basename(str(e["name"]).rstrip("/"))
-                name = urllib.parse.unquote(name) if self._http else name
-                out[name] = None if e.get("size") is None else int(e["size"])
-        return out
-
-
-# -- helpers ---------------------------------------------------------------------------------------
-async def _http_range(fs: Any, url: str, start: int, stop: int, sink: bytearray) -> None:
-    """GET bytes [start, stop) of ``url`` with ``fs``'s aiohttp session, appending to ``sink``
-    chunk by chunk, so the bytes that arrived survive a connection dropped mid-body."""
-    kw = dict(fs.kwargs)
-    headers = {**(kw.pop("headers", None) or {}), "Accept-Encoding": "identity"}
-    headers["Range"] = f"bytes={start}-{stop - 1}"
-    session = await fs.set_session()
-    async with session.get(fs.encode_url(url), headers=headers, **kw) as resp:
-        if resp.status == 404:
-            raise FileNotFoundError(errno.ENOENT, "HTTP 404", url)
-        resp.raise_for_status()  # ClientResponseError: its status decides about retries
-        skip = start if resp.status == 200 else 0  # 200: the server ignored the range
-        content_range = resp.headers.get("Content-Range", "")
-        if resp.status == 206 and not content_range.startswith(f"bytes {start}-"):
-            raise ValueError(f"asked for bytes from {start}, got {content_range!r}")
-        need = stop - start
-        while need > 0:
-            chunk = await resp.content.read(_STREAM_CHUNK)
-            if not chunk:
-                break
-            if skip:
-                chunk, skip = chunk[skip:], max(skip - len(chunk), 0)
-            chunk = chunk[:need]
-            sink += chunk
-            need -= len(chunk)
-
-
-class _Deadline:
-    """Time left of a ``limit`` in seconds (None: no limit) started when made."""
-
-    __slots__ = ("limit", "_start")
-
-    def __init__(self, limit: float | None) -> None:
-        self.limit = limit
-        self._start = time.monotonic()
-
-    def elapsed(self) -> float:
-        return time.monotonic() - self._start
-
-    def remaining(self) -> float | None:
-        return None if self.limit is None else max(0.0, self.limit - self.elapsed())
-
-
-def _call_fs(fs: Any, timeout: float | None, method: str, *args: Any, **kwargs: Any) -> Any:
-    """``fs.<method>(*args, **kwargs)``; on a filesystem with an async API (HTTP, S3, GCS ...)
-    its coroutine runs on the filesystem's loop and is cancelled after ``timeout`` seconds."""
-    if getattr(fs, "async_impl", False) and hasattr(fs, f"_{method}"):
-        return _run_coro(fs, timeout, getattr(fs, f"_{method}")(*args, **kwargs))
-    return getattr(fs, method)(*args, **kwargs)
-
-
-def _run_coro(fs: Any, timeout: float | None, coro: Any) -> Any:
-    """Run ``coro`` on ``fs``'s event loop from this thread, cancelled after ``timeout`` s (a
-    timeout raises fsspec's FSTimeoutError, a TimeoutError)."""
-    from fsspec.asyn import sync
-
-    return sync(fs.loop, _within, coro, timeout)
-
-
-async def _within(coro: Any, timeout: float | None) -> Any:
-    return await asyncio.wait_for(coro, timeout)
-
-
-def _is_timeout(exc: BaseException) -> bool:
-    """A timeout of the client (aiohttp, botocore) or of the deadline."""
-    return isinstance(exc, (TimeoutError, asyncio.TimeoutError)) or "Timeout" in type(exc).__name__
-
-
-def _is_http(fs: Any) -> bool:
-    protocols = fs.protocol if isinstance(fs.protocol, (tuple, list)) else (fs.protocol,)
-    if not {"http", "https"} & set(protocols):
-        return False
-    from fsspec.implementations.http import HTTPFileSystem
-
-    return isinstance(fs, HTTPFileSystem)
-
-
-def _is_transient(exc: BaseException) -> bool:
-    """Whether a storage error is worth retrying (network, timeouts, server-side statuses)."""
-    if isinstance(exc, (FileNotFoundError, PermissionError, IsADirectoryError, NotADirectoryError)):
-        return False
-    status = getattr(exc, "status", None)
-    if isinstance(status, int):
-        return status >= 500 or status in (408, 429)
-    if isinstance(exc, OSError):  # s3fs maps S3 client errors (bad request, range ...) to EINVAL
-        return exc.errno != errno.EINVAL
-    if isinstance(exc, asyncio.TimeoutError):
-        return True
-    aiohttp = sys.modules.get("aiohttp")
-    return aiohttp is not None and isinstance(exc, aiohttp.ClientError)
-
-
-def _range_unsatisfiable(exc: BaseException) -> bool:
-    """HTTP 416 (aiohttp), or s3fs's translation of S3's InvalidRange."""
-    if getattr(exc, "status", None) == 416:
-        return True
-    text = str(exc).lower()
-    return (
-        isinstance(exc, OSError)
-        and exc.errno == errno.EINVAL
-        and ("not satisfiable" in text or "invalidrange" in text)
-    )
-
-
-def _truncated(url: str, offset: int) -> ShardFormatError:
-    return ShardFormatError(f"{url}: truncated: the file has no data at byte offset {offset}")
-
-
-def _unique_shards(reqs: list[Request]) -> dict[str, ShardInfo]:
-    out: dict[str, ShardInfo] = {}
-    for shard, _, _ in reqs:
-        out.setdefault(shard.path, shard)
-    return out
-
-
-def _coalesce(reqs: list[Request]) -> list[tuple[ShardInfo, int, int, list[int]]]:
-    """Merge overlapping or adjacent ranges of each shard: ``(shard, start, stop, request ids)``."""
-    shards = _unique_shards(reqs)
-    key_of = {rel: k for k, rel in enumerate(shards)}
-    by_key = list(shards.values())
-    runs = coalesce(
-        [key_of[shard.path] for shard, _, _ in reqs],
-        [start for _, start, _ in reqs],
-        [stop for _, _, stop in reqs],
-    )
-    members: list[list[int]] = [[] for _ in range(len(runs.key))]
-    for i, run in enumerate(runs.run_of.tolist()):
-        members[run].append(i)
-    return [
-        (by_key[key], start, stop, ids)
-        for key, start, stop, ids in zip(
-            runs.key.tolist(), runs.start.tolist(), runs.stop.tolist(), members, strict=True
-        )
-    ]

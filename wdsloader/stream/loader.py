@@ -84,7 +84,8 @@ class WdsDataLoader(DataLoader):
         self._started_from: plan.Resume | None = None
         self._yielded = 0
 
-    def __iter__(self) -> Iterator[Any]:
+    # a generator over DataLoader's iterator (resume bookkeeping), not a _BaseDataLoaderIter
+    def __iter__(self) -> Iterator[Any]:  # type: ignore[override]
         ds = self.dataset_obj
         resume = None
         if self._pending is not None and self._pending.epoch == ds.epoch:

@@ -229,18 +229,39 @@ def validate_batch(
     b = _Batch(batch)
     fields = [name for name in schema if name in batch]
     if exact_keys:
-        missing = [name for name in schema if name not in batch]
-        present = {k for k in batch if not (isinstance(k, str) and k.startswith("__"))}
-        unexpected = sorted((k for k in present if k not in schema), key=str)
-        if missing or unexpected:
-            odd = missing + unexpected
-            raise b.error(
-                odd[0] if len(odd) == 1 else None,
-                "keys",
-                f"missing fields {missing}, unexpected fields {unexpected}",
-            )
+        _check_keys(b, batch, schema)
     for name in fields:
         _check_type(b, name, schema[name], batch[name])
+    _check_shapes(b, batch, schema, fields, dims)
+    for name in fields:
+        _check_finite(b, name, batch[name])
+    for name in fields:
+        _check_range(b, name, schema[name], batch[name])
+    return True
+
+
+def _check_keys(b: _Batch, batch: Mapping[str, Any], schema: Mapping[str, FieldSpec]) -> None:
+    """Rule 'keys': the batch's fields are exactly the schema's (``__`` metadata aside)."""
+    missing = [name for name in schema if name not in batch]
+    present = {k for k in batch if not (isinstance(k, str) and k.startswith("__"))}
+    unexpected = sorted((k for k in present if k not in schema), key=str)
+    if missing or unexpected:
+        odd = missing + unexpected
+        raise b.error(
+            odd[0] if len(odd) == 1 else None,
+            "keys",
+            f"missing fields {missing}, unexpected fields {unexpected}",
+        )
+
+
+def _check_shapes(
+    b: _Batch,
+    batch: Mapping[str, Any],
+    schema: Mapping[str, FieldSpec],
+    fields: Sequence[str],
+    dims: Mapping[str, int] | None,
+) -> None:
+    """Rules 'shape' and 'batch size': one leading batch size; tails match, dims bound once."""
     bound = {str(d): (int(n), MANIFEST_DIMS) for d, n in (dims or {}).items()}
     first: str | None = None
     for name in fields:
@@ -261,33 +282,35 @@ def validate_batch(
         raise b.error(
             "__key__", "batch size", f"{len(b.names)} keys, but field {first!r} has {b.size} rows"
         )
-    for name in fields:
-        value = batch[name]
-        if isinstance(value, torch.Tensor) and (bad := nonfinite_mask(value)) is not None:
+
+
+def _check_finite(b: _Batch, name: str, value: Any) -> None:
+    """Rule 'finite': no NaN/Inf in a floating tensor field."""
+    if isinstance(value, torch.Tensor) and (bad := nonfinite_mask(value)) is not None:
+        rows = rows_of(bad)
+        raise b.error(
+            name,
+            "finite",
+            f"{len(rows)} sample(s) hold NaN/Inf, first offending value {first_value(value, bad)}",
+            rows,
+        )
+
+
+def _check_range(b: _Batch, name: str, spec: FieldSpec, value: Any) -> None:
+    """Rule 'range': values inside the field's declared range."""
+    if spec.range is None:
+        return
+    low, high = spec.range
+    if isinstance(value, torch.Tensor):
+        bad = out_of_range(value, low, high)
+        if bad is not None:
             rows = rows_of(bad)
-            raise b.error(
-                name,
-                "finite",
-                f"{len(rows)} sample(s) hold NaN/Inf, first offending value "
-                f"{first_value(value, bad)}",
-                rows,
-            )
-    for name in fields:
-        value, spec = batch[name], schema[name]
-        if spec.range is None:
-            continue
-        low, high = spec.range
-        if isinstance(value, torch.Tensor):
-            bad = out_of_range(value, low, high)
-            if bad is not None:
-                rows = rows_of(bad)
-                text = range_text(low, high, *min_max(value, bad))
-                raise b.error(name, "range", f"{len(rows)} sample(s) {text}", rows)
-        elif isinstance(value, list | tuple) and (found := list_out_of_range(value, low, high)):
-            vals = [v for row_vals in found.values() for v in row_vals]
-            text = range_text(low, high, min(vals), max(vals))
-            raise b.error(name, "range", f"{len(found)} sample(s) {text}", sorted(found))
-    return True
+            text = range_text(low, high, *min_max(value, bad))
+            raise b.error(name, "range", f"{len(rows)} sample(s) {text}", rows)
+    elif isinstance(value, list | tuple) and (found := list_out_of_range(value, low, high)):
+        vals = [v for row_vals in found.values() for v in row_vals]
+        text = range_text(low, high, min(vals), max(vals))
+        raise b.error(name, "range", f"{len(found)} sample(s) {text}", sorted(found))
 
 
 def _check_type(b: _Batch, name: str, spec: FieldSpec, value: Any) -> None:

@@ -1,0 +1,400 @@
+"""The columnar decoder: a whole batch decoded as columns, fixed-size fields gathered for all
+samples at once (:mod:`wdsloader.decode.gather`).
+
+:meth:`ColumnarDecoder.decode` returns the batch's :class:`Columns`, or a :class:`NotGatherable`
+saying why the batch's bytes do not fit the shards' layout (a header that is not plain ustar,
+``.npy`` headers that differ, a sample that does not parse...): only such a batch goes to the
+row decoder, which also words the format errors. A decoder that raises is an error of its
+sample (:attr:`Columns.errors`), worded as the row decoder words it, never a reason to re-read
+the batch another way.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, TypeAlias
+
+import numpy as np
+
+from wdsloader.decode.batch import Columns, NotGatherable, RawBatch
+from wdsloader.decode.codecs import SampleDecoder, parse_sample
+from wdsloader.decode.gather import (
+    FieldTable,
+    field_tables,
+    gather_rows,
+    key_ends,
+    key_strings,
+    named_members,
+    prefix_end,
+    walk_members,
+)
+from wdsloader.decode.variants import Variants
+from wdsloader.errors import ShardFormatError, WdsLoaderError
+from wdsloader.format.manifest import FieldSpec, ShardInfo
+from wdsloader.format.ustar import BLOCK, NAME, checksum_ok, checksums_ok
+
+SMALL_BLOCK = 16 * 2**10  # sample prefixes up to this size are gathered in one piece
+
+
+@dataclass(slots=True, frozen=True)
+class _Heads:
+    """What the first headers of a batch tell the member checks of ``_gather``: their name
+    fields and where each key ends; and the data positions of the members the batch's walk
+    over its headers found (named and checksummed already), by extension."""
+
+    names: np.ndarray
+    ends: np.ndarray
+    walked: dict[str, np.ndarray] = dataclasses.field(default_factory=dict)
+
+
+# where the members of the fields that are not gathered lie: found by one walk over the
+# batch's headers ({ext: (data positions, sizes)}), or per sample by parsing
+_Found: TypeAlias = dict[str, tuple[np.ndarray, np.ndarray]] | list[dict[str, memoryview]]
+
+
+class ColumnarDecoder:
+    """Decodes batches of ``shards`` as columns: the ``fields`` (and the curriculum's variants,
+    ``variants``) that are fixed-size ``.npy`` fields of the shards' layout are gathered, the
+    other fields are decoded by ``decoder``. ``sources`` names each shard in errors.
+
+    ``tables`` is empty when no requested field can be gathered (the caller then decodes rows),
+    and also when the ``npy`` encoding has a decoder other than the built-in one: a gathered
+    value is always what the decoder would return.
+    """
+
+    def __init__(
+        self,
+        schema: Mapping[str, FieldSpec],
+        fields: Sequence[str],
+        dims: Mapping[str, int],
+        shards: Sequence[ShardInfo],
+        sources: Sequence[str],
+        decoder: SampleDecoder,
+        variants: Variants | None,
+    ) -> None:
+        self.fields = tuple(fields)
+        self.sources = list(sources)
+        self.decoder = decoder
+        self.variants = variants
+        self.tables: dict[str, FieldTable] = {}
+        if decoder.npy_is_builtin:
+            wanted = [*fields, *(variants.curriculum.fields if variants else ())]
+            self.tables = field_tables(schema, wanted, dims, shards)
+        self.others = [f for f in fields if f not in self.tables]
+        # per shard: where parsing starts for the fields that are not gathered
+        exts = [schema[f].ext.lower() for f in self.others]
+        self.parse_from = np.array(
+            [
+                0 if any(e in (s.layout or {}) for e in exts) else prefix_end(s.layout)
+                for s in shards
+            ],
+            dtype=np.int64,
+        )
+        self.layout_id, self.block_len = self._block_plan(len(shards))
+
+    def _block_plan(self, nshards: int) -> tuple[np.ndarray, int]:
+        """Per shard an id of its layout (-1: none), and the bytes of each sample to gather in
+        one piece (0: gather field by field). Worth it when those bytes are few
+        (``SMALL_BLOCK``) or the requested fields (and the first variable header) fill at least
+        half of them."""
+        ids = np.full(nshards, -1, dtype=np.int64)
+        if not self.tables:
+            return ids, 0
+        seen: dict[tuple[Any, ...], int] = {}
+        for s in range(nshards):
+            sig = tuple(int(t.offsets[s]) for t in self.tables.values())
+            if min(sig) >= 0:
+                ids[s] = seen.setdefault((*sig, int(self.parse_from[s])), len(seen))
+        if len(seen) != 1:
+            return ids, 0
+        s0 = int(np.flatnonzero(ids >= 0)[0])
+        needed = BLOCK  # the first header: keys
+        length = BLOCK
+        for table in self.tables.values():
+            end = int(table.offsets[s0]) + table.nbytes
+            length = max(length, end)
+            needed += table.nbytes
+        if self.others:
+            end = int(self.parse_from[s0]) + BLOCK
+            length = max(length, end)
+            needed += BLOCK
+        # one gather beats several when the rows are short or mostly wanted
+        return ids, (length if length <= SMALL_BLOCK or 2 * needed >= length else 0)
+
+    # -- the batch -----------------------------------------------------------------------------
+    def decode(self, raw: RawBatch, epoch: int, forced: int | None) -> Columns | NotGatherable:
+        """The batch as :class:`Columns`, or why it cannot be (:class:`NotGatherable`).
+
+        First every structural check (headers, layout, ``.npy`` headers), then the decoders;
+        raises :class:`ShardFormatError` when a member lies elsewhere than the manifest's
+        layout says (the manifest does not describe the shard).
+        """
+        if raw.buf is None:
+            return NotGatherable("a byte range of the batch could not be read")
+        block = self._block(raw)
+        read = self._heads(raw, block)
+        if isinstance(read, NotGatherable):
+            return read
+        keys, heads = read
+        found: _Found = {}
+        if self.others:
+            walked = self._find_others(raw, keys, block, heads)
+            if isinstance(walked, NotGatherable):
+                return walked
+            found = walked
+        gathered: dict[str, Any] = {}
+        for name in self.fields:
+            if name in self.tables:
+                values = self._gather(name, raw, block, heads)
+                if isinstance(values, NotGatherable):
+                    return values
+                gathered[name] = values
+        steered = self._steer(raw, keys, block, heads, epoch, forced)
+        if isinstance(steered, NotGatherable):
+            return steered
+        errors: dict[int, WdsLoaderError] = {}
+        decoded = self._decode_others(raw, keys, found, errors) if self.others else {}
+        columns: dict[str, Any] = {"__key__": keys}
+        for name in self.fields:
+            columns[name] = gathered[name] if name in gathered else decoded[name]
+        columns.update(steered)
+        return Columns(columns, dict(sorted(errors.items())))
+
+    def _steer(
+        self,
+        raw: RawBatch,
+        keys: list[str],
+        block: np.ndarray | None,
+        heads: _Heads,
+        epoch: int,
+        forced: int | None,
+    ) -> dict[str, Any] | NotGatherable:
+        """The curriculum's output columns: each sample's variant gathered (or zeros)."""
+        if self.variants is None:
+            return {}
+        curriculum = self.variants.curriculum
+        variants = self.variants.draw(keys, epoch, forced)
+        zero = self.variants.zero
+        out = np.zeros((len(keys), *zero.shape), dtype=zero.dtype)
+        for j in range(len(curriculum.names)):
+            name = curriculum.field_of(j)
+            mask = variants == j
+            if name is None or not mask.any():
+                continue
+            values = self._gather(name, raw, block, heads, mask)
+            if isinstance(values, NotGatherable):
+                return values
+            out[mask] = values
+        columns = {curriculum.output: out}
+        if curriculum.index_output:
+            columns[curriculum.index_output] = variants
+        return columns
+
+    def _heads(
+        self, raw: RawBatch, block: np.ndarray | None
+    ) -> tuple[list[str], _Heads] | NotGatherable:
+        """The keys of the batch from the samples' first headers (their checksums checked),
+        and what ``_gather`` needs to check member headers. A corrupt first header is not
+        gatherable: the row decoder raises or skips it, naming its offset."""
+        assert raw.buf is not None
+        first = gather_rows(raw.buf, raw.start, BLOCK) if block is None else block
+        ends = None if first is None else key_ends(first)
+        if first is None or ends is None or not checksums_ok(first).all():
+            return NotGatherable("a first header is not a plain ustar header of KEY.EXT")
+        return key_strings(first, ends), _Heads(first[:, NAME], ends)
+
+    def _block(self, raw: RawBatch) -> np.ndarray | None:
+        """The first ``block_len`` bytes of every sample as one ``(n, L)`` array, when the
+        batch's shards share one layout and the requested fields fill most of those bytes (one
+        gather then serves keys, fields and the first variable header); else None."""
+        if not self.block_len:
+            return None
+        ids = self.layout_id[raw.shard]
+        if ids[0] < 0 or (ids != ids[0]).any():
+            return None
+        stops = raw.stop - raw.start
+        if stops.min() < self.block_len:
+            return None
+        assert raw.buf is not None
+        return gather_rows(raw.buf, raw.start, self.block_len)
+
+    def _gather(
+        self,
+        name: str,
+        raw: RawBatch,
+        block: np.ndarray | None,
+        heads: _Heads,
+        mask: np.ndarray | None = None,
+    ) -> np.ndarray | NotGatherable:
+        """Field ``name`` of the batch's samples (those in ``mask``) as one array (a copy),
+        after checking that each gathered member header is this sample's member of the field,
+        with a sound checksum (``heads``: from ``_heads``)."""
+        table = self.tables.get(name)
+        if table is None:
+            return NotGatherable(f"field {name!r} is not a fixed-size field of the layout")
+        buf = raw.buf
+        assert buf is not None
+        rows = np.arange(len(raw.start)) if mask is None else np.flatnonzero(mask)
+        span = positions = None
+        if block is not None:
+            offset = int(table.offsets[raw.shard[0]])
+            span = block[:, offset - BLOCK : offset + table.nbytes]
+            span = span if mask is None else span[mask]
+            headers = span[:, :BLOCK]
+        else:
+            positions = table.positions(raw.start[rows], raw.shard[rows])
+            found = None if positions is None else gather_rows(buf, positions - BLOCK, BLOCK)
+            if found is None:
+                return NotGatherable(f"field {name!r} lies outside the layout of a shard")
+            headers = found
+        at = raw.start[rows] + table.offsets[raw.shard[rows]]
+        walked = heads.walked.get(table.ext)
+        if walked is None or not np.array_equal(walked[rows], at):  # else: checked in the walk
+            ok = named_members(
+                headers, heads.names[rows], heads.ends[rows], table.ext, table.nbytes
+            )  # fmt: skip
+            first = at - raw.start[rows] == BLOCK  # a first header: checked already
+            if not first.all():
+                ok &= first | checksums_ok(headers)
+            for j in rows[~ok].tolist():
+                why = self._check_member(name, table, raw, j)
+                if why is not None:
+                    return why
+        if span is not None:
+            values = table.from_block(span, BLOCK)
+        else:
+            assert positions is not None
+            values = table.gather(buf, positions)
+        if values is None:
+            return NotGatherable(f"field {name!r}: .npy headers differ from the schema's")
+        return values
+
+    def _check_member(
+        self, name: str, table: FieldTable, raw: RawBatch, j: int
+    ) -> NotGatherable | None:
+        """Sample ``j``'s member of field ``name`` where the layout puts it, checked by parsing
+        the sample: the same bytes pass (None); a sample that does not parse, or lacks the
+        member, is left to the row decoder; a member elsewhere means the manifest's layout does
+        not describe this shard: a :class:`ShardFormatError` naming shard, sample and field."""
+        start, stop, base = int(raw.start[j]), int(raw.stop[j]), int(raw.base[j])
+        source = self.sources[raw.shard[j]]
+        try:
+            key, members = parse_sample(raw.data[j], start, stop, base_offset=base, source=source)
+        except WdsLoaderError:
+            return NotGatherable(f"sample #{int(raw.local[j])} of {source} does not parse")
+        member = members.get(table.ext)
+        if member is None:
+            return NotGatherable(f"sample {key!r} of {source} has no member .{table.ext}")
+        offset = int(table.offsets[raw.shard[j]])
+        at = start + offset
+        assert raw.buf is not None
+        if member.nbytes == table.nbytes and member == raw.buf[at : at + table.nbytes].data:
+            return None
+        header = raw.buf[at - BLOCK : at].tobytes()
+        there = header[NAME].split(b"\0", 1)[0].decode("utf-8", "replace")
+        sound = len(header) == BLOCK and checksum_ok(header)
+        found = f"the header of {there!r}" if sound else "no such member header"
+        raise ShardFormatError(
+            f"{source}: sample {key!r}, field {name!r}: the manifest's layout puts the member "
+            f"{key}.{table.ext} at byte {offset} of the sample (byte {base + at} of the shard), "
+            f"where the shard has {found}: the manifest does not describe this shard (rebuild "
+            "or re-adopt it; gather=False reads it by parsing)"
+        )
+
+    # -- the fields that are not gathered -------------------------------------------------------
+    def _find_others(
+        self, raw: RawBatch, keys: list[str], block: np.ndarray | None, heads: _Heads
+    ) -> _Found | NotGatherable:
+        """Where the members of the fields that are not gathered lie: found for the whole batch
+        at once (walking only the headers after the constant-offset prefix; the members found
+        so, their headers checked, are noted in ``heads``), else by parsing each sample."""
+        assert raw.buf is not None
+        parse_from = self.parse_from[raw.shard]
+        first = None
+        if block is not None:
+            at = int(parse_from[0])
+            first = block[:, at : at + BLOCK] if block.shape[1] >= at + BLOCK else None
+        starts = raw.start + parse_from
+        first_checked = bool((parse_from == 0).all())
+        members = walk_members(raw.buf, starts, raw.stop, keys, first, first_checked)
+        if members is None:
+            return self._parse_others(raw, keys)
+        heads.walked.update({ext: found[0] for ext, found in members.items()})
+        for field in self.others:
+            ext = self.decoder.field_decoder(field)[0]
+            if ext not in members:
+                return NotGatherable(f"the samples have no member .{ext} (field {field!r})")
+        return members
+
+    def _parse_others(self, raw: RawBatch, keys: list[str]) -> _Found | NotGatherable:
+        """The members of each sample after its constant-offset prefix, parsed one by one."""
+        parse_from = self.parse_from[raw.shard]
+        joined = raw.data[0]
+        out: list[dict[str, memoryview]] = []
+        for j, key in enumerate(keys):
+            start, stop = int(raw.start[j]), int(raw.stop[j])
+            source = self.sources[raw.shard[j]]
+            try:
+                got, members = parse_sample(
+                    joined,
+                    start + int(parse_from[j]),
+                    stop,
+                    base_offset=int(raw.base[j]),
+                    source=source,
+                )
+            except WdsLoaderError:
+                return NotGatherable(f"sample {key!r} of {source} does not parse")
+            if got != key:
+                return NotGatherable(f"sample {key!r} of {source} holds members of {got!r}")
+            out.append(members)
+        return out
+
+    def _decode_others(
+        self, raw: RawBatch, keys: list[str], found: _Found, errors: dict[int, WdsLoaderError]
+    ) -> dict[str, list[Any]]:
+        """Decode the fields that are not gathered; a sample whose decoder raises gets its
+        first field's error in ``errors`` (and None in the columns)."""
+        out: dict[str, list[Any]] = {}
+        if isinstance(found, list):
+            for field in self.others:
+                values: list[Any] = []
+                for j, (key, members) in enumerate(zip(keys, found, strict=True)):
+                    source = self.sources[raw.shard[j]]
+                    try:
+                        values.append(self.decoder.decode_field(members, key, source, field))
+                    except WdsLoaderError as exc:
+                        errors.setdefault(j, exc)
+                        values.append(None)
+                out[field] = values
+            return out
+        view = memoryview(raw.buf)  # type: ignore[arg-type]
+        for field in self.others:
+            ext, fn = self.decoder.field_decoder(field)
+            positions, sizes = found[ext]
+            values, failed = _decode_column(fn, view, positions.tolist(), sizes.tolist())
+            for j, err in failed.items():
+                source = self.sources[raw.shard[j]]
+                errors.setdefault(j, self.decoder.field_error(err, keys[j], source, field, ext))
+            out[field] = values
+        return out
+
+
+def _decode_column(
+    fn: Callable[[Any], Any], view: memoryview, positions: list[int], sizes: list[int]
+) -> tuple[list[Any], dict[int, Exception]]:
+    """``fn`` of each member ``view[p : p + n]``, and the exception of each one that raised
+    (its value None)."""
+    out: list[Any] = []
+    failed: dict[int, Exception] = {}
+    append = out.append
+    todo = zip(positions, sizes, strict=True)
+    while True:
+        try:
+            for p, n in todo:
+                append(fn(view[p : p + n]))
+            return out, failed
+        except Exception as exc:  # the decoder's error becomes its sample's error, not a fallback
+            failed[len(out)] = exc
+            append(None)

@@ -1,0 +1,71 @@
+"""How a :class:`~wdsloader.io.fetch.ShardStore` reads: retries, timeouts, concurrency, cache."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any
+
+from wdsloader.io.storage import DEFAULT_CONNECT_TIMEOUT, DEFAULT_READ_TIMEOUT, with_timeouts
+from wdsloader.redact import redact_options
+
+
+@dataclass(slots=True, kw_only=True)
+class ReadOptions:
+    """How a :class:`~wdsloader.io.fetch.ShardStore` reads.
+
+    ``retries`` per request on transient errors (dropped or reset connections, timeouts, HTTP
+    5xx/408/429, aiohttp payload errors, other ``OSError``; never on missing files, denied access
+    or other client errors), after ``backoff`` seconds doubled each time, capped at 2 s.
+    ``concurrency`` threads serve remote requests. ``cache_dir`` keeps whole remote shards and
+    indexes, ``cache_limit_bytes`` caps it. ``verify_checksum`` checks a shard's sha256 when it is
+    first downloaded into the cache or first opened.
+
+    Timeouts (seconds) bound a server that accepts a connection and never answers:
+    ``connect_timeout`` for opening a connection, ``read_timeout`` for the wait for any bytes of
+    an answer (HTTP(S): aiohttp's ``sock_connect``/``sock_read``; S3: botocore's
+    ``connect_timeout``/``read_timeout``; a timeout set in ``storage_options`` wins), and
+    ``deadline`` for one request with all its retries: an attempt still running at the
+    deadline is cancelled (filesystems with an async API: HTTP(S), S3, GCS ...) and no retry
+    starts after it; None means no deadline. The client libraries' own retries are turned off:
+    ``retries`` counts them all. Then :class:`ShardReadError` names the file and the URL
+    (credentials redacted). With the defaults a dead server is reported after about a minute.
+    """
+
+    storage_options: dict[str, Any] | None = None
+    retries: int = 5
+    backoff: float = 0.05
+    connect_timeout: float = DEFAULT_CONNECT_TIMEOUT
+    read_timeout: float = DEFAULT_READ_TIMEOUT
+    deadline: float | None = 60.0
+    max_request_bytes: int = 8 * 2**20
+    concurrency: int = 8
+    cache_dir: str | None = None
+    cache_limit_bytes: int | None = None
+    verify_checksum: bool = False
+    max_open_files: int = 64
+
+    def __post_init__(self) -> None:
+        if self.retries < 0 or self.backoff < 0 or (self.cache_limit_bytes or 0) < 0:
+            raise ValueError("retries, backoff and cache_limit_bytes must be >= 0")
+        if min(self.max_request_bytes, self.concurrency, self.max_open_files) < 1:
+            raise ValueError("max_request_bytes, concurrency and max_open_files must be >= 1")
+        if not (self.connect_timeout > 0 and self.read_timeout > 0) or (
+            self.deadline is not None and not self.deadline > 0
+        ):
+            raise ValueError("connect_timeout, read_timeout and deadline must be > 0")
+
+    def __repr__(self) -> str:
+        shown = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        shown["storage_options"] = redact_options(self.storage_options)  # no credentials
+        return f"ReadOptions({', '.join(f'{k}={v!r}' for k, v in shown.items())})"
+
+    def storage_options_for(self, url: str) -> dict[str, Any]:
+        """``storage_options`` with these connect and read timeouts for ``url``'s filesystem
+        (for other readers of the same dataset, e.g. its manifest)."""
+        return with_timeouts(
+            url,
+            self.storage_options,
+            connect_timeout=self.connect_timeout,
+            read_timeout=self.read_timeout,
+        )

@@ -1,0 +1,286 @@
+"""Requests to remote storage with retries, timeouts and a deadline.
+
+:class:`RemoteFiles` fetches byte ranges, file infos and listings of the files under one root
+of an fsspec filesystem. Transient failures are retried with exponential backoff; a retry asks
+only for the bytes not received yet (HTTP(S) range GETs use the filesystem's own aiohttp
+session, with its headers, auth and client options; other filesystems, e.g. s3fs, gcsfs,
+memory, re-send a failed request of ``fs.cat_file`` whole). On filesystems with an async API an
+attempt still running at the deadline is cancelled. Errors name the URL, credentials redacted.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import logging
+import posixpath
+import sys
+import time
+import urllib.parse
+from collections.abc import Callable
+from typing import Any
+
+from wdsloader.errors import ShardFormatError, ShardReadError, WdsLoaderError
+from wdsloader.io.options import ReadOptions
+from wdsloader.io.storage import join
+
+logger = logging.getLogger(__name__)
+
+MAX_BACKOFF_S = 2.0
+_STREAM_CHUNK = 1 << 18
+
+
+class RemoteFiles:
+    """The files under ``base`` of the filesystem ``fs``, read as ``options`` say (retries,
+    backoff, deadline). ``url`` shows a path relative to the root in messages, ``count`` adds
+    to the store's counters (``requests``, ``bytes_fetched``, ``retries``), ``redact`` removes
+    credentials from text."""
+
+    def __init__(
+        self,
+        fs: Any,
+        base: str,
+        options: ReadOptions,
+        *,
+        url: Callable[[str], str],
+        count: Callable[[str, int], None],
+        redact: Callable[[object], str],
+    ) -> None:
+        self.fs = fs
+        self.base = base
+        self.options = options
+        self.http = is_http(fs)
+        self._url = url
+        self._count = count
+        self._redact = redact
+
+    def fetch(self, rel: str, start: int = 0, stop: int | None = None) -> bytes:
+        """Bytes [start, stop) of a file (the whole file if stop is None), retried on transient
+        errors and resumed at the first byte not received."""
+        fs = self.fs
+        path, url = join(self.base, rel), self._url(rel)
+        buf = bytearray()
+        clock = Deadline(self.options.deadline)
+        attempt = 0
+        while True:
+            before = len(buf)
+            pos = start + before
+            self._count("requests", 1)
+            try:
+                if stop is None:
+                    buf[:] = call_fs(fs, clock.remaining(), "cat_file", path)
+                elif self.http:
+                    run_coro(fs, clock.remaining(), http_range(fs, path, pos, stop, buf))
+                else:
+                    data = call_fs(fs, clock.remaining(), "cat_file", path, start=pos, end=stop)
+                    buf += data[: stop - pos]
+            except Exception as exc:  # sorted by retry_or_raise: retried or raised, never lost
+                self._count("bytes_fetched", len(buf) - before)
+                offset = start + len(buf)
+                self.retry_or_raise(exc, url, offset, attempt, stop is not None, clock)
+                attempt += 1
+                continue
+            self._count("bytes_fetched", len(buf) - before)
+            if stop is not None and len(buf) < stop - start:
+                raise truncated(url, start + len(buf))
+            return bytes(buf)
+
+    def info(self, rel: str) -> dict[str, Any]:
+        """``fs.info`` of a file under the root, with the retries and deadline of reads."""
+        clock = Deadline(self.options.deadline)
+        attempt = 0
+        while True:
+            self._count("requests", 1)
+            try:
+                info: dict[str, Any] = call_fs(
+                    self.fs, clock.remaining(), "info", join(self.base, rel)
+                )
+                return info
+            except Exception as exc:  # sorted by retry_or_raise: retried or raised, never lost
+                self.retry_or_raise(exc, self._url(rel), None, attempt, False, clock)
+                attempt += 1
+
+    def list_dir(self, folder: str) -> dict[str, int | None] | None:
+        """``{basename: size or None}`` of the files in ``folder`` (relative to the root; ``""``
+        is the root), or None if it cannot be listed."""
+        path = join(self.base, folder) if folder else self.base
+        try:
+            self.fs.invalidate_cache(path)
+            entries = call_fs(self.fs, self.options.deadline, "ls", path, detail=True)
+        except Exception as exc:  # a listing only saves requests; the files are then probed
+            shown = self._redact(f"{path}: no listing ({exc!r}); probing files one by one")
+            logger.debug("%s", shown)
+            return None
+        out: dict[str, int | None] = {}
+        for e in entries:
+            if e.get("type", "file") == "file":
+                name = posixpath.basename(str(e["name"]).rstrip("/"))
+                name = urllib.parse.unquote(name) if self.http else name
+                out[name] = None if e.get("size") is None else int(e["size"])
+        return out
+
+    def retry_or_raise(
+        self,
+        exc: Exception,
+        url: str,
+        offset: int | None,
+        attempt: int,
+        ranged: bool,
+        clock: Deadline,
+    ) -> None:
+        """Sleep before the next attempt, or raise the error the caller should see (its text
+        and cause free of credentials: the storage error is described, not chained)."""
+        at = f" at byte offset {offset}" if offset is not None else ""
+        cause = exc.__cause__
+        if (
+            isinstance(exc, FileNotFoundError)
+            and isinstance(cause, Exception)
+            and is_transient(cause)
+        ):
+            exc = cause  # fsspec's HTTP info() calls a file that did not answer "not found"
+        if ranged and range_unsatisfiable(exc):
+            raise truncated(url, offset or 0) from None
+        if isinstance(exc, FileNotFoundError):
+            raise FileNotFoundError(errno.ENOENT, "file not found", url) from None
+        if isinstance(exc, PermissionError):
+            raise PermissionError(
+                errno.EACCES, f"access denied ({self.describe(exc)})", url
+            ) from None
+        if isinstance(exc, WdsLoaderError):
+            raise exc
+        if not is_transient(exc):
+            raise ShardReadError(f"{url}: read failed{at}: {self.describe(exc)}") from None
+        delay = min(self.options.backoff * 2**attempt, MAX_BACKOFF_S)
+        left = clock.remaining()
+        expired = left is not None and left <= delay
+        if attempt >= self.options.retries or expired:
+            why = f", the deadline of {clock.limit:g}s reached" if expired else ""
+            raise ShardReadError(
+                f"{url}: read failed{at} after {attempt} retries in "
+                f"{clock.elapsed():.1f}s{why}: {self.describe(exc)}"
+            ) from None
+        self._count("retries", 1)
+        logger.info("%s: retrying%s in %.3fs after %s", url, at, delay, self.describe(exc))
+        if delay > 0:
+            time.sleep(delay)
+
+    def describe(self, exc: BaseException) -> str:
+        """A storage error in words, credentials redacted; timeouts say which limits applied."""
+        inner = exc.__cause__ if not str(exc) and exc.__cause__ is not None else exc
+        text = f"{type(inner).__name__}: {inner}" if str(inner) else type(inner).__name__
+        if is_timeout(exc) or is_timeout(inner):
+            o = self.options
+            deadline = "none" if o.deadline is None else f"{o.deadline:g}s"
+            text += f" (timed out: connect_timeout={o.connect_timeout:g}s, "
+            text += f"read_timeout={o.read_timeout:g}s, deadline={deadline})"
+        return self._redact(text)
+
+
+async def http_range(fs: Any, url: str, start: int, stop: int, sink: bytearray) -> None:
+    """GET bytes [start, stop) of ``url`` with ``fs``'s aiohttp session, appending to ``sink``
+    chunk by chunk, so the bytes that arrived survive a connection dropped mid-body."""
+    kw = dict(fs.kwargs)
+    headers = {**(kw.pop("headers", None) or {}), "Accept-Encoding": "identity"}
+    headers["Range"] = f"bytes={start}-{stop - 1}"
+    session = await fs.set_session()
+    async with session.get(fs.encode_url(url), headers=headers, **kw) as resp:
+        if resp.status == 404:
+            raise FileNotFoundError(errno.ENOENT, "HTTP 404", url)
+        resp.raise_for_status()  # ClientResponseError: its status decides about retries
+        skip = start if resp.status == 200 else 0  # 200: the server ignored the range
+        content_range = resp.headers.get("Content-Range", "")
+        if resp.status == 206 and not content_range.startswith(f"bytes {start}-"):
+            raise ValueError(f"asked for bytes from {start}, got {content_range!r}")
+        need = stop - start
+        while need > 0:
+            chunk = await resp.content.read(_STREAM_CHUNK)
+            if not chunk:
+                break
+            if skip:
+                chunk, skip = chunk[skip:], max(skip - len(chunk), 0)
+            chunk = chunk[:need]
+            sink += chunk
+            need -= len(chunk)
+
+
+class Deadline:
+    """Time left of a ``limit`` in seconds (None: no limit) started when made."""
+
+    __slots__ = ("_start", "limit")
+
+    def __init__(self, limit: float | None) -> None:
+        self.limit = limit
+        self._start = time.monotonic()
+
+    def elapsed(self) -> float:
+        return time.monotonic() - self._start
+
+    def remaining(self) -> float | None:
+        return None if self.limit is None else max(0.0, self.limit - self.elapsed())
+
+
+def call_fs(fs: Any, timeout: float | None, method: str, *args: Any, **kwargs: Any) -> Any:
+    """``fs.<method>(*args, **kwargs)``; on a filesystem with an async API (HTTP, S3, GCS ...)
+    its coroutine runs on the filesystem's loop and is cancelled after ``timeout`` seconds."""
+    if getattr(fs, "async_impl", False) and hasattr(fs, f"_{method}"):
+        return run_coro(fs, timeout, getattr(fs, f"_{method}")(*args, **kwargs))
+    return getattr(fs, method)(*args, **kwargs)
+
+
+def run_coro(fs: Any, timeout: float | None, coro: Any) -> Any:
+    """Run ``coro`` on ``fs``'s event loop from this thread, cancelled after ``timeout`` s (a
+    timeout raises fsspec's FSTimeoutError, a TimeoutError)."""
+    from fsspec.asyn import sync
+
+    return sync(fs.loop, _within, coro, timeout)
+
+
+async def _within(coro: Any, timeout: float | None) -> Any:
+    return await asyncio.wait_for(coro, timeout)
+
+
+def is_timeout(exc: BaseException) -> bool:
+    """A timeout of the client (aiohttp, botocore) or of the deadline."""
+    return isinstance(exc, (TimeoutError, asyncio.TimeoutError)) or "Timeout" in type(exc).__name__
+
+
+def is_http(fs: Any) -> bool:
+    """Whether ``fs`` is fsspec's HTTP(S) filesystem."""
+    protocols = fs.protocol if isinstance(fs.protocol, (tuple, list)) else (fs.protocol,)
+    if not {"http", "https"} & set(protocols):
+        return False
+    from fsspec.implementations.http import HTTPFileSystem
+
+    return isinstance(fs, HTTPFileSystem)
+
+
+def is_transient(exc: BaseException) -> bool:
+    """Whether a storage error is worth retrying (network, timeouts, server-side statuses)."""
+    if isinstance(exc, (FileNotFoundError, PermissionError, IsADirectoryError, NotADirectoryError)):
+        return False
+    status = getattr(exc, "status", None)
+    if isinstance(status, int):
+        return status >= 500 or status in (408, 429)
+    if isinstance(exc, OSError):  # s3fs maps S3 client errors (bad request, range ...) to EINVAL
+        return exc.errno != errno.EINVAL
+    if isinstance(exc, asyncio.TimeoutError):
+        return True
+    aiohttp = sys.modules.get("aiohttp")
+    return aiohttp is not None and isinstance(exc, aiohttp.ClientError)
+
+
+def range_unsatisfiable(exc: BaseException) -> bool:
+    """HTTP 416 (aiohttp), or s3fs's translation of S3's InvalidRange."""
+    if getattr(exc, "status", None) == 416:
+        return True
+    text = str(exc).lower()
+    return (
+        isinstance(exc, OSError)
+        and exc.errno == errno.EINVAL
+        and ("not satisfiable" in text or "invalidrange" in text)
+    )
+
+
+def truncated(url: str, offset: int) -> ShardFormatError:
+    """The error for a file that has no data at ``offset``."""
+    return ShardFormatError(f"{url}: truncated: the file has no data at byte offset {offset}")

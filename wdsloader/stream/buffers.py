@@ -1,0 +1,78 @@
+"""Read buffers with explicit ownership: handed out by a pool, taken back when nothing can see
+them any more."""
+
+from __future__ import annotations
+
+import weakref
+from collections import deque
+from typing import Any
+
+import numpy as np
+
+
+class _Lease:
+    """The one object every array over a leased block refers to (numpy keeps the object an
+    array was made from as its base, and every view, memoryview or tensor made from such an
+    array keeps that array); its collection returns the block to its pool."""
+
+    __slots__ = ("__array_interface__", "__weakref__", "block")
+
+    def __init__(self, block: np.ndarray, nbytes: int) -> None:
+        self.block = block
+        self.__array_interface__: dict[str, Any] = {
+            "shape": (nbytes,),
+            "typestr": "|u1",
+            "data": (block.ctypes.data, False),
+            "version": 3,
+        }
+
+
+class BufferPool:
+    """Read buffers, reused once nothing holds them.
+
+    :meth:`lease` hands out a uint8 array over a block of the pool. The block returns to the
+    pool when its lease (:class:`_Lease`) is unreachable, that is when no array, memoryview or
+    tensor made from the handed-out array is left anywhere: a decoded value that is a view of
+    the read bytes (a custom decoder may return one) keeps them from being overwritten for as
+    long as anyone holds it. Correctness rests on reachability, which every Python guarantees;
+    CPython's reference counting only makes the return prompt (as soon as the executor drops a
+    batch's bytes when the values it yielded are copies). At most ``keep`` free blocks are
+    kept; the others are freed.
+    """
+
+    def __init__(self, keep: int = 2) -> None:
+        self.keep = keep
+        # appended to by lease finalizers, which may run in any thread: deque operations are
+        # atomic, and no lock is held that a finalizer running inside ``lease`` could wait on
+        self._free: deque[np.ndarray] = deque()
+        self.allocated = 0  # blocks allocated
+        self.reused = 0  # leases served from a returned block
+
+    def lease(self, nbytes: int) -> np.ndarray:
+        """A uint8 array of ``nbytes`` (contents undefined) that is this caller's until
+        nothing refers to it."""
+        block = None
+        while block is None:
+            try:
+                candidate = self._free.pop()
+            except IndexError:
+                break
+            if len(candidate) >= nbytes:
+                block = candidate
+        if block is None:
+            block = np.empty(max(nbytes, 1), dtype=np.uint8)
+            self.allocated += 1
+        else:
+            self.reused += 1
+        lease = _Lease(block, nbytes)
+        weakref.finalize(lease, self._give_back, block).atexit = False
+        return np.asarray(lease)
+
+    def _give_back(self, block: np.ndarray) -> None:
+        if len(self._free) < self.keep:
+            self._free.append(block)
+
+    @property
+    def free(self) -> int:
+        """Blocks in the pool now, ready to be leased."""
+        return len(self._free)

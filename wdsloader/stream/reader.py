@@ -1,0 +1,175 @@
+"""The batch reader: the byte ranges of planned batches, read coalesced into pooled buffers, one
+group of batches ahead of the decoders."""
+
+from __future__ import annotations
+
+import logging
+import sys
+from collections.abc import Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any
+
+import numpy as np
+
+from wdsloader import plan
+from wdsloader.decode.batch import RawBatch
+from wdsloader.errors import WdsLoaderError
+from wdsloader.format import ShardInfo
+from wdsloader.io.fetch import ShardStore
+from wdsloader.plan.coalesce import coalesce
+from wdsloader.stream.buffers import BufferPool
+
+log = logging.getLogger(__name__)
+
+
+class BatchReader:
+    """Reads the samples of planned batches (sample ids of the split) from ``store``.
+
+    The ranges of a group of batches come from the shards' indexes and are coalesced
+    (:func:`~wdsloader.plan.coalesce.coalesce`) into one buffer when every read succeeds; with
+    ``skip_unreadable`` (``on_error="skip"``) a range that cannot be read leaves its exception
+    in place of its bytes, for the decoder to skip its samples.
+    """
+
+    def __init__(
+        self,
+        store: ShardStore,
+        shards: Sequence[ShardInfo],
+        counts: Sequence[int],
+        skip_unreadable: bool,
+    ) -> None:
+        self.store = store
+        self.shards = list(shards)
+        self.counts = counts
+        self.skip_unreadable = skip_unreadable
+
+    def read(self, batches: Sequence[np.ndarray], pool: BufferPool | None = None) -> list[RawBatch]:
+        """The :class:`RawBatch` of each of ``batches``, read together (into a buffer of
+        ``pool`` when the store reads local files; else a fresh one)."""
+        ids = np.concatenate(batches) if len(batches) > 1 else batches[0]
+        shard_idx, local = plan.shard_of(ids, self.counts)
+        starts = np.empty(len(ids), dtype=np.int64)
+        stops = np.empty(len(ids), dtype=np.int64)
+        for s in np.unique(shard_idx):
+            mask = shard_idx == s
+            offsets = self.store.index(self.shards[s])
+            starts[mask] = offsets[local[mask]]
+            stops[mask] = offsets[local[mask] + 1]
+        runs = coalesce(shard_idx, starts, stops)
+        run_of, run_start = runs.run_of, runs.start
+        requests = [
+            (self.shards[s], a, b)
+            for s, a, b in zip(
+                runs.key.tolist(), run_start.tolist(), runs.stop.tolist(), strict=True
+            )
+        ]
+        buf: np.ndarray | None = None
+        data: list[Any]
+        try:
+            out = None
+            if pool is not None and self.store.reads_locally:
+                out = pool.lease(int((runs.stop - run_start).sum()))
+            joined, run_pos = self.store.read_joined(requests, out)
+            del out
+            buf = np.frombuffer(joined, dtype=np.uint8)
+            data = [joined] * len(ids)
+            base = (run_start - np.asarray(run_pos, dtype=np.int64))[run_of]
+        except (WdsLoaderError, OSError):
+            if not self.skip_unreadable:
+                raise
+            datas: list[Any] = []
+            for req in requests:
+                try:
+                    datas.extend(self.store.read_ranges([req]))
+                except (WdsLoaderError, OSError) as exc:
+                    log.warning("skipping unreadable range: %s", exc)
+                    datas.append(exc)
+            data = [datas[r] for r in run_of]
+            base = run_start[run_of]
+        rel_start, rel_stop = starts - base, stops - base
+        raws: list[RawBatch] = []
+        pos = 0
+        for batch in batches:
+            sl = slice(pos, pos + len(batch))
+            raws.append(
+                RawBatch(
+                    buf, data[sl], rel_start[sl], rel_stop[sl], base[sl], shard_idx[sl], local[sl]
+                )
+            )
+            pos += len(batch)
+        return raws
+
+    def read_ahead(self, batches: Sequence[np.ndarray], group: int) -> ReadAhead:
+        """The batches' reads, a group of ``group`` batches at a time, one group ahead."""
+        # locally the first batch is read on its own so it arrives quickly, then a window at a
+        # time; remotely its samples would each be a request (the window shuffle scatters them
+        # over the window's spans), so the first window is read whole, a few requests per span
+        head = 1 if self.store.reads_locally else group
+        groups = [batches[:head]] + [
+            batches[i : i + group] for i in range(head, len(batches), group)
+        ]
+        return ReadAhead(self, groups)
+
+
+class ReadAhead:
+    """The reads of ``groups`` of batches on a thread, each submitted when the previous group
+    is handed out (:meth:`next_group`); the buffers come from one :class:`BufferPool`, so a
+    group's buffer is reused once the caller dropped that group's batches and nothing it
+    yielded refers to them. :meth:`close` (always call it) closes the store's files once the
+    read under way is over."""
+
+    def __init__(self, reader: BatchReader, groups: list[Sequence[np.ndarray]]) -> None:
+        self.reader = reader
+        self.pool = BufferPool()
+        self._groups = groups
+        self._next = 0
+        self._closer = _StoreCloser(reader.store)  # bound now: close may run at interpreter exit
+        self._threads = ThreadPoolExecutor(max_workers=1, thread_name_prefix="wdsloader-read")
+        self._pending: Future[list[RawBatch]] | None = self._submit()
+
+    def _submit(self) -> Future[list[RawBatch]] | None:
+        if self._next >= len(self._groups):
+            return None
+        group = self._groups[self._next]
+        self._next += 1
+        return self._threads.submit(self.reader.read, group, self.pool)
+
+    def next_group(self) -> list[RawBatch] | None:
+        """The next group's batches (None after the last), and the following group's read
+        started. The caller drops its references to the group before asking for the next, so
+        that its buffer can serve the read after that."""
+        if self._pending is None:
+            return None
+        raws = self._pending.result()
+        self._pending = self._submit()
+        return raws
+
+    def close(self) -> None:
+        """Stop reading ahead: an abandoned iteration does not wait for the read under way;
+        the store's files are closed once it is over (cancelled or done). No cancel_futures:
+        at interpreter exit its ``queue.Empty`` lookup fails on a torn-down module."""
+        pending, self._pending = self._pending, None
+        self._threads.shutdown(wait=False)
+        if pending is None:
+            self._closer()
+        else:
+            pending.cancel()
+            pending.add_done_callback(self._closer)
+
+
+class _StoreCloser:
+    """Close a store's files when the last read of an iteration is over (a Future callback);
+    nothing at interpreter exit, when the process's files go anyway."""
+
+    def __init__(self, store: ShardStore) -> None:
+        self.store = store
+        self.finalizing = sys.is_finalizing
+
+    def __call__(self, _future: Future[Any] | None = None) -> None:
+        if not self.finalizing():
+            self.store.close()
+
+
+def close_store(store: ShardStore) -> None:
+    """Close a store whose dataset was collected (a weakref.finalize callback)."""
+    _StoreCloser(store)()

@@ -20,6 +20,7 @@ import numpy as np
 
 from wdsloader.decode.batch import Columns, NotGatherable, RawBatch
 from wdsloader.decode.codecs import SampleDecoder, parse_sample
+from wdsloader.decode.fastcols import batch_decoder
 from wdsloader.decode.gather import (
     FieldTable,
     field_tables,
@@ -369,10 +370,17 @@ class ColumnarDecoder:
                         values.append(None)
                 out[field] = values
             return out
-        view = memoryview(raw.buf)  # type: ignore[arg-type]
+        buf = raw.buf
+        assert buf is not None
+        view = memoryview(buf)  # type: ignore[arg-type]
         for field in self.others:
             ext, fn = self.decoder.field_decoder(field)
             positions, sizes = found[ext]
+            column = batch_decoder(fn)
+            whole = None if column is None else column(buf, positions, sizes)
+            if whole is not None:  # every member read exactly as ``fn`` reads it
+                out[field] = whole
+                continue
             values, failed = _decode_column(fn, view, positions.tolist(), sizes.tolist())
             for j, err in failed.items():
                 source = self.sources[raw.shard[j]]

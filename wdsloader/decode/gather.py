@@ -169,6 +169,7 @@ def walk_members(
     out: dict[str, tuple[np.ndarray, np.ndarray]] = {}
     pos = np.asarray(starts, dtype=np.int64).copy()
     encoded = [k.encode("utf-8", "surrogateescape") + b"." for k in keys]
+    key_rows = _key_rows(encoded)
     for _ in range(MAX_MEMBERS):
         active = pos < stops
         if not active.any():
@@ -188,7 +189,7 @@ def walk_members(
         sizes = header_sizes(headers)
         if sizes is None:
             return None
-        ext = _common_ext(name_fields(headers), encoded)
+        ext = _common_ext(name_fields(headers), encoded, key_rows)
         if ext is None or ext in out:
             return None
         data = pos + BLOCK
@@ -199,17 +200,41 @@ def walk_members(
     return None
 
 
-def _common_ext(names: np.ndarray, prefixes: Sequence[bytes]) -> str | None:
+def _key_rows(prefixes: Sequence[bytes]) -> np.ndarray | None:
+    """The samples' ``KEY.`` as one ``(n, L)`` uint8 array when they are all ``L`` bytes long
+    (the usual case), else None."""
+    if not prefixes:
+        return None
+    width = len(prefixes[0])
+    joined = b"".join(prefixes)
+    if len(joined) != width * len(prefixes) or any(len(p) != width for p in prefixes):
+        return None
+    return np.frombuffer(joined, dtype=np.uint8).reshape(len(prefixes), width)
+
+
+def _common_ext(
+    names: np.ndarray, prefixes: Sequence[bytes], key_rows: np.ndarray | None = None
+) -> str | None:
     """The extension shared by ``names`` (rows of ustar name fields), each of which must be its
-    sample's ``KEY.`` followed by it; else None."""
+    sample's ``KEY.`` followed by it; else None. ``key_rows``: the prefixes as one array, when
+    they have one length (:func:`_key_rows`): then the check is one array comparison."""
     width = names.shape[1]
-    blob = names.tobytes()
-    first = blob[:width].split(b"\0", 1)[0]
+    first = names[0].tobytes().split(b"\0", 1)[0]
     if not first.startswith(prefixes[0]):
         return None
     ext_bytes = first[len(prefixes[0]) :]
     if not ext_bytes:
         return None
+    if key_rows is not None:
+        tail = np.frombuffer(ext_bytes + b"\0", dtype=np.uint8)[: width - key_rows.shape[1]]
+        end = key_rows.shape[1] + len(tail)
+        if not (
+            np.array_equal(names[:, : key_rows.shape[1]], key_rows)
+            and (names[:, key_rows.shape[1] : end] == tail).all()
+        ):
+            return None
+        return ext_bytes.decode("utf-8", "surrogateescape").lower()
+    blob = names.tobytes()
     for i, prefix in enumerate(prefixes):
         name = prefix + ext_bytes
         at = i * width

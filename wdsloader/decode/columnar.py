@@ -29,6 +29,7 @@ from wdsloader.decode.gather import (
     key_strings,
     named_members,
     prefix_end,
+    skip_pax,
     walk_members,
 )
 from wdsloader.decode.variants import Variants
@@ -201,6 +202,9 @@ class ColumnarDecoder:
         gatherable: the row decoder raises or skips it, naming its offset."""
         assert raw.buf is not None
         first = gather_rows(raw.buf, raw.start, BLOCK) if block is None else block
+        if first is not None:  # adopted webdataset shards: a PAX header leads each member
+            past = skip_pax(raw.buf, raw.start, first[:, :BLOCK])
+            first = None if past is None else past[1]
         ends = None if first is None else key_ends(first)
         if first is None or ends is None or not checksums_ok(first).all():
             return NotGatherable("a first header is not a plain ustar header of KEY.EXT")

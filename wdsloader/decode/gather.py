@@ -148,6 +148,37 @@ def _constant_part(end: int, ext: str, size: int) -> tuple[np.ndarray, np.ndarra
 
 
 MAX_MEMBERS = 64
+_PAX = ord("x")
+_PAX_OVERRIDES = (b"path=", b"size=")  # the PAX records that change a member's name or size
+
+
+def skip_pax(
+    buf: np.ndarray, pos: np.ndarray, headers: np.ndarray
+) -> tuple[np.ndarray, np.ndarray] | None:
+    """Past the PAX extended headers at ``pos`` (``headers``: the ``(n, 512)`` headers there),
+    when every one is a PAX header with a sound checksum whose records change neither the name
+    nor the size of the member that follows (webdataset's ``ShardWriter`` writes one with the
+    mtime before every member): ``(positions after them, the headers there)``. Unchanged when
+    none is a PAX header; None when only some are, or a record names a path or a size (the
+    caller then parses sample by sample)."""
+    flags = headers[:, TYPEFLAG.start]
+    is_pax = flags == _PAX
+    if not is_pax.any():
+        return pos, headers
+    if not is_pax.all() or not checksums_ok(headers).all():
+        return None
+    sizes = header_sizes(headers)
+    if sizes is None or int(sizes.max()) > BLOCK:
+        return None
+    data = gather_rows(buf, pos + BLOCK, int(sizes.max()))
+    if data is None:
+        return None
+    blob = data.tobytes()  # bytes past a record's end may hold a match too: only a false alarm
+    if any(word in blob for word in _PAX_OVERRIDES):
+        return None
+    after = pos + BLOCK + (sizes + BLOCK - 1) // BLOCK * BLOCK
+    found = gather_rows(buf, after, BLOCK)
+    return None if found is None else (after, found)
 
 
 def walk_members(
@@ -182,7 +213,15 @@ def walk_members(
             headers, first_headers, checked = first_headers, None, first_checked
         else:
             headers = gather_rows(buf, pos, BLOCK)
-        if headers is None or not (checked or checksums_ok(headers).all()):
+        if headers is None:
+            return None
+        skipped = skip_pax(buf, pos, headers)
+        if skipped is None:
+            return None
+        if skipped[0] is not pos:
+            pos, headers = skipped
+            checked = False
+        if not (checked or checksums_ok(headers).all()):
             return None
         if not plain_regular(headers):
             return None

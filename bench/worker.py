@@ -88,6 +88,7 @@ def do_read(spec: dict[str, Any]) -> dict[str, Any]:
     baseline = rss_now_mb()
     order: list[int] = []
     batches = 0
+    cpu0 = _cpu_seconds()
     t0 = time.perf_counter()
     loader = systems.READ[system](workload, path, workers, spec.get("storage_options"))
     it = iter(loader)
@@ -104,6 +105,7 @@ def do_read(spec: dict[str, Any]) -> dict[str, Any]:
     t_end = time.perf_counter()
     del it, loader
     gc.collect()
+    cpu = _cpu_seconds() - cpu0  # worker processes counted once they are reaped
     samples = len(order)
     complete = not stopped or samples >= n_total  # the cap may strike on the last batch
     seconds = t_end - t0
@@ -118,6 +120,8 @@ def do_read(spec: dict[str, Any]) -> dict[str, Any]:
         "complete": complete,
         "seconds": seconds,
         "samples_per_s": samples / seconds if seconds else None,
+        "cpu_seconds": cpu,
+        "samples_per_cpu_s": samples / cpu if cpu > 0 else None,
         "steady_samples_per_s": steady,
         "mb_per_s": samples * payload_per_sample / seconds / 1e6 if seconds else None,
         "ttfb_s": (t_first - t0) if t_first is not None else None,
@@ -142,6 +146,7 @@ def do_raw(spec: dict[str, Any]) -> dict[str, Any]:
     total_bytes = sum(os.path.getsize(f) for f in systems.tar_files(path))
     for _ in systems.RAW["raw_read"](path):  # warm the page cache with these files
         pass
+    cpu0 = _cpu_seconds()
     t0 = time.perf_counter()
     t_first = None
     nbytes = reads = 0
@@ -156,6 +161,7 @@ def do_raw(spec: dict[str, Any]) -> dict[str, Any]:
             complete = False
             break
     seconds = time.perf_counter() - t0
+    cpu = _cpu_seconds() - cpu0
     by_bytes = system != "raw_tarfile"
     if complete:
         samples = float(n_total)
@@ -169,6 +175,8 @@ def do_raw(spec: dict[str, Any]) -> dict[str, Any]:
         "complete": complete,
         "seconds": seconds,
         "samples_per_s": samples / seconds,
+        "cpu_seconds": cpu,
+        "samples_per_cpu_s": samples / cpu if cpu > 0 else None,
         "mb_per_s": samples * wl.bytes_per_sample(n_total) / seconds / 1e6,
         "file_mb_per_s": nbytes / seconds / 1e6 if by_bytes else None,
         "bytes_read": nbytes,

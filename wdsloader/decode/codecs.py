@@ -529,6 +529,11 @@ class SampleDecoder:
                 )
             self._plan = [self._schema_step(f) for f in wanted]
 
+    def decodes(self, fn: Decoder) -> bool:
+        """Whether the requested fields include one that decoder ``fn`` decodes (known only
+        with a schema)."""
+        return self._plan is not None and any(step[2] is fn for step in self._plan)
+
     @property
     def member_exts(self) -> tuple[str, ...] | None:
         """The member extensions this decoder reads, when a schema fixes them (else None)."""

@@ -10,7 +10,7 @@ $(STAMP): pyproject.toml Makefile
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	# torch first, pinned: this version is a local CPU wheel; a range would pull a CUDA build.
 	$(BIN)/pip install -q torch==2.13.0
-	$(BIN)/pip install -q -e '.[test,hf,s3,http,text,image,ray]'
+	$(BIN)/pip install -q -e '.[test,hf,s3,http,text,image,ray,fast]'
 	touch $(STAMP)
 
 install: $(STAMP)

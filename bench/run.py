@@ -3,12 +3,14 @@
     python bench/run.py                 # full run (make bench), ~15-20 min on 2 cores
     python bench/run.py --quick         # small sizes, 1 repeat (seconds to a minute)
     python bench/run.py --only ours,webdataset,raw --workloads embed --parts read
+    make bench-quick                    # the same through .venv-bench (peers installed)
 
 Generates the workloads deterministically (bench/workloads.py), writes each with our builder
 and with each peer's writer, then reads one shuffled epoch per (workload, system, num_workers)
 in a fresh subprocess (bench/worker.py), round-robin over the repeats, and reports medians:
 samples/s, MB/s (payload bytes), time to first batch, peak RSS, exactly-once and shuffle
-quality; builder throughput and bytes on disk; our loader's RSS at N and 10 N samples; time to
+quality, and each system's share of the raw limit (a readinto loop over the same files on a
+warm page cache, measured in the same run); builder throughput and bytes on disk; our loader's RSS at N and 10 N samples; time to
 first batch through S3 on loopback (moto). Missing peers are reported, never replaced.
 
 Results: OUT/results.json, OUT/results.md, OUT/chart.png; per-run JSON and logs in OUT/raw/.
@@ -40,8 +42,12 @@ from bench import report, systems  # noqa: E402
 from bench.workloads import BUILD_N, MEMORY_SMALL_FRACTION, WORKLOADS  # noqa: E402
 
 ALL_SYSTEMS = (
-    "ours", "webdataset", "mosaic", "litdata", "litdata_bd0", "hf", "raw_cat", "raw_tarfile"
+    "ours", "ours_adopted", "webdataset", "mosaic", "litdata", "litdata_bd0", "hf", "raw_read",
+    "raw_batches", "raw_tarfile",
 )  # fmt: skip
+DEFAULT_WORKLOADS = "embed,embed_arrays,blobs,jpeg"
+# workloads read with every num_workers of --workers (the others with 0 only)
+MULTI_WORKLOADS = ("embed", "embed_arrays", "jpeg")
 PARTS = ("read", "build", "memory", "s3", "gpu")
 WORKER = os.path.join(ROOT, "bench", "worker.py")
 VERSIONED = (
@@ -78,14 +84,29 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--quick", action="store_true", help="small sizes, 1 repeat")
     p.add_argument("--repeats", type=int, default=None, help="runs per measurement (default 3)")
     p.add_argument(
+        "--max-samples",
+        type=int,
+        default=None,
+        help="at most this many samples per workload (a smoke run; numbers mean little)",
+    )
+    p.add_argument(
         "--only",
         default=None,
-        help="comma-separated systems: ours, webdataset, mosaic, litdata (litdata and "
-        "litdata_bd0), hf, raw (raw_cat and raw_tarfile); default: all",
+        help="comma-separated systems: ours, ours_adopted (ours on webdataset-written shards "
+        "adopted by build_shards.adopt), webdataset, mosaic, litdata (litdata and litdata_bd0), "
+        "hf, raw (raw_read, raw_batches and raw_tarfile); default: all",
     )
-    p.add_argument("--workloads", default="embed,tokens,blobs")
+    p.add_argument(
+        "--workloads",
+        default=DEFAULT_WORKLOADS,
+        help=f"comma-separated, of: {', '.join(WORKLOADS)} (default {DEFAULT_WORKLOADS})",
+    )
     p.add_argument("--parts", default=",".join(PARTS), help=f"subset of {','.join(PARTS)}")
-    p.add_argument("--workers", default="0,2", help="num_workers values for the embedding workload")
+    p.add_argument(
+        "--workers",
+        default="0,2",
+        help=f"num_workers values for the workloads {', '.join(MULTI_WORKLOADS)} (others: 0)",
+    )
     p.add_argument(
         "--max-seconds",
         type=float,
@@ -156,10 +177,10 @@ def describe_machine() -> dict[str, Any]:
 def select_systems(only: str | None) -> tuple[list[str], dict[str, str]]:
     """The systems to measure and, for the requested ones that cannot run, why not."""
     wanted: list[str] = []
-    for name in (only or "ours,webdataset,mosaic,litdata,hf,raw").split(","):
+    for name in (only or "ours,ours_adopted,webdataset,mosaic,litdata,hf,raw").split(","):
         name = name.strip()
         if name == "raw":
-            wanted += ["raw_cat", "raw_tarfile"]
+            wanted += ["raw_read", "raw_batches", "raw_tarfile"]
         elif name == "litdata":
             wanted += ["litdata", "litdata_bd0"]
         elif name in ALL_SYSTEMS:
@@ -167,6 +188,9 @@ def select_systems(only: str | None) -> tuple[list[str], dict[str, str]]:
         elif name:
             raise SystemExit(f"unknown system {name!r}: choose from {', '.join(ALL_SYSTEMS)}, raw")
     missing = {}
+    if "ours_adopted" in wanted and importlib.util.find_spec("webdataset") is None:
+        missing["ours_adopted"] = "its shards are written by webdataset, which is not installed"
+        wanted.remove("ours_adopted")
     for name in list(wanted):
         if name in systems.PEERS:
             module, dist = systems.PEERS[name]
@@ -425,12 +449,17 @@ def main(argv: list[str] | None = None) -> int:
         f"systems {', '.join(chosen)}; missing: {missing or 'none'}",
         flush=True,
     )
-    sizes = {w: WORKLOADS[w].n(quick) for w in names}
-    formats: set[str] = set()
-    if "read" in parts:
-        formats |= {systems.READ_FORMAT[s] for s in chosen}
-    if "ours" in chosen and parts & {"memory", "s3", "gpu"}:
-        formats.add("ours")
+    sizes = {w: min(WORKLOADS[w].n(quick), args.max_samples or 2**62) for w in names}
+
+    def reads(workload: str, system: str) -> bool:
+        return workload in systems.ONLY_WORKLOADS.get(system, (workload,))
+
+    formats: dict[str, set[str]] = {w: set() for w in names}
+    for w in names:
+        if "read" in parts:
+            formats[w] |= {systems.READ_FORMAT[s] for s in chosen if reads(w, s)}
+        if "ours" in chosen and parts & {"memory", "s3", "gpu"} and w == "embed":
+            formats[w].add("ours")
 
     # 1. datasets (built once, kept in --data)
     print("datasets:", flush=True)
@@ -438,7 +467,7 @@ def main(argv: list[str] | None = None) -> int:
     builds: dict[str, Any] = {}
     failed: dict[str, str] = {}
     for w in names:
-        for fmt in sorted(formats):
+        for fmt in sorted(formats[w]):
             if fmt in failed:
                 continue
             path, res = ensure_dataset(run, args.data, w, sizes[w], shard_bytes, fmt, build_workers)
@@ -456,7 +485,7 @@ def main(argv: list[str] | None = None) -> int:
         builds["embed-small/ours"] = res
         paths[("embed-small", "ours")] = path
     for s in list(chosen):
-        if systems.READ_FORMAT[s] in failed:
+        if systems.READ_FORMAT[s] in failed and s not in missing:
             missing[s] = failed[systems.READ_FORMAT[s]]
             chosen.remove(s)
     warm([p for p in paths.values()])
@@ -466,7 +495,10 @@ def main(argv: list[str] | None = None) -> int:
     if "read" in parts:
         for w in names:
             for s in chosen:
-                counts = worker_counts if w == "embed" and s in systems.MULTI_WORKER else [0]
+                if not reads(w, s):
+                    continue
+                multi = w in MULTI_WORKLOADS and s in systems.MULTI_WORKER
+                counts = worker_counts if multi else [0]
                 for nw in counts:
                     spec = {
                         "task": "raw" if s in systems.RAW else "read",
@@ -490,21 +522,22 @@ def main(argv: list[str] | None = None) -> int:
                 "max_seconds": None,
             }
             runs.append((f"memory {w} ours W0", spec))
-    if "build" in parts and "embed" in names:
+    if "build" in parts:
         writers = [("ours", 1), ("ours", 2)] if "ours" in chosen else []
         writers += [(s, 1) for s in systems.WRITERS if s != "ours" and s in chosen]
-        for s, nw in writers:
-            spec = {
-                "task": "write",
-                "system": s,
-                "workload": "embed",
-                "n": BUILD_N["quick" if quick else "full"],
-                "out": os.path.join(args.data, "build-scratch", f"{s}-{nw}"),
-                "workers": nw,
-                "shard_bytes": shard_bytes,
-                "remove": True,
-            }
-            runs.append((f"build embed {s} w{nw}", spec))
+        for w in [w for w in ("embed", "blobs") if w in names]:
+            for s, nw in writers:
+                spec = {
+                    "task": "write",
+                    "system": s,
+                    "workload": w,
+                    "n": BUILD_N[w]["quick" if quick else "full"],
+                    "out": os.path.join(args.data, "build-scratch", f"{w}-{s}-{nw}"),
+                    "workers": nw,
+                    "shard_bytes": shard_bytes,
+                    "remove": True,
+                }
+                runs.append((f"build {w} {s} w{nw}", spec))
     results: dict[str, list[dict[str, Any]]] = {label: [] for label, _ in runs}
     for r in range(args.repeats):
         order = list(runs)
@@ -549,7 +582,7 @@ def main(argv: list[str] | None = None) -> int:
             },
             "shard_bytes": shard_bytes,
             "batch_size": systems.BATCH,
-            "build_n": BUILD_N["quick" if quick else "full"],
+            "build_n": {w: n["quick" if quick else "full"] for w, n in BUILD_N.items()},
             "memory_n": [small_n, sizes.get("embed")],
             "settings": report.SETTINGS,
         },

@@ -103,12 +103,14 @@ def test_suite_quick_mode(tmp_path):
     """bench/run.py --quick end to end with the peers this environment has (webdataset)."""
     only = ["ours", "raw"]
     if importlib.util.find_spec("webdataset") is not None:
-        only.append("webdataset")
+        only += ["webdataset", "ours_adopted"]
     out, data = tmp_path / "out", tmp_path / "data"
     cmd = [
         sys.executable,
         os.path.join(ROOT, "bench", "run.py"),
         "--quick",
+        "--max-samples",
+        "1024",
         "--only",
         ",".join(only),
         "--workloads",
@@ -130,9 +132,12 @@ def test_suite_quick_mode(tmp_path):
     assert ours["runs"] == 1 and ours["exactly_once"] is True
     assert ours["samples_per_s"] > 0 and ours["ttfb_s"] > 0
     assert 0.2 < ours["dist_over_n"] < 0.5
-    assert agg["read embed raw_cat W0"]["samples_per_s"] > 0
+    limit = agg["read embed raw_read W0"]["samples_per_s"]
+    assert limit > 0 and agg["read embed raw_batches W0"]["samples_per_s"] > 0
     if "webdataset" in only:
         assert agg["read embed webdataset W0"]["exactly_once"] is True
+        adopted = agg["read embed ours_adopted W0"]
+        assert adopted["exactly_once"] is True and adopted["samples"] == ours["samples"]
     for peer in ("mosaic", "litdata", "hf"):
         assert peer not in doc["systems"]
     assert agg["memory embed-small ours W0"]["peak_rss_mb"] > 0
@@ -140,3 +145,5 @@ def test_suite_quick_mode(tmp_path):
     assert any(t["status"] in ("PASS", "MISS") for t in targets.values())
     md = (out / "results.md").read_text()
     assert "## Targets" in md and "wdsloader" in md
+    share = f"| {100 * ours['samples_per_s'] / limit:.1f}% |"  # the share of the raw limit
+    assert share in md

@@ -528,3 +528,30 @@ def test_json_errors_are_json_loads_errors(doc):
     with pytest.raises(ValueError) as theirs:
         json.loads(doc)
     assert str(ours.value) == str(theirs.value)
+
+
+JSON_EDGES = [
+    b'{"a":1,"a":2}', b"12345678901234567890123", b"-0.0", b"1e400", b"-1e400", b"NaN",
+    b'[Infinity, -Infinity]', b'"\\ud800"', b'"\\u00e9\\ud83d\\ude00"', b"0.1", b"1E5",
+    b'{"x": [1, {"y": null}], "z": "\xc3\xa9"}', '\ufeff{"a":2}'.encode(), b"  [1]\n",
+    '{"b":3}'.encode("utf-16"), b"4.9406564584124654e-324", b"[" * 50 + b"]" * 50,
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("doc", JSON_EDGES)
+def test_json_values_and_types_are_json_loads(doc):
+    """The same values and types as json.loads, whichever parser runs (msgspec when
+    installed, the stdlib where msgspec refuses)."""
+    from wdsloader.decode.codecs import decode_json
+
+    ours, theirs = decode_json(memoryview(doc)), json.loads(doc)
+    assert repr(ours) == repr(theirs)
+    assert _types(ours) == _types(theirs)
+
+
+def _types(value):
+    if isinstance(value, dict):
+        return {k: _types(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_types(v) for v in value]
+    return type(value)

@@ -19,6 +19,7 @@ from typing import Any, TypeAlias
 import numpy as np
 
 from wdsloader.decode.batch import Columns, NotGatherable, RawBatch
+from wdsloader.decode.fastcols import batch_decoder
 from wdsloader.decode.gather import (
     FieldTable,
     field_tables,
@@ -27,6 +28,7 @@ from wdsloader.decode.gather import (
     key_strings,
     named_members,
     prefix_end,
+    skip_pax,
     walk_members,
 )
 from wdsloader.decode.parse import parse_sample
@@ -201,6 +203,9 @@ class ColumnarDecoder:
         gatherable: the row decoder raises or skips it, naming its offset."""
         assert raw.buf is not None
         first = gather_rows(raw.buf, raw.start, BLOCK) if block is None else block
+        if first is not None:  # adopted webdataset shards: a PAX header leads each member
+            past = skip_pax(raw.buf, raw.start, first[:, :BLOCK])
+            first = None if past is None else past[1]
         ends = None if first is None else key_ends(first)
         if first is None or ends is None or not checksums_ok(first).all():
             return NotGatherable("a first header is not a plain ustar header of KEY.EXT")
@@ -370,10 +375,17 @@ class ColumnarDecoder:
                         values.append(None)
                 out[field] = values
             return out
-        view = memoryview(raw.buf)  # type: ignore[arg-type]
+        buf = raw.buf
+        assert buf is not None
+        view = memoryview(buf)  # type: ignore[arg-type]
         for field in self.others:
             ext, fn = self.decoder.field_decoder(field)
             positions, sizes = found[ext]
+            column = batch_decoder(fn)
+            whole = None if column is None else column(buf, positions, sizes)
+            if whole is not None:  # every member read exactly as ``fn`` reads it
+                out[field] = whole
+                continue
             values, failed = _decode_column(fn, view, positions.tolist(), sizes.tolist())
             for j, err in failed.items():
                 source = self.sources[raw.shard[j]]

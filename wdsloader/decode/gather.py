@@ -148,6 +148,37 @@ def _constant_part(end: int, ext: str, size: int) -> tuple[np.ndarray, np.ndarra
 
 
 MAX_MEMBERS = 64
+_PAX = ord("x")
+_PAX_OVERRIDES = (b"path=", b"size=")  # the PAX records that change a member's name or size
+
+
+def skip_pax(
+    buf: np.ndarray, pos: np.ndarray, headers: np.ndarray
+) -> tuple[np.ndarray, np.ndarray] | None:
+    """Past the PAX extended headers at ``pos`` (``headers``: the ``(n, 512)`` headers there),
+    when every one is a PAX header with a sound checksum whose records change neither the name
+    nor the size of the member that follows (webdataset's ``ShardWriter`` writes one with the
+    mtime before every member): ``(positions after them, the headers there)``. Unchanged when
+    none is a PAX header; None when only some are, or a record names a path or a size (the
+    caller then parses sample by sample)."""
+    flags = headers[:, TYPEFLAG.start]
+    is_pax = flags == _PAX
+    if not is_pax.any():
+        return pos, headers
+    if not is_pax.all() or not checksums_ok(headers).all():
+        return None
+    sizes = header_sizes(headers)
+    if sizes is None or int(sizes.max()) > BLOCK:
+        return None
+    data = gather_rows(buf, pos + BLOCK, int(sizes.max()))
+    if data is None:
+        return None
+    blob = data.tobytes()  # bytes past a record's end may hold a match too: only a false alarm
+    if any(word in blob for word in _PAX_OVERRIDES):
+        return None
+    after = pos + BLOCK + (sizes + BLOCK - 1) // BLOCK * BLOCK
+    found = gather_rows(buf, after, BLOCK)
+    return None if found is None else (after, found)
 
 
 def walk_members(
@@ -169,6 +200,7 @@ def walk_members(
     out: dict[str, tuple[np.ndarray, np.ndarray]] = {}
     pos = np.asarray(starts, dtype=np.int64).copy()
     encoded = [k.encode("utf-8", "surrogateescape") + b"." for k in keys]
+    key_rows = _key_rows(encoded)
     for _ in range(MAX_MEMBERS):
         active = pos < stops
         if not active.any():
@@ -181,14 +213,22 @@ def walk_members(
             headers, first_headers, checked = first_headers, None, first_checked
         else:
             headers = gather_rows(buf, pos, BLOCK)
-        if headers is None or not (checked or checksums_ok(headers).all()):
+        if headers is None:
+            return None
+        skipped = skip_pax(buf, pos, headers)
+        if skipped is None:
+            return None
+        if skipped[0] is not pos:
+            pos, headers = skipped
+            checked = False
+        if not (checked or checksums_ok(headers).all()):
             return None
         if not plain_regular(headers):
             return None
         sizes = header_sizes(headers)
         if sizes is None:
             return None
-        ext = _common_ext(name_fields(headers), encoded)
+        ext = _common_ext(name_fields(headers), encoded, key_rows)
         if ext is None or ext in out:
             return None
         data = pos + BLOCK
@@ -199,17 +239,41 @@ def walk_members(
     return None
 
 
-def _common_ext(names: np.ndarray, prefixes: Sequence[bytes]) -> str | None:
+def _key_rows(prefixes: Sequence[bytes]) -> np.ndarray | None:
+    """The samples' ``KEY.`` as one ``(n, L)`` uint8 array when they are all ``L`` bytes long
+    (the usual case), else None."""
+    if not prefixes:
+        return None
+    width = len(prefixes[0])
+    joined = b"".join(prefixes)
+    if len(joined) != width * len(prefixes) or any(len(p) != width for p in prefixes):
+        return None
+    return np.frombuffer(joined, dtype=np.uint8).reshape(len(prefixes), width)
+
+
+def _common_ext(
+    names: np.ndarray, prefixes: Sequence[bytes], key_rows: np.ndarray | None = None
+) -> str | None:
     """The extension shared by ``names`` (rows of ustar name fields), each of which must be its
-    sample's ``KEY.`` followed by it; else None."""
+    sample's ``KEY.`` followed by it; else None. ``key_rows``: the prefixes as one array, when
+    they have one length (:func:`_key_rows`): then the check is one array comparison."""
     width = names.shape[1]
-    blob = names.tobytes()
-    first = blob[:width].split(b"\0", 1)[0]
+    first = names[0].tobytes().split(b"\0", 1)[0]
     if not first.startswith(prefixes[0]):
         return None
     ext_bytes = first[len(prefixes[0]) :]
     if not ext_bytes:
         return None
+    if key_rows is not None:
+        tail = np.frombuffer(ext_bytes + b"\0", dtype=np.uint8)[: width - key_rows.shape[1]]
+        end = key_rows.shape[1] + len(tail)
+        if not (
+            np.array_equal(names[:, : key_rows.shape[1]], key_rows)
+            and (names[:, key_rows.shape[1] : end] == tail).all()
+        ):
+            return None
+        return ext_bytes.decode("utf-8", "surrogateescape").lower()
+    blob = names.tobytes()
     for i, prefix in enumerate(prefixes):
         name = prefix + ext_bytes
         at = i * width

@@ -98,7 +98,7 @@ def _npy_check(spec: FieldSpec) -> _NpyCheck | None:
     return _NpyCheck(np.dtype(spec.dtype), tuple(int(d) for d in spec.shape))
 
 
-class _ClsCast:
+class ClsCast:
     """Cast a ``cls`` int to a numpy scalar type (a class, so it pickles; see :class:`_NpyCheck`)."""
 
     __slots__ = ("dtype",)
@@ -115,16 +115,16 @@ class _ClsCast:
             ) from None
 
     def __eq__(self, other: object) -> bool:
-        return isinstance(other, _ClsCast) and self.dtype == other.dtype
+        return isinstance(other, ClsCast) and self.dtype == other.dtype
 
     def __hash__(self) -> int:
         return hash(self.dtype)
 
     def __repr__(self) -> str:
-        return f"_ClsCast({self.dtype})"
+        return f"ClsCast({self.dtype})"
 
 
-def _cls_cast(spec: FieldSpec) -> _ClsCast | None:
+def _cls_cast(spec: FieldSpec) -> ClsCast | None:
     """Cast a ``cls`` int to the numpy scalar type the schema declares (``int64`` ...)."""
     if spec.dtype is None:
         return None
@@ -134,10 +134,10 @@ def _cls_cast(spec: FieldSpec) -> _ClsCast | None:
         return None
     if dtype.kind not in "biuf":
         return None  # a non-numeric dtype name: keep the Python int
-    return _ClsCast(dtype)
+    return ClsCast(dtype)
 
 
-class _Then:
+class Then:
     """``post(fn(buf))``: a decoder followed by its schema check (picklable)."""
 
     __slots__ = ("fn", "post")
@@ -150,13 +150,13 @@ class _Then:
         return self.post(self.fn(buf))
 
     def __eq__(self, other: object) -> bool:
-        return isinstance(other, _Then) and (self.fn, self.post) == (other.fn, other.post)
+        return isinstance(other, Then) and (self.fn, self.post) == (other.fn, other.post)
 
     def __hash__(self) -> int:
         return hash((self.fn, self.post))
 
     def __repr__(self) -> str:
-        return f"_Then({self.fn!r}, {self.post!r})"
+        return f"Then({self.fn!r}, {self.post!r})"
 
 
 _Step = tuple[str, str, Decoder, Callable[[Any], Any] | None]  # field, ext, decoder, post
@@ -209,6 +209,11 @@ class SampleDecoder:
                     f"unknown field(s) {unknown}; the schema has: {sorted(self.schema)}"
                 )
             self._plan = [self._schema_step(f) for f in wanted]
+
+    def decodes(self, fn: Decoder) -> bool:
+        """Whether the requested fields include one that decoder ``fn`` decodes (known only
+        with a schema)."""
+        return self._plan is not None and any(step[2] is fn for step in self._plan)
 
     @property
     def member_exts(self) -> tuple[str, ...] | None:
@@ -290,7 +295,7 @@ class SampleDecoder:
         _, ext, fn, post = self._schema_step(field)
         if post is None:
             return ext, fn
-        return ext, _Then(fn, post)
+        return ext, Then(fn, post)
 
     def decode_field(self, raw: Mapping[str, Any], key: str, source: str, field: str) -> Any:
         """Decode one field of a sample (for callers that pick fields per sample)."""

@@ -91,13 +91,14 @@ def parse_octal(field: bytes | bytearray | memoryview) -> int | None:
     or GNU base-256 with a leading 0x80 byte. Signs, other characters and negative base-256
     values are malformed.
     """
-    raw = bytes(field)
+    raw = field if type(field) is bytes else bytes(field)
     if raw[:1] == b"\x80":
         return int.from_bytes(raw[1:], "big")
-    text = raw.split(b"\0", 1)[0].strip(b" ")
-    if text.translate(None, _OCTAL_DIGITS):
-        return None
-    return int(text, 8) if text else 0
+    nul = raw.find(0)
+    text = (raw if nul < 0 else raw[:nul]).strip(b" ")
+    if not text:
+        return 0
+    return None if text.translate(None, _OCTAL_DIGITS) else int(text, 8)
 
 
 def checksum_ok(header: bytes | bytearray | memoryview) -> bool:
@@ -107,11 +108,31 @@ def checksum_ok(header: bytes | bytearray | memoryview) -> bool:
     if stored is None:
         return False
     raw = bytes(header)
-    total = sum(raw) - sum(raw[CHECKSUM]) + 256
+    total = byte_sum(raw) - sum(raw[CHECKSUM]) + 256
     if total == stored:
         return True
-    high = sum(1 for b in raw[: CHECKSUM.start] + raw[CHECKSUM.stop :] if b & 0x80)
+    # the signed sum: every byte >= 0x80 outside the checksum field counts 256 less
+    high = len(raw.translate(None, _LOW_BYTES)) - len(raw[CHECKSUM].translate(None, _LOW_BYTES))
     return total - 256 * high == stored
+
+
+_LOW_BYTES = bytes(range(0x80))
+
+
+def byte_sum(raw: bytes) -> int:
+    """The sum of the bytes of ``raw`` (a header: at most 512 bytes), in C.
+
+    Adler-32's low half is ``1 + sum`` modulo 65521, and the bytes read as a little-endian
+    integer are ``sum`` modulo 255 (256 is 1 modulo 255); 65521 * 255 exceeds the sum of 512
+    bytes, so the two residues fix it (Chinese remainder): two C calls instead of a Python loop.
+    """
+    if len(raw) > BLOCK:
+        return sum(raw)
+    low = ((zlib.adler32(raw) & 0xFFFF) - 1) % _ADLER_MOD
+    rest = int.from_bytes(raw, "little") % 255
+    while low % 255 != rest:
+        low += _ADLER_MOD
+    return low
 
 
 def member_name(header: bytes | bytearray | memoryview) -> str:
@@ -216,6 +237,22 @@ def name_fields(headers: Headers) -> Headers:
     return headers[:, NAME]
 
 
+class _Where:
+    """``"SOURCE at byte N"``, formatted only when an error message needs it."""
+
+    __slots__ = ("offset", "source")
+
+    def __init__(self, source: str, offset: int) -> None:
+        self.source = source
+        self.offset = offset
+
+    def __str__(self) -> str:
+        return f"{self.source} at byte {self.offset}"
+
+    def __format__(self, spec: str) -> str:
+        return format(str(self), spec)
+
+
 @dataclass(slots=True, frozen=True)
 class Member:
     """One regular member found in a buffer: its name and where its data lies.
@@ -230,7 +267,7 @@ class Member:
     size: int
 
 
-def _parse_pax(data: bytes, where: str) -> dict[str, str]:
+def _parse_pax(data: bytes, where: str | _Where) -> dict[str, str]:
     """The records ``LENGTH KEY=VALUE\\n`` of a PAX extended header's data."""
     records: dict[str, str] = {}
     pos, end = 0, len(data)
@@ -261,14 +298,16 @@ def _parse_pax(data: bytes, where: str) -> dict[str, str]:
     return records
 
 
-def _pax_size(pax: dict[str, str], where: str) -> int:
+def _pax_size(pax: dict[str, str], where: str | _Where) -> int:
     value = pax["size"]
     if not value.isascii() or not value.isdigit():
         raise ShardFormatError(f"{where}: PAX size {value[:40]!r} is not a byte count")
     return int(value)
 
 
-def _extension_data(view: memoryview, data_offset: int, size: int, stop: int, where: str) -> bytes:
+def _extension_data(
+    view: memoryview, data_offset: int, size: int, stop: int, where: str | _Where
+) -> bytes:
     """The data of a PAX or GNU long-name header, which must lie before ``stop``."""
     if data_offset + size > stop:
         raise ShardFormatError(
@@ -281,14 +320,14 @@ def _extension_data(view: memoryview, data_offset: int, size: int, stop: int, wh
     return bytes(view[data_offset : data_offset + size])
 
 
-def _long_name(data: bytes, where: str) -> str:
+def _long_name(data: bytes, where: str | _Where) -> str:
     name = data.split(b"\0", 1)[0]
     if not name:
         raise ShardFormatError(f"{where}: empty GNU long name")
     return name.decode("utf-8", "surrogateescape")
 
 
-def _member_name(header: memoryview, pax: dict[str, str], long_name: str | None) -> str:
+def _member_name(header: bytes | memoryview, pax: dict[str, str], long_name: str | None) -> str:
     if "path" in pax:
         return pax["path"]
     if long_name is not None:
@@ -321,22 +360,22 @@ def iter_members(
     pax: dict[str, str] = {}
     first_header: int | None = None  # start of the extension headers of the next member
     while pos + BLOCK <= stop:
-        header = view[pos : pos + BLOCK]
-        if header[0] == 0 and not any(header):
+        header = bytes(view[pos : pos + BLOCK])
+        if header[0] == 0 and not header.strip(b"\0"):
             return
-        where = f"{source} at byte {base_offset + pos}"
         if not checksum_ok(header):
-            raise ShardFormatError(f"{where}: corrupt tar header (checksum mismatch)")
+            at = f"{source} at byte {base_offset + pos}"
+            raise ShardFormatError(f"{at}: corrupt tar header (checksum mismatch)")
         size = parse_octal(header[SIZE])
         if size is None:
-            raise ShardFormatError(f"{where}: bad size field {bytes(header[SIZE])!r}")
-        typeflag = bytes(header[TYPEFLAG])
+            at = f"{source} at byte {base_offset + pos}"
+            raise ShardFormatError(f"{at}: bad size field {header[SIZE]!r}")
+        typeflag = header[TYPEFLAG]
         data_offset = pos + BLOCK
+        where = _Where(source, base_offset + pos)
         if typeflag in REGULAR_TYPES:
             # a PAX size overrides the header's; errors name the chain's first header
-            chain = (
-                where if first_header is None else f"{source} at byte {base_offset + first_header}"
-            )
+            chain = where if first_header is None else _Where(source, base_offset + first_header)
             size = _pax_size(pax, chain) if "size" in pax else size
             if data_offset + size > len(view):
                 what = "PAX size" if "size" in pax else "member data"

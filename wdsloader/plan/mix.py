@@ -18,8 +18,10 @@ process. Quotas use the largest-remainder (Hamilton) method in exact rational ar
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
+from typing import overload
 
 import numpy as np
 
@@ -32,8 +34,10 @@ from wdsloader.plan.resume import Resume
 
 __all__ = [
     "Batch",
+    "GlobalIds",
     "MixEpoch",
     "MixTopology",
+    "MixedBatches",
     "epoch_offsets",
     "mix_dropped",
     "mix_num_batches",
@@ -49,9 +53,12 @@ __all__ = [
 # ------------------------------------------------------------------------ keyed permutation
 
 
+@functools.lru_cache(maxsize=256)
 def _key(*parts: int) -> np.ndarray:
-    """Feistel round keys (uint64) from integer parts, the same on every platform."""
+    """Feistel round keys (uint64) from integer parts, the same on every platform (cached,
+    read-only)."""
     keys: np.ndarray = np.random.SeedSequence([*parts]).generate_state(ROUNDS, np.uint64)
+    keys.flags.writeable = False
     return keys
 
 
@@ -261,9 +268,60 @@ def mix_dropped(me: MixEpoch, topo: MixTopology) -> int:
     return me.length % (topo.world_size * topo.batch_size) if topo.drop_last else 0
 
 
+class MixedBatches(Sequence[Batch]):
+    """``batching="mixed"``: the batches one worker yields, computed when indexed (a slice in
+    one go: one evaluation of the keyed orders for all its samples)."""
+
+    def __init__(self, me: MixEpoch, positions: Sequence[np.ndarray]) -> None:
+        self.me, self.positions = me, positions
+
+    def __len__(self) -> int:
+        return len(self.positions)
+
+    @overload
+    def __getitem__(self, index: int) -> Batch: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> list[Batch]: ...
+
+    def __getitem__(self, index: int | slice) -> Batch | list[Batch]:
+        if not isinstance(index, slice):
+            return mixed_layout(self.me, self.positions[index])
+        parts = self.positions[index]
+        if not parts:
+            return []
+        src, ids = mixed_layout(self.me, np.concatenate(parts))
+        cuts = np.cumsum([len(p) for p in parts])[:-1]
+        return list(zip(np.split(src, cuts), np.split(ids, cuts), strict=True))
+
+
+class GlobalIds(Sequence[np.ndarray]):
+    """Batches of ``(source, id)`` as ids of the sources' samples concatenated:
+    ``offsets[source] + id`` (computed when indexed)."""
+
+    def __init__(self, batches: Sequence[Batch], offsets: np.ndarray) -> None:
+        self.batches, self.offsets = batches, np.asarray(offsets, dtype=np.int64)
+
+    def __len__(self) -> int:
+        return len(self.batches)
+
+    @overload
+    def __getitem__(self, index: int) -> np.ndarray: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> list[np.ndarray]: ...
+
+    def __getitem__(self, index: int | slice) -> np.ndarray | list[np.ndarray]:
+        if not isinstance(index, slice):
+            src, ids = self.batches[index]
+            out: np.ndarray = self.offsets[src] + ids
+            return out
+        return [self.offsets[src] + ids for src, ids in self.batches[index]]
+
+
 def mix_worker_batches(
     me: MixEpoch, topo: MixTopology, rank: int, worker: int, resume: Resume | None = None
-) -> list[Batch]:
+) -> Sequence[Batch]:
     """The batches DataLoader worker ``worker`` of ``rank`` yields (from ``resume`` on, as
     :func:`mix_num_batches`): rank batches ``worker, worker + num_workers, ...`` (torch's
     round-robin over workers, as :func:`~wdsloader.plan.worker_batches`). ``batching="mixed"``
@@ -272,8 +330,7 @@ def mix_worker_batches(
     worker = as_int(worker, "worker", 0, topo.num_workers - 1)
     if topo.batching == "mixed":
         cfg = mix_plan_config(me, topo)
-        plan = worker_batches(cfg, me.epoch, rank, worker, _on(resume, cfg))
-        return [mixed_layout(me, pos) for pos in plan]
+        return MixedBatches(me, worker_batches(cfg, me.epoch, rank, worker, _on(resume, cfg)))
     strata = _strata(me, topo)
     first = _strata_done(topo, resume) + worker
     return [

@@ -395,8 +395,8 @@ class ShardStreamDataset(IterableDataset):
         return src
 
     def _count_sources(self, worker: int, src: np.ndarray) -> None:
-        counts = np.bincount(src, minlength=len(self._offsets))
-        self._source_counts[worker] += torch.from_numpy(counts)
+        row = self._source_counts.numpy()[worker]  # a view: no torch dispatch per batch
+        row += np.bincount(src, minlength=row.size)
 
     def _failed(self, raw: RawBatch, j: int, exc: WdsLoaderError, worker: int, count: bool) -> None:
         """Sample ``j`` of ``raw`` failed with ``exc``: raise it naming the sample

@@ -225,3 +225,18 @@ def test_mix_options_need_a_mix_and_valid_values(data):
         create_loader(_sources(data), "train", 4, batching="random", epoch_samples=200)
     with pytest.raises(ValueError, match=r"sources share the names \['small'\]"):
         create_loader([Source(data / "small"), Source(data / "small")], "train", 4)
+
+
+def test_stratified_resumes_exactly_but_not_on_another_topology(data):
+    srcs = [Source(data / n, weight=w) for n, w in (("small", 0.1), ("mid", 0.3), ("big", 0.6))]
+
+    def make(**kw):
+        return _loader(data, srcs, batching="stratified", epoch_samples=600, **kw)
+
+    full = _play(make(), 1)["seen"][0]
+    head = _play(make(), 1, stop=(0, 23))
+    again = make()
+    again.load_state_dict(head["state"])
+    assert head["seen"][0] + _play(again, 1)["seen"][0] == full
+    with pytest.raises(StateMismatchError, match=r'stratified" resumes only on the topology'):
+        make(num_workers=2).load_state_dict(head["state"])

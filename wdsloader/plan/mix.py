@@ -68,7 +68,12 @@ def _permute(n: int, keys: np.ndarray, x: np.ndarray) -> np.ndarray:
     if n <= 1:
         same: np.ndarray = x.copy()
         return same
-    return KeyedPermutation(n, keys)(x)
+    perm = KeyedPermutation(n, keys)
+    lo, hi = int(x.min(initial=0)), int(x.max(initial=-1)) + 1
+    if 0 < hi - lo <= x.size // 2:  # values from a narrow range, many repeated: each once
+        out: np.ndarray = perm(np.arange(lo, hi, dtype=np.int64))[x - lo]
+        return out
+    return perm(x)
 
 
 # ----------------------------------------------------------------------------------- stream

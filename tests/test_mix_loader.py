@@ -240,3 +240,22 @@ def test_stratified_resumes_exactly_but_not_on_another_topology(data):
     assert head["seen"][0] + _play(again, 1)["seen"][0] == full
     with pytest.raises(StateMismatchError, match=r'stratified" resumes only on the topology'):
         make(num_workers=2).load_state_dict(head["state"])
+
+
+@pytest.mark.parametrize("gather", [True, False])
+def test_a_curriculum_the_sources_share_applies_to_every_sample(tmp_path, gather):
+    from tests.test_curriculum_loader import CURR, variant_value, write_curriculum_dataset
+
+    a = write_curriculum_dataset(tmp_path / "a", [30], CURR)
+    b = write_curriculum_dataset(tmp_path / "b", [11, 9], CURR)
+    srcs = [Source(a, repeat=1), Source(b, repeat=2)]
+    loader = create_loader(srcs, "train", 7, source_field="src", gather=gather, drop_last=False)
+    seen = Counter()
+    for batch in loader:
+        assert set(batch) >= {"steering", "steering_variant", "src", "idx"}
+        for j in range(len(batch["__key__"])):
+            v, i = int(batch["steering_variant"][j]), int(batch["idx"][j])
+            want = np.zeros(4, np.float32) if v == 0 else variant_value(i, v)
+            assert batch["steering"][j].numpy().tolist() == want.tolist()
+            seen[int(batch["src"][j])] += 1
+    assert seen == {0: 30, 1: 40}  # each sample of a once, of b twice

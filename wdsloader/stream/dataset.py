@@ -16,7 +16,6 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
-import torch
 from torch.utils.data import IterableDataset, get_worker_info
 
 from wdsloader import plan
@@ -28,14 +27,7 @@ from wdsloader.decode.variants import Variants
 from wdsloader.errors import SkipLimitError, WdsLoaderError
 from wdsloader.format import FieldSpec, Manifest, ShardInfo
 from wdsloader.io.fetch import ShardStore
-from wdsloader.plan.mix import (
-    GlobalIds,
-    MixTopology,
-    mix_dropped,
-    mix_num_batches,
-    mix_padding,
-    mix_worker_batches,
-)
+from wdsloader.mix.runtime import MixPlanner, SourceTags
 from wdsloader.stream.control import Control
 from wdsloader.stream.reader import BatchReader, close_store
 from wdsloader.stream.state import resume_from_dict, resume_to_dict, shards_digest
@@ -48,7 +40,6 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 ON_ERROR = ("raise", "skip")
-_SRC = "\0source"  # a decoded sample's source index, until it is counted (and maybe renamed)
 
 
 @dataclass(slots=True)
@@ -120,12 +111,10 @@ class ShardStreamDataset(IterableDataset):
         self.curriculum = curriculum
         self.control = Control(config.num_workers)
         self.mix = mix
-        if mix is not None:  # samples per worker and source, shared with the main process
-            self._shard_source = mix.shard_source()
-            self._offsets = mix.offsets
-            self._source_counts = torch.zeros(
-                (config.num_workers, len(mix.sources)), dtype=torch.int64
-            ).share_memory_()
+        self._mix: MixPlanner | None = None
+        self._tags: SourceTags | None = None
+        if mix is not None:
+            self._mix, self._tags = MixPlanner(mix, config), SourceTags(mix, config.num_workers)
         schema = manifest.schema
         self.fields: tuple[str, ...] | None = (
             decoder.fields if decoder.fields is not None
@@ -182,48 +171,37 @@ class ShardStreamDataset(IterableDataset):
         return self.num_batches(self.control.epoch)
 
     # -- the plan: one source, or a mix --------------------------------------------------------
-    def _mix_plan(self, epoch: int) -> tuple[Any, MixTopology]:
-        assert self.mix is not None
-        cfg = self.config
-        topo = MixTopology(
-            batch_size=cfg.batch_size, world_size=cfg.world_size, num_workers=cfg.num_workers,
-            drop_last=cfg.drop_last, window=cfg.window, batching=self.mix.batching,
-        )  # fmt: skip
-        return self.mix.epoch(epoch, seed=cfg.seed, block=cfg.span), topo
-
     def num_batches(self, epoch: int, resume: plan.Resume | None = None) -> int:
         """Batches every rank yields in ``epoch`` (from ``resume`` on)."""
-        if self.mix is None:
+        if self._mix is None:
             return plan.num_batches(self.config, epoch=epoch, resume=resume)
-        return mix_num_batches(*self._mix_plan(epoch), resume)
+        return self._mix.num_batches(epoch, resume)
 
     def padding(self) -> int:
         """Samples repeated in the current epoch so every rank gets the same batches."""
-        if self.mix is None:
+        if self._mix is None:
             return plan.epoch_padding(self.config, epoch=self.epoch)
-        return mix_padding(*self._mix_plan(self.epoch))
+        return self._mix.padding(self.epoch)
 
     def dropped(self) -> int:
         """Samples left out of the current epoch so every batch is full."""
-        if self.mix is None:
+        if self._mix is None:
             return plan.epoch_dropped(self.config, epoch=self.epoch)
-        return mix_dropped(*self._mix_plan(self.epoch))
+        return self._mix.dropped(self.epoch)
 
     def worker_batches(
         self, epoch: int, worker: int, resume: plan.Resume | None
     ) -> Sequence[np.ndarray]:
         """The split-wide sample ids of each batch DataLoader worker ``worker`` yields."""
-        if self.mix is None:
+        if self._mix is None:
             return plan.worker_batches(self.config, epoch, self.rank, worker, resume)
-        me, topo = self._mix_plan(epoch)
-        return GlobalIds(mix_worker_batches(me, topo, self.rank, worker, resume), self._offsets)
+        return self._mix.worker_batches(epoch, self.rank, worker, resume)
 
     def counters(self) -> dict[str, int]:
         """Counters summed over workers; with a mix also ``samples/<source name>``."""
         out = self.control.counters()
-        if self.mix is not None:
-            totals = self._source_counts.sum(dim=0).tolist()
-            out.update({f"samples/{n}": v for n, v in zip(self.mix.names, totals, strict=True)})
+        if self._tags is not None:
+            out.update(self._tags.counters())
         return out
 
     def resume_point(self) -> plan.Resume | None:
@@ -322,7 +300,8 @@ class ShardStreamDataset(IterableDataset):
             refill.found,
         )
         samples = [dict(sample) for sample in refill.samples or []]
-        self._take_sources(samples)
+        if self._tags is not None:
+            self._tags.take(samples)
         return self.collate_fn(samples)
 
     # -- decoding ------------------------------------------------------------------------------
@@ -336,25 +315,26 @@ class ShardStreamDataset(IterableDataset):
         decoded = None if self.columnar is None else self.columnar.decode(raw, epoch, forced)
         if isinstance(decoded, Columns):
             columns = decoded.columns
-            src = self._source_column(raw)
-            if src is not None and self.mix is not None and self.mix.source_field is not None:
-                columns[self.mix.source_field] = src
+            tags = self._tags
+            if tags is not None:
+                tags.tag_columns(columns, tags.of(raw.shard))
             if decoded.errors:
                 for j, exc in decoded.errors.items():
                     self._failed(raw, j, exc, worker, count)
                 columns = decoded.without(decoded.errors)
             n = len(columns["__key__"])
-            if count and src is not None:
-                self._count_sources(worker, np.delete(src, list(decoded.errors)))
+            if count and tags is not None:
+                tags.count(worker, np.delete(tags.of(raw.shard), list(decoded.errors)))
             if count:
                 self.control.add(worker, "samples", n)
                 self.control.add(worker, "batches")
                 self.control.add(worker, "gathered_batches")
             return _collate_columns(self.collate_fn, columns) if n else None
         samples = self._decode_rows(raw, worker, epoch, forced, count)
-        src = self._take_sources(samples)
-        if count and src is not None:
-            self._count_sources(worker, src)
+        if self._tags is not None:
+            src = self._tags.take(samples)
+            if count:
+                self._tags.count(worker, src)
         if count:
             self.control.add(worker, "samples", len(samples))
             self.control.add(worker, "batches")
@@ -365,38 +345,15 @@ class ShardStreamDataset(IterableDataset):
     ) -> list[dict[str, Any]]:
         """The samples of ``raw`` decoded one by one (those that fail raised or skipped)."""
         samples: list[dict[str, Any]] = []
-        src = self._source_column(raw)
+        src = None if self._tags is None else self._tags.of(raw.shard)
         for j, sample in self.rows.decode(raw, epoch, forced):
             if isinstance(sample, WdsLoaderError):
                 self._failed(raw, j, sample, worker, count)
             else:
                 if src is not None:
-                    sample[_SRC] = int(src[j])
+                    sample[SourceTags.KEY] = int(src[j])
                 samples.append(sample)
         return samples
-
-    def _source_column(self, raw: RawBatch) -> np.ndarray | None:
-        """The source index of each sample of ``raw`` (None without a mix)."""
-        if self.mix is None:
-            return None
-        out: np.ndarray = self._shard_source[np.asarray(raw.shard, dtype=np.int64)]
-        return out
-
-    def _take_sources(self, samples: list[dict[str, Any]]) -> np.ndarray | None:
-        """The source indexes the samples carry (None without a mix), moved to the source
-        field when there is one."""
-        if self.mix is None:
-            return None
-        field = self.mix.source_field
-        src = np.asarray([sample.pop(_SRC) for sample in samples], dtype=np.int64)
-        if field is not None:
-            for sample, index in zip(samples, src.tolist(), strict=True):
-                sample[field] = index
-        return src
-
-    def _count_sources(self, worker: int, src: np.ndarray) -> None:
-        row = self._source_counts.numpy()[worker]  # a view: no torch dispatch per batch
-        row += np.bincount(src, minlength=row.size)
 
     def _failed(self, raw: RawBatch, j: int, exc: WdsLoaderError, worker: int, count: bool) -> None:
         """Sample ``j`` of ``raw`` failed with ``exc``: raise it naming the sample

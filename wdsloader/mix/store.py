@@ -3,15 +3,17 @@ store of its own dataset."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
 
-from wdsloader.format import ShardInfo
+from wdsloader.format import Manifest, ShardInfo
 from wdsloader.io.fetch import ShardStore
+from wdsloader.mix.source import Source, mix_names
+from wdsloader.mix.spec import MixSpec, merge_manifests
 
-__all__ = ["MixStore"]
+__all__ = ["MixStore", "open_mix"]
 
 Request = tuple[ShardInfo, int, int]
 
@@ -123,3 +125,27 @@ class MixStore:
                 positions[k] = at + p
             at += size
         return buf, positions
+
+
+def open_mix(
+    sources: Sequence[Source],
+    split: str,
+    fields: Sequence[str] | None,
+    mix_options: dict[str, Any],
+    open_one: Callable[[str], tuple[ShardStore, Manifest]],
+) -> tuple[MixStore, Manifest, MixSpec]:
+    """The store over every source's shards (each opened by ``open_one(url)``), the one manifest
+    they are read through (schemas checked to agree on ``fields``) and the mix spec with
+    ``mix_options`` (weights, epoch_samples, batching, source_field)."""
+    names = mix_names(sources)
+    opened = [open_one(str(src.url)) for src in sources]
+    manifests = [m for _, m in opened]
+    merged = merge_manifests(names, manifests, split, fields)
+    counts = [len(m.split(split).shards) for m in manifests]
+    store_of = [i for i, n in enumerate(counts) for _ in range(n)]
+    store = MixStore([st for st, _ in opened], merged.split(split).shards, store_of)
+    spec = MixSpec(
+        sources=tuple(sources), sizes=tuple(m.split(split).num_samples for m in manifests),
+        shards=tuple(counts), **mix_options,
+    )  # fmt: skip
+    return store, merged, spec

@@ -287,35 +287,6 @@ def _open(
     return store, manifest
 
 
-def _open_mix(
-    sources: Sequence[Source],
-    options: ReadOptions,
-    check_shards: bool,
-    split: str,
-    fields: Sequence[str] | None,
-    mix_options: dict[str, Any],
-) -> tuple[MixStore, Manifest, MixSpec]:
-    """The store over every source's shards, the one manifest they are read through (schemas
-    checked to agree on ``fields``) and the mix spec."""
-    from wdsloader.mix.source import mix_names
-    from wdsloader.mix.spec import MixSpec, merge_manifests
-    from wdsloader.mix.store import MixStore
-
-    names = mix_names(sources)
-    opened = [_open(str(src.url), options, check_shards, split) for src in sources]
-    manifests = [m for _, m in opened]
-    merged = merge_manifests(names, manifests, split, fields)
-    shards = merged.split(split).shards
-    counts = [len(m.split(split).shards) for m in manifests]
-    store_of = [i for i, n in enumerate(counts) for _ in range(n)]
-    store = MixStore([st for st, _ in opened], shards, store_of)
-    spec = MixSpec(
-        sources=tuple(sources), sizes=tuple(m.split(split).num_samples for m in manifests),
-        shards=tuple(counts), **mix_options,
-    )  # fmt: skip
-    return store, merged, spec
-
-
 def build_dataset(
     config: LoaderConfig, manifest: Manifest, store: ShardStore | MixStore
 ) -> ShardStreamDataset:
@@ -480,9 +451,12 @@ def create_loader(
         store, manifest = _open(root, options, check_shards, split)
     else:
         mix_options["batching"] = batching or "mixed"
-        store, manifest, mix = _open_mix(
-            list(dataset_dir), options, check_shards, split, fields, mix_options
-        )
+        from wdsloader.mix.store import open_mix
+
+        store, manifest, mix = open_mix(
+            list(dataset_dir), split, fields, mix_options,
+            lambda url: _open(url, options, check_shards, split),
+        )  # fmt: skip
         root = "+".join(mix.names)
     config = resolve_config(
         manifest, split, batch_size, rank=r, world_size=world, remote=not store.reads_locally,

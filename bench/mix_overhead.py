@@ -1,10 +1,13 @@
-"""MultiDataLoader over three datasets vs one loader over the same bytes: samples/s and ratio.
+"""Three datasets mixed (by MultiDataLoader, and sample by sample) vs one loader over the same
+bytes: samples/s and ratios.
 
 python bench/mix_overhead.py [--samples 60000] [--batch-size 256] [--workers 0] [--repeats 3]
     [--persistent]
 
 The single dataset holds the three corpora's samples together; the mix reads the three datasets
-through ``MultiDataLoader`` (WEIGHTED in proportion to their sizes, so each sample once per epoch).
+through ``MultiDataLoader`` (WEIGHTED in proportion to their sizes, so each sample once per epoch)
+and through one ``create_loader`` over a list of ``Source`` (each once per epoch, every batch
+mixing the three: the sample-level mix).
 Both read the same bytes from the page cache; runs alternate, and the best of ``--repeats``
 epochs of each is reported.
 """
@@ -20,6 +23,7 @@ import numpy as np
 
 from build_shards import build_shards
 from wdsloader import MultiDataLoader, MultiDataLoaderConfig, create_loader
+from wdsloader.mix import Source
 
 SHARES = {"a": 0.6, "b": 0.3, "c": 0.1}
 
@@ -76,18 +80,24 @@ def main() -> None:
             loaders,
             MultiDataLoaderConfig(sampling_strategy="weighted", dataloader_weights=lengths),
         )
-        epoch_rate(single), epoch_rate(mix)  # warm the page cache and the code paths
-        best = {"single": 0.0, "mix": 0.0}
+        sources = [Source(root / k) for k in sizes]  # each once per epoch
+        mixed = create_loader(sources, "train", args.batch_size, **kw)
+        runs = {"single": single, "mix": mix, "sources": mixed}
+        for loader in runs.values():  # warm the page cache and the code paths
+            epoch_rate(loader)
+        best = dict.fromkeys(runs, 0.0)
         for _ in range(args.repeats):
-            best["single"] = max(best["single"], epoch_rate(single))
-            best["mix"] = max(best["mix"], epoch_rate(mix))
+            for name, loader in runs.items():
+                best[name] = max(best[name], epoch_rate(loader))
     print(
         f"samples {sum(sizes.values())} batch {args.batch_size} workers {args.workers}"
         f"{' persistent' if args.persistent else ''}"
     )
     print(f"single loader      {best['single']:>10.0f} samples/s")
     print(f"MultiDataLoader x3 {best['mix']:>10.0f} samples/s")
+    print(f"Source mix x3      {best['sources']:>10.0f} samples/s")
     print(f"ratio mix/single   {best['mix'] / best['single']:>10.3f}")
+    print(f"ratio Source/single{best['sources'] / best['single']:>10.3f}")
 
 
 if __name__ == "__main__":

@@ -1,4 +1,4 @@
-"""Mix three corpora 0.6/0.3/0.1 with a MultiDataLoader, checkpoint mid-epoch and resume exactly.
+"""Mix three corpora 0.6/0.3/0.1, by loaders and by samples; checkpoint mid-epoch, resume exactly.
 
 python examples/mixing.py [--out mixing_out] [--small]
 
@@ -8,6 +8,11 @@ from one of them: exactly its largest-remainder quota of the epoch's steps, even
 The small corpora are cycled (each pass a new epoch of their loader). A first run stops in the
 middle of epoch 0 and saves ``state_dict()``; new loaders load it and play the rest of the two
 epochs, which the script checks against an uninterrupted run.
+
+Then the same corpora are mixed sample by sample: ``create_loader`` over a list of ``Source``
+with weights 0.6/0.3/0.1 gives every batch samples of all three, each source exactly its
+largest-remainder quota of the epoch (the curated corpus repeated, each sample k or k+1 times),
+with the same checkpoint and resume, and each source's share per epoch printed against its quota.
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ import numpy as np
 
 from build_shards import build_shards
 from wdsloader import MultiDataLoader, MultiDataLoaderConfig, create_loader
+from wdsloader.mix import Source, mix_quotas_for
 from wdsloader.plan.quotas import largest_remainder
 
 WEIGHTS = {"web": 0.6, "code": 0.3, "curated": 0.1}
@@ -59,6 +65,58 @@ def play(mdl: MultiDataLoader, epochs: int, stop_after: int | None = None) -> li
             if stop_after is not None and len(seen) == stop_after:
                 return seen
     return seen
+
+
+def sample_mix(root: Path, batch_size: int, epoch_samples: int):
+    """One loader over the three corpora mixed sample by sample (field ``source``: the index),
+    ``epoch_samples`` a whole number of batches (nothing dropped: the quotas are exact)."""
+    sources = [Source(root / name, weight=w) for name, w in WEIGHTS.items()]
+    return create_loader(sources, "train", batch_size, seed=1, source_field="source",
+                         epoch_samples=epoch_samples)  # fmt: skip
+
+
+def play_samples(loader, epochs: int, stop_after: int | None = None) -> list[list]:
+    """(epoch, sources, keys) of every batch, up to ``stop_after`` batches."""
+    seen: list[list] = []
+    while loader.dataset_obj.epoch < epochs:
+        epoch = loader.dataset_obj.epoch
+        for batch in loader:
+            seen.append([epoch, batch["source"].tolist(), list(batch["__key__"])])
+            if stop_after is not None and len(seen) == stop_after:
+                return seen
+    return seen
+
+
+def sample_level(out: Path, sizes: dict[str, int], batch_size: int) -> None:
+    epoch_samples = sum(sizes.values()) // batch_size * batch_size
+    full = play_samples(sample_mix(out, batch_size, epoch_samples), epochs=2)
+    steps = len(sample_mix(out, batch_size, epoch_samples))
+    half = steps // 2
+    first = sample_mix(out, batch_size, epoch_samples)
+    head = play_samples(first, epochs=2, stop_after=half)
+    checkpoint = out / "sample_mix_state.json"
+    checkpoint.write_text(json.dumps(first.state_dict()))
+    resumed = sample_mix(out, batch_size, epoch_samples)
+    resumed.load_state_dict(json.loads(checkpoint.read_text()))
+    tail = play_samples(resumed, epochs=2)
+    mixed = sum(len(set(srcs)) == 3 for _, srcs, _ in full)
+    print(f"sample-level mix: {steps} batches of {batch_size} per epoch; "
+          f"{mixed} of {len(full)} batches hold all three sources")  # fmt: skip
+    print(f"sample-level checkpoint after {half} batches, resumed: {head + tail == full}")
+    names = list(WEIGHTS)
+    sources = [Source(out / name, weight=w) for name, w in WEIGHTS.items()]
+    print(f"{'level':>6} {'epoch':>5} {'source':>8} {'samples':>7} {'quota':>6} {'share':>6} "
+          f"{'weight':>6} passes")  # fmt: skip
+    for epoch in (0, 1):
+        quotas = mix_quotas_for(sources, list(sizes.values()), epoch, epoch_samples=epoch_samples)
+        counts = Counter(s for e, srcs, _ in full if e == epoch for s in srcs)
+        total = sum(counts.values())
+        for i, name in enumerate(names):
+            n = counts[i]
+            print(
+                f"{'sample':>6} {epoch:>5} {name:>8} {n:>7} {quotas[i]:>6} {n / total:>6.3f} "
+                f"{WEIGHTS[name]:>6.3f} {n / sizes[name]:>6.2f}"
+            )
 
 
 def main() -> None:
@@ -103,6 +161,7 @@ def main() -> None:
                 f"{epoch:>5} {name:>8} {n:>6} {quota:>6} {n / steps:>6.3f} {weight:>6.3f} "
                 f"{n / per_pass:>6.2f}"
             )
+    sample_level(out, sizes, args.batch_size)
     print(f"done in {time.perf_counter() - t0:.1f}s")
 
 

@@ -32,3 +32,12 @@ def test_mixing_example_small(tmp_path):
         for name, steps in (("web", "92"), ("code", "46"), ("curated", "15"))
     ]
     assert [r[6] for r in rows[:3]] == ["0.74", "1.84", "5.00"]  # the short ones cycle
+    # the sample-level mix: exact quotas of 2448 samples (153 batches of 16), exact resume
+    assert "sample-level checkpoint after 76 batches, resumed: True" in out
+    sample = [line.split() for line in out.splitlines() if line.startswith("sample ")]
+    assert [(r[1], r[2], r[3], r[4]) for r in sample] == [
+        (e, name, q, q)  # samples == the largest-remainder quota (1468.8, 734.4, 244.8)
+        for e in ("0", "1")
+        for name, q in (("web", "1469"), ("code", "734"), ("curated", "245"))
+    ]
+    assert [r[7] for r in sample[:3]] == ["0.73", "1.83", "4.08"]  # curated repeated ~4 times

@@ -14,12 +14,14 @@ from hypothesis import strategies as st
 
 from wdsloader.curriculum import linear, steps
 from wdsloader.mix import Source, mix_epoch, mix_quotas_for
+from wdsloader.plan import Resume
 from wdsloader.plan.mix import (
     MixEpoch,
     MixTopology,
     _key,
-    keyed_permutation,
+    _permute,
     mix_num_batches,
+    mix_plan_config,
     mix_rank_batches,
     mix_worker_batches,
     mixed_layout,
@@ -170,13 +172,13 @@ def test_selection_repeats_no_sample_before_its_source_is_used_up(size, block, q
         offset += q
 
 
-def test_keyed_permutation_is_a_bijection_and_depends_on_the_key():
+def test_the_source_order_permutation_depends_on_the_key():
     for n in (1, 2, 3, 7, 64, 1000, 4099):
-        perm = keyed_permutation(n, _key(1, n), np.arange(n))
+        perm = _permute(n, _key(1, n), np.arange(n))
         assert sorted(perm.tolist()) == list(range(n))
-    a = keyed_permutation(1000, _key(1), np.arange(1000))
-    assert a.tolist() != keyed_permutation(1000, _key(2), np.arange(1000)).tolist()
-    assert a.tolist() == keyed_permutation(1000, _key(1), np.arange(1000)).tolist()
+    a = _permute(1000, _key(1), np.arange(1000))
+    assert a.tolist() != _permute(1000, _key(2), np.arange(1000)).tolist()
+    assert a.tolist() == _permute(1000, _key(1), np.arange(1000)).tolist()
 
 
 # ------------------------------------------------------------------------------------ order
@@ -209,9 +211,7 @@ def test_mixed_layout_matches_the_materialised_reference(me, data):
         for s, ids in enumerate(per_source)
         for i in range(0, len(ids) - len(ids) % b, b)
     ]
-    order = keyed_permutation(
-        len(whole), _key(me.seed, me.epoch, 0xB10C_5EED), np.arange(len(whole))
-    )
+    order = _permute(len(whole), _key(me.seed, me.epoch, 0xB10C_5EED), np.arange(len(whole)))
     reference = short + [p for i in order.tolist() for p in whole[i]]
     src, ids = mixed_layout(me, np.arange(me.length))
     assert list(zip(src.tolist(), ids.tolist(), strict=True)) == reference
@@ -321,7 +321,8 @@ def test_resuming_after_k_batches_yields_exactly_the_rest(
     k = data.draw(st.integers(0, n))
     for rank in range(world):
         full = mix_rank_batches(me, topo, rank)
-        lists = [mix_worker_batches(me, topo, rank, i, batches_done=k) for i in range(workers)]
+        resume = Resume(mix_plan_config(me, topo), k) if k else None
+        lists = [mix_worker_batches(me, topo, rank, i, resume) for i in range(workers)]
         longest = max(len(x) for x in lists)
         rest = [lst[j] for j in range(longest) for lst in lists if j < len(lst)]
         assert [(s.tolist(), i.tolist()) for s, i in rest] == [

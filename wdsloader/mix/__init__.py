@@ -10,9 +10,12 @@ from wdsloader.mix.schedule import (
     epoch_steps,
 )
 from wdsloader.mix.source import Source, mix_epoch, mix_names, mix_quotas_for
+from wdsloader.mix.spec import MIX_ALGORITHM, MixSpec
 
 __all__ = [
+    "MIX_ALGORITHM",
     "EpochLengthPolicy",
+    "MixSpec",
     "MixStep",
     "MultiDataLoader",
     "MultiDataLoaderConfig",

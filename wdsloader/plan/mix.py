@@ -18,22 +18,31 @@ process. Quotas use the largest-remainder (Hamilton) method in exact rational ar
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, replace
+from typing import overload
 
 import numpy as np
 
 from wdsloader.format.checks import as_int
+from wdsloader.plan.batches import epoch_dropped, epoch_padding, num_batches, worker_batches
+from wdsloader.plan.config import PlanConfig
+from wdsloader.plan.order import ROUNDS, KeyedPermutation
 from wdsloader.plan.quotas import largest_remainder
+from wdsloader.plan.resume import Resume
 
 __all__ = [
     "Batch",
+    "GlobalIds",
     "MixEpoch",
     "MixTopology",
+    "MixedBatches",
     "epoch_offsets",
-    "keyed_permutation",
+    "mix_dropped",
     "mix_num_batches",
+    "mix_padding",
+    "mix_plan_config",
     "mix_rank_batches",
     "mix_worker_batches",
     "mixed_layout",
@@ -43,46 +52,28 @@ __all__ = [
 
 # ------------------------------------------------------------------------ keyed permutation
 
-_M1 = np.uint64(0xBF58476D1CE4E5B9)
-_M2 = np.uint64(0x94D049BB133111EB)
-_ROUNDS = 6
 
-
+@functools.lru_cache(maxsize=256)
 def _key(*parts: int) -> np.ndarray:
-    """Round keys (uint64) from integer parts, the same on every platform."""
-    keys: np.ndarray = np.random.SeedSequence([*parts]).generate_state(_ROUNDS, np.uint64)
+    """Feistel round keys (uint64) from integer parts, the same on every platform (cached,
+    read-only)."""
+    keys: np.ndarray = np.random.SeedSequence([*parts]).generate_state(ROUNDS, np.uint64)
+    keys.flags.writeable = False
     return keys
 
 
-def _mix64(x: np.ndarray) -> np.ndarray:
-    x = (x ^ (x >> np.uint64(30))) * _M1
-    x = (x ^ (x >> np.uint64(27))) * _M2
-    out: np.ndarray = x ^ (x >> np.uint64(31))
-    return out
-
-
-def keyed_permutation(n: int, keys: np.ndarray, x: np.ndarray) -> np.ndarray:
-    """A bijection of ``[0, n)`` chosen by ``keys``, evaluated at ``x`` (int64, each in
-    ``[0, n)``): a balanced Feistel network over the smallest even bit width holding ``n``,
-    repeated on values that leave ``[0, n)`` (cycle walking)."""
+def _permute(n: int, keys: np.ndarray, x: np.ndarray) -> np.ndarray:
+    """``x`` (int64 values in ``[0, n)``) through the keyed bijection of ``[0, n)``."""
     x = np.asarray(x, dtype=np.int64)
     if n <= 1:
         same: np.ndarray = x.copy()
         return same
-    bits = max(2, (n - 1).bit_length())
-    half = np.uint64((bits + 1) // 2)
-    mask = np.uint64((1 << int(half)) - 1)
-    y = x.astype(np.uint64)
-    todo = np.arange(y.size)
-    while todo.size:
-        v = y[todo]
-        left, right = v >> half, v & mask
-        for k in keys:
-            left, right = right, left ^ (_mix64(right ^ k) & mask)
-        v = (left << half) | right
-        y[todo] = v
-        todo = todo[v >= np.uint64(n)]
-    return y.astype(np.int64)
+    perm = KeyedPermutation(n, keys)
+    lo, hi = int(x.min(initial=0)), int(x.max(initial=-1)) + 1
+    if 0 < hi - lo <= x.size // 2:  # values from a narrow range, many repeated: each once
+        out: np.ndarray = perm(np.arange(lo, hi, dtype=np.int64))[x - lo]
+        return out
+    return perm(x)
 
 
 # ----------------------------------------------------------------------------------- stream
@@ -101,7 +92,7 @@ def source_ids(size: int, block: int, keys: np.ndarray, stream: np.ndarray) -> n
     out: np.ndarray = i.copy()
     inside = i < whole * block
     j = i[inside]
-    out[inside] = keyed_permutation(whole, keys, j // block) * block + j % block
+    out[inside] = _permute(whole, keys, j // block) * block + j % block
     return out
 
 
@@ -185,7 +176,7 @@ def mixed_layout(me: MixEpoch, positions: np.ndarray) -> tuple[np.ndarray, np.nd
     s = np.searchsorted(short_start, pos[head], side="right") - 1
     src[head], k[head] = s, whole[s] * b + pos[head] - short_start[s]
     rest = pos[~head] - n_short
-    blocks = keyed_permutation(int(whole.sum()), _key(me.seed, me.epoch, _BLOCK_TAG), rest // b)
+    blocks = _permute(int(whole.sum()), _key(me.seed, me.epoch, _BLOCK_TAG), rest // b)
     s = np.searchsorted(whole_start, blocks, side="right") - 1
     src[~head], k[~head] = s, (blocks - whole_start[s]) * b + rest % b
     return src, _to_ids(me, src, k)
@@ -212,10 +203,12 @@ class MixTopology:
             raise ValueError(f"batching must be 'mixed' or 'stratified', got {self.batching!r}")
 
 
-def _virtual(me: MixEpoch, topo: MixTopology) -> Any:
-    """The single-source plan over the epoch's positions (what deals the mixed order)."""
-    from wdsloader.plan import PlanConfig
+_TOPOLOGY = ("batch_size", "world_size", "num_workers", "drop_last", "window")
 
+
+def mix_plan_config(me: MixEpoch, topo: MixTopology) -> PlanConfig:
+    """``batching="mixed"``: the single-source plan over the epoch's positions that deals the
+    mixed order (rank ranges, worker chunks, window shuffle); its resumes are mix resumes."""
     return PlanConfig(
         counts=(me.length,), batch_size=topo.batch_size, world_size=topo.world_size,
         num_workers=topo.num_workers, seed=me.seed, shuffle=True, drop_last=topo.drop_last,
@@ -223,45 +216,138 @@ def _virtual(me: MixEpoch, topo: MixTopology) -> Any:
     )  # fmt: skip
 
 
+def _on(resume: Resume | None, base: PlanConfig) -> Resume | None:
+    """``resume`` (a chain whose configs give each run's topology) on the plan ``base``."""
+    if resume is None:
+        return None
+    cfg = replace(base, **{k: getattr(resume.config, k) for k in _TOPOLOGY})
+    return Resume(cfg, resume.batches_done, _on(resume.prior, base))
+
+
+def _strata_done(topo: MixTopology, resume: Resume | None) -> int:
+    """Batches done under ``resume`` for ``batching="stratified"`` (same topology only)."""
+    if resume is None:
+        return 0
+    same = all(getattr(resume.config, k) == getattr(topo, k) for k in _TOPOLOGY)
+    if resume.prior is not None or not same:
+        raise ValueError(
+            'batching="stratified" resumes only on the topology it was saved with (world_size, '
+            'num_workers, batch_size, drop_last, window); use batching="mixed" for elastic resume'
+        )
+    return resume.batches_done
+
+
 Batch = tuple[np.ndarray, np.ndarray]  # (source, sample id) of each sample of a batch
 
 
-def mix_num_batches(me: MixEpoch, topo: MixTopology) -> int:
-    """Batches every rank yields in the epoch (the same on every rank)."""
-    if topo.batching == "mixed":
-        from wdsloader.plan import num_batches
+def mix_num_batches(me: MixEpoch, topo: MixTopology, resume: Resume | None = None) -> int:
+    """Batches every rank yields in the epoch (from ``resume`` on); the same on every rank.
 
-        return int(num_batches(_virtual(me, topo), epoch=me.epoch))
-    return _strata(me, topo).batches
+    ``resume`` is a plan :class:`~wdsloader.plan.Resume` chain whose configs give the topology
+    of each run (any config with those fields; the rest is the mix's own).
+    """
+    if topo.batching == "mixed":
+        cfg = mix_plan_config(me, topo)
+        return num_batches(cfg, epoch=me.epoch, resume=_on(resume, cfg))
+    done = _strata_done(topo, resume)
+    total = _strata(me, topo).batches
+    if done > total:
+        raise ValueError(f"batches_done={done} is more than the epoch's {total} batches")
+    return total - done
+
+
+def mix_padding(me: MixEpoch, topo: MixTopology) -> int:
+    """Samples delivered twice in the epoch so every rank gets its batches (drop_last=False)."""
+    if topo.batching == "mixed":
+        return epoch_padding(mix_plan_config(me, topo), epoch=me.epoch)
+    last = me.length % (topo.world_size * topo.batch_size)
+    if topo.drop_last or not last:
+        return 0
+    return -(-last // topo.world_size) * topo.world_size - last
+
+
+def mix_dropped(me: MixEpoch, topo: MixTopology) -> int:
+    """Samples of the epoch's quotas left out so every batch is full (drop_last=True)."""
+    if topo.batching == "mixed":
+        return epoch_dropped(mix_plan_config(me, topo), epoch=me.epoch)
+    return me.length % (topo.world_size * topo.batch_size) if topo.drop_last else 0
+
+
+class MixedBatches(Sequence[Batch]):
+    """``batching="mixed"``: the batches one worker yields, computed when indexed (a slice in
+    one go: one evaluation of the keyed orders for all its samples)."""
+
+    def __init__(self, me: MixEpoch, positions: Sequence[np.ndarray]) -> None:
+        self.me, self.positions = me, positions
+
+    def __len__(self) -> int:
+        return len(self.positions)
+
+    @overload
+    def __getitem__(self, index: int) -> Batch: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> list[Batch]: ...
+
+    def __getitem__(self, index: int | slice) -> Batch | list[Batch]:
+        if not isinstance(index, slice):
+            return mixed_layout(self.me, self.positions[index])
+        parts = self.positions[index]
+        if not parts:
+            return []
+        src, ids = mixed_layout(self.me, np.concatenate(parts))
+        cuts = np.cumsum([len(p) for p in parts])[:-1]
+        return list(zip(np.split(src, cuts), np.split(ids, cuts), strict=True))
+
+
+class GlobalIds(Sequence[np.ndarray]):
+    """Batches of ``(source, id)`` as ids of the sources' samples concatenated:
+    ``offsets[source] + id`` (computed when indexed)."""
+
+    def __init__(self, batches: Sequence[Batch], offsets: np.ndarray) -> None:
+        self.batches, self.offsets = batches, np.asarray(offsets, dtype=np.int64)
+
+    def __len__(self) -> int:
+        return len(self.batches)
+
+    @overload
+    def __getitem__(self, index: int) -> np.ndarray: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> list[np.ndarray]: ...
+
+    def __getitem__(self, index: int | slice) -> np.ndarray | list[np.ndarray]:
+        if not isinstance(index, slice):
+            src, ids = self.batches[index]
+            out: np.ndarray = self.offsets[src] + ids
+            return out
+        return [self.offsets[src] + ids for src, ids in self.batches[index]]
 
 
 def mix_worker_batches(
-    me: MixEpoch, topo: MixTopology, rank: int, worker: int, batches_done: int = 0
-) -> list[Batch]:
-    """The batches DataLoader worker ``worker`` of ``rank`` yields once its rank has yielded
-    ``batches_done``: rank batches ``batches_done + worker``, then every ``num_workers``-th
-    (torch's round-robin over workers, as :func:`~wdsloader.plan.worker_batches`)."""
+    me: MixEpoch, topo: MixTopology, rank: int, worker: int, resume: Resume | None = None
+) -> Sequence[Batch]:
+    """The batches DataLoader worker ``worker`` of ``rank`` yields (from ``resume`` on, as
+    :func:`mix_num_batches`): rank batches ``worker, worker + num_workers, ...`` (torch's
+    round-robin over workers, as :func:`~wdsloader.plan.worker_batches`). ``batching="mixed"``
+    resumes elastically on another topology; ``"stratified"`` on the same one only."""
     rank = as_int(rank, "rank", 0, topo.world_size - 1)
     worker = as_int(worker, "worker", 0, topo.num_workers - 1)
-    done = as_int(batches_done, "batches_done", 0)
     if topo.batching == "mixed":
-        from wdsloader.plan import Resume, worker_batches
-
-        cfg = _virtual(me, topo)
-        resume = Resume(cfg, done) if done else None
-        return [
-            mixed_layout(me, pos) for pos in worker_batches(cfg, me.epoch, rank, worker, resume)
-        ]
+        cfg = mix_plan_config(me, topo)
+        return MixedBatches(me, worker_batches(cfg, me.epoch, rank, worker, _on(resume, cfg)))
     strata = _strata(me, topo)
-    first = done + worker
+    first = _strata_done(topo, resume) + worker
     return [
         strata.rank_batch(me, topo, t, rank) for t in range(first, strata.batches, topo.num_workers)
     ]
 
 
-def mix_rank_batches(me: MixEpoch, topo: MixTopology, rank: int) -> list[Batch]:
-    """All batches of ``rank`` in the order its DataLoader yields them."""
-    lists = [mix_worker_batches(me, topo, rank, w) for w in range(topo.num_workers)]
+def mix_rank_batches(
+    me: MixEpoch, topo: MixTopology, rank: int, resume: Resume | None = None
+) -> list[Batch]:
+    """All batches of ``rank`` in the order its DataLoader yields them (from ``resume`` on)."""
+    lists = [mix_worker_batches(me, topo, rank, w, resume) for w in range(topo.num_workers)]
     longest = max((len(lst) for lst in lists), default=0)
     return [lst[j] for j in range(longest) for lst in lists if j < len(lst)]
 
@@ -306,7 +392,7 @@ class _Strata:
         size = int(counts.sum())
         per = topo.batch_size if t < self.full else -(-size // topo.world_size)
         pos = (rank * per + np.arange(per, dtype=np.int64)) % size
-        pos = keyed_permutation(size, _key(me.seed, me.epoch, t, _STRAT_TAG), pos)
+        pos = _permute(size, _key(me.seed, me.epoch, t, _STRAT_TAG), pos)
         start = np.cumsum(counts) - counts
         src = np.searchsorted(start, pos, side="right") - 1
         k = self.before(t)[src] + pos - start[src]

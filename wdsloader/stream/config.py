@@ -19,6 +19,7 @@ from wdsloader.io.fetch import ReadOptions
 
 if TYPE_CHECKING:
     from wdsloader.curriculum.curriculum import Curriculum
+    from wdsloader.mix.spec import MixSpec
 
 # Defaults that trade shuffle quality against read sizes (see README "Shuffling").
 SPAN_BYTES = 256 * 2**10  # bytes of consecutive samples kept together (one range read)
@@ -38,7 +39,8 @@ class LoaderConfig:
 
     ``fields`` are the decoded stored fields (None: all the samples hold); ``collate`` is a
     registered collator's name (made with ``collate_options``) or a callable;
-    ``loader_kwargs`` go to torch's DataLoader.
+    ``loader_kwargs`` go to torch's DataLoader; ``mix`` is the sample-level mix when the loader
+    reads several sources (``plan`` is then over their shards concatenated in source order).
     """
 
     split: str
@@ -55,6 +57,7 @@ class LoaderConfig:
     gather: bool
     readahead_batches: int
     loader_kwargs: Mapping[str, Any]
+    mix: MixSpec | None = None
 
 
 def default_span_window(
@@ -227,6 +230,7 @@ def resolve_config(
     multiprocessing_context: Any = None,
     curriculum: Curriculum | Mapping[str, Any] | bool | None = None,
     gather: bool = True,
+    mix: MixSpec | None = None,
 ) -> LoaderConfig:
     """The :class:`LoaderConfig` of :func:`~wdsloader.create_loader`'s options for ``split``
     of ``manifest`` (``remote``: read without a local copy; larger spans by default).
@@ -234,7 +238,8 @@ def resolve_config(
     ValueError for an explicit option that would be unused: a curriculum whose output is not in
     ``fields``, ``persistent_workers``/``prefetch_factor``/``multiprocessing_context`` with
     ``num_workers=0``, ``max_skipped`` with ``on_error="raise"``, ``collate_options`` with a
-    callable ``collate_fn``.
+    callable ``collate_fn``. ``mix`` (with ``manifest`` the sources' merged manifest) is kept
+    as given.
     """
     if batch_size < 1:
         raise ValueError(f"batch_size must be >= 1, got {batch_size}")
@@ -283,6 +288,7 @@ def resolve_config(
         loader_kwargs=_loader_kwargs(
             num_workers, pin_memory, persistent_workers, prefetch_factor, multiprocessing_context
         ),
+        mix=mix,
     )
 
 

@@ -13,7 +13,7 @@ import logging
 import weakref
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 from torch.utils.data import IterableDataset, get_worker_info
@@ -27,12 +27,15 @@ from wdsloader.decode.variants import Variants
 from wdsloader.errors import SkipLimitError, WdsLoaderError
 from wdsloader.format import FieldSpec, Manifest, ShardInfo
 from wdsloader.io.fetch import ShardStore
+from wdsloader.mix.runtime import MixPlanner, SourceTags
 from wdsloader.stream.control import Control
 from wdsloader.stream.reader import BatchReader, close_store
 from wdsloader.stream.state import resume_from_dict, resume_to_dict, shards_digest
 
 if TYPE_CHECKING:
     from wdsloader.curriculum.curriculum import Curriculum
+    from wdsloader.mix.spec import MixSpec
+    from wdsloader.mix.store import MixStore
 
 log = logging.getLogger(__name__)
 
@@ -74,7 +77,7 @@ class ShardStreamDataset(IterableDataset):
         *,
         manifest: Manifest,
         split: str,
-        store: ShardStore,
+        store: ShardStore | MixStore,
         config: plan.PlanConfig,
         rank: int,
         decoder: SampleDecoder,
@@ -84,6 +87,7 @@ class ShardStreamDataset(IterableDataset):
         curriculum: Curriculum | None = None,
         gather: bool = True,
         max_skipped: int | None = None,
+        mix: MixSpec | None = None,
     ) -> None:
         super().__init__()
         if on_error not in ON_ERROR:
@@ -92,6 +96,8 @@ class ShardStreamDataset(IterableDataset):
             raise ValueError(f"max_skipped must be None or >= 0, got {max_skipped!r}")
         if not 0 <= rank < config.world_size:
             raise ValueError(f"rank {rank} outside [0, {config.world_size})")
+        # a mix's store offers what the reader asks of a ShardStore, shard by shard
+        store = cast(ShardStore, store)
         self.manifest, self.split, self.store = manifest, split, store
         self.shards: list[ShardInfo] = list(manifest.split(split).shards)
         self.shards_digest = shards_digest(self.shards)
@@ -104,6 +110,11 @@ class ShardStreamDataset(IterableDataset):
         self.readahead_batches = max(1, readahead_batches)
         self.curriculum = curriculum
         self.control = Control(config.num_workers)
+        self.mix = mix
+        self._mix: MixPlanner | None = None
+        self._tags: SourceTags | None = None
+        if mix is not None:
+            self._mix, self._tags = MixPlanner(mix, config), SourceTags(mix, config.num_workers)
         schema = manifest.schema
         self.fields: tuple[str, ...] | None = (
             decoder.fields if decoder.fields is not None
@@ -157,7 +168,41 @@ class ShardStreamDataset(IterableDataset):
         return out
 
     def __len__(self) -> int:
-        return plan.num_batches(self.config)
+        return self.num_batches(self.control.epoch)
+
+    # -- the plan: one source, or a mix --------------------------------------------------------
+    def num_batches(self, epoch: int, resume: plan.Resume | None = None) -> int:
+        """Batches every rank yields in ``epoch`` (from ``resume`` on)."""
+        if self._mix is None:
+            return plan.num_batches(self.config, epoch=epoch, resume=resume)
+        return self._mix.num_batches(epoch, resume)
+
+    def padding(self) -> int:
+        """Samples repeated in the current epoch so every rank gets the same batches."""
+        if self._mix is None:
+            return plan.epoch_padding(self.config, epoch=self.epoch)
+        return self._mix.padding(self.epoch)
+
+    def dropped(self) -> int:
+        """Samples left out of the current epoch so every batch is full."""
+        if self._mix is None:
+            return plan.epoch_dropped(self.config, epoch=self.epoch)
+        return self._mix.dropped(self.epoch)
+
+    def worker_batches(
+        self, epoch: int, worker: int, resume: plan.Resume | None
+    ) -> Sequence[np.ndarray]:
+        """The split-wide sample ids of each batch DataLoader worker ``worker`` yields."""
+        if self._mix is None:
+            return plan.worker_batches(self.config, epoch, self.rank, worker, resume)
+        return self._mix.worker_batches(epoch, self.rank, worker, resume)
+
+    def counters(self) -> dict[str, int]:
+        """Counters summed over workers; with a mix also ``samples/<source name>``."""
+        out = self.control.counters()
+        if self._tags is not None:
+            out.update(self._tags.counters())
+        return out
 
     def resume_point(self) -> plan.Resume | None:
         """The resume point the next iteration starts from, if any."""
@@ -177,9 +222,7 @@ class ShardStreamDataset(IterableDataset):
                 f"the DataLoader has {info.num_workers} workers but the plan was made for "
                 f"{self.config.num_workers}; build loaders with create_loader"
             )
-        batches = plan.worker_batches(
-            self.config, self.control.epoch, self.rank, worker, self.resume_point()
-        )
+        batches = self.worker_batches(self.control.epoch, worker, self.resume_point())
         yield from self._iter_batches(batches, worker)
 
     def peek_batch(self) -> Any:
@@ -187,7 +230,7 @@ class ShardStreamDataset(IterableDataset):
         yields afterwards, its counters and its state do not change."""
         epoch, resume = self.control.epoch, self.resume_point()
         for worker in range(self.config.num_workers):
-            batches = plan.worker_batches(self.config, epoch, self.rank, worker, resume)
+            batches = self.worker_batches(epoch, worker, resume)
             if batches:
                 (raw,) = self.reader.read(batches[:1])
                 return self._make_batch(raw, worker, epoch, self.control.forced, count=False)
@@ -256,7 +299,10 @@ class ShardStreamDataset(IterableDataset):
             len(refill.samples or ()),
             refill.found,
         )
-        return self.collate_fn(refill.samples or [])
+        samples = [dict(sample) for sample in refill.samples or []]
+        if self._tags is not None:
+            self._tags.take(samples)
+        return self.collate_fn(samples)
 
     # -- decoding ------------------------------------------------------------------------------
     def _make_batch(
@@ -269,17 +315,26 @@ class ShardStreamDataset(IterableDataset):
         decoded = None if self.columnar is None else self.columnar.decode(raw, epoch, forced)
         if isinstance(decoded, Columns):
             columns = decoded.columns
+            tags = self._tags
+            if tags is not None:
+                tags.tag_columns(columns, tags.of(raw.shard))
             if decoded.errors:
                 for j, exc in decoded.errors.items():
                     self._failed(raw, j, exc, worker, count)
                 columns = decoded.without(decoded.errors)
             n = len(columns["__key__"])
+            if count and tags is not None:
+                tags.count(worker, np.delete(tags.of(raw.shard), list(decoded.errors)))
             if count:
                 self.control.add(worker, "samples", n)
                 self.control.add(worker, "batches")
                 self.control.add(worker, "gathered_batches")
             return _collate_columns(self.collate_fn, columns) if n else None
         samples = self._decode_rows(raw, worker, epoch, forced, count)
+        if self._tags is not None:
+            src = self._tags.take(samples)
+            if count:
+                self._tags.count(worker, src)
         if count:
             self.control.add(worker, "samples", len(samples))
             self.control.add(worker, "batches")
@@ -290,10 +345,13 @@ class ShardStreamDataset(IterableDataset):
     ) -> list[dict[str, Any]]:
         """The samples of ``raw`` decoded one by one (those that fail raised or skipped)."""
         samples: list[dict[str, Any]] = []
+        src = None if self._tags is None else self._tags.of(raw.shard)
         for j, sample in self.rows.decode(raw, epoch, forced):
             if isinstance(sample, WdsLoaderError):
                 self._failed(raw, j, sample, worker, count)
             else:
+                if src is not None:
+                    sample[SourceTags.KEY] = int(src[j])
                 samples.append(sample)
         return samples
 

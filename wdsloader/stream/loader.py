@@ -35,6 +35,10 @@ from wdsloader.stream.workers import WorkerWatch
 
 if TYPE_CHECKING:
     from wdsloader.curriculum.curriculum import Curriculum
+    from wdsloader.curriculum.schedule import Schedule
+    from wdsloader.mix.source import Source
+    from wdsloader.mix.spec import MixSpec
+    from wdsloader.mix.store import MixStore
 
 log = logging.getLogger(__name__)
 
@@ -89,7 +93,7 @@ class WdsDataLoader(DataLoader):
         ds = self.dataset_obj
         resume = None
         if self._pending is not None and self._pending.epoch == ds.epoch:
-            resume = self._pending.plan_resume(ds.config)
+            resume = self._pending.plan_resume(ds.config, ds.num_batches)
         self._pending = None
         ds.set_resume(resume)
         self._started_from, self._yielded = resume, 0
@@ -115,7 +119,10 @@ class WdsDataLoader(DataLoader):
         the loader reads (see :class:`~wdsloader.stream.state.LoaderState`)."""
         ds = self.dataset_obj
         if self._pending is not None:
-            epoch, resume = self._pending.epoch, self._pending.plan_resume(ds.config)
+            epoch, resume = (
+                self._pending.epoch,
+                self._pending.plan_resume(ds.config, ds.num_batches),
+            )
         else:
             epoch = ds.epoch
             resume = plan.next_resume(ds.config, self._started_from, self._yielded)
@@ -146,7 +153,7 @@ class WdsDataLoader(DataLoader):
         loaded.check(
             split=ds.split, config=ds.config, shards=ds.shards_digest, fingerprint=self.fingerprint
         )
-        resume = loaded.plan_resume(ds.config)
+        resume = loaded.plan_resume(ds.config, ds.num_batches)
         ds.set_epoch(loaded.epoch)
         trivial = resume.batches_done == 0 and resume.prior is None
         self._pending = None if trivial else loaded
@@ -173,18 +180,19 @@ class WdsDataLoader(DataLoader):
     @property
     def padding(self) -> int:
         """Samples repeated this epoch so every rank gets the same batches (drop_last=False)."""
-        return plan.epoch_padding(self.dataset_obj.config, epoch=self.dataset_obj.epoch)
+        return self.dataset_obj.padding()
 
     @property
     def dropped(self) -> int:
         """Samples left out this epoch so every batch is full (drop_last=True)."""
-        return plan.epoch_dropped(self.dataset_obj.config, epoch=self.dataset_obj.epoch)
+        return self.dataset_obj.dropped()
 
     @property
     def stats(self) -> dict[str, int]:
         """Counters summed over workers: samples, batches, skipped_samples, skipped_batches
-        (batches whose every sample failed, yielded with stand-in samples), gathered_batches."""
-        return self.dataset_obj.control.counters()
+        (batches whose every sample failed, yielded with stand-in samples), gathered_batches;
+        reading several sources, also ``samples/<name>`` per source."""
+        return self.dataset_obj.counters()
 
 
 def _as_is(batch: Any) -> Any:
@@ -201,6 +209,7 @@ def dataset_fingerprint(
         allow_pickle=dataset.decoder.allow_pickle,
         curriculum=dataset.curriculum,
         collate=collate if collate is not None else dataset.collate_fn,
+        mix=None if dataset.mix is None else dataset.mix.fingerprint(),
     )
 
 
@@ -279,7 +288,7 @@ def _open(
 
 
 def build_dataset(
-    config: LoaderConfig, manifest: Manifest, store: ShardStore
+    config: LoaderConfig, manifest: Manifest, store: ShardStore | MixStore
 ) -> ShardStreamDataset:
     """The per-worker dataset a :class:`LoaderConfig` describes, set to its epoch."""
     dataset = ShardStreamDataset(
@@ -299,6 +308,7 @@ def build_dataset(
         curriculum=config.curriculum,
         gather=config.gather,
         max_skipped=config.max_skipped,
+        mix=config.mix,
     )
     dataset.set_epoch(config.epoch)
     return dataset
@@ -314,7 +324,7 @@ def build_loader(config: LoaderConfig, dataset: ShardStreamDataset) -> WdsDataLo
 
 
 def create_loader(
-    dataset_dir: str | os.PathLike[str],
+    dataset_dir: str | os.PathLike[str] | Sequence[Source],
     split: str,
     batch_size: int,
     *,
@@ -348,8 +358,13 @@ def create_loader(
     curriculum: Curriculum | Mapping[str, Any] | bool | None = None,
     gather: bool = True,
     max_skipped: int | None = None,
+    weights: Schedule | None = None,
+    epoch_samples: int | None = None,
+    batching: str | None = None,
+    source_field: str | None = None,
 ) -> WdsDataLoader:
-    """A DataLoader over ``split`` of the dataset at ``dataset_dir`` (a path or fsspec URL).
+    """A DataLoader over ``split`` of the dataset at ``dataset_dir`` (a path or fsspec URL), or
+    of several datasets mixed sample by sample (a list of :class:`~wdsloader.mix.Source`).
 
     Every rank yields exactly ``len(loader)`` batches; across ranks and workers each sample comes
     once per epoch (``drop_last=True`` drops fewer than ``world_size * batch_size``;
@@ -399,6 +414,20 @@ def create_loader(
     skipped samples in one pass of a rank (None: no limit) raise
     :class:`~wdsloader.errors.SkipLimitError`. A worker process that dies raises
     :class:`~wdsloader.errors.WorkerDiedError` (a RuntimeError).
+
+    A list of :class:`~wdsloader.mix.Source` mixes their ``split`` inside every batch: each
+    source gives exactly its quota per epoch (``Source(weight=)``, ``samples=`` or ``repeat=``;
+    largest remainder over ``epoch_samples``, default the sum of the quotas), a short source
+    repeating and a large one subsampled in rotation (every sample before any twice, across
+    epochs and weight changes). ``weights`` (a schedule: ``wdsloader.curriculum.fixed``,
+    ``linear``, ``cosine``, ``steps``, ``from_callable``, keyed by source name) gives the
+    weighted sources new weights each epoch. ``batching="mixed"`` (default) shuffles the
+    sources together (elastic resume as for one source); ``"stratified"`` gives every global
+    batch each source's exact share (resumes on the same topology only). ``source_field``
+    names a batch field holding each sample's source index (in list order; off by default);
+    ``loader.stats`` counts ``samples/<name>``. The sources must agree on the requested
+    ``fields`` (dtype, shape): a ValueError names the sources, the field and both specs.
+    These four options with a single dataset are a ValueError.
     """
     options = resolve_read_options(
         read_options,
@@ -408,8 +437,27 @@ def create_loader(
         verify_checksum=verify_checksum,
     )
     r, world = _rank_and_world(distributed, rank, world_size, device_mesh, dp_dim)
-    root = os.fspath(dataset_dir)
-    store, manifest = _open(root, options, check_shards, split)
+    mix_options = {"weights": weights, "epoch_samples": epoch_samples,
+                   "batching": batching, "source_field": source_field}  # fmt: skip
+    store: ShardStore | MixStore
+    mix: MixSpec | None = None
+    if isinstance(dataset_dir, (str, os.PathLike)):
+        unused = sorted(k for k, v in mix_options.items() if v is not None)
+        if unused:
+            raise ValueError(
+                f"{unused} would be unused: they configure a mix (pass a list of Source)"
+            )
+        root = os.fspath(dataset_dir)
+        store, manifest = _open(root, options, check_shards, split)
+    else:
+        mix_options["batching"] = batching or "mixed"
+        from wdsloader.mix.store import open_mix
+
+        store, manifest, mix = open_mix(
+            list(dataset_dir), split, fields, mix_options,
+            lambda url: _open(url, options, check_shards, split),
+        )  # fmt: skip
+        root = "+".join(mix.names)
     config = resolve_config(
         manifest, split, batch_size, rank=r, world_size=world, remote=not store.reads_locally,
         num_workers=num_workers, epoch=epoch, drop_last=drop_last, pin_memory=pin_memory,
@@ -417,7 +465,7 @@ def create_loader(
         collate_fn=collate_fn, collate_options=collate_options, allow_pickle=allow_pickle,
         on_error=on_error, max_skipped=max_skipped, persistent_workers=persistent_workers,
         prefetch_factor=prefetch_factor, multiprocessing_context=multiprocessing_context,
-        curriculum=curriculum, gather=gather,
+        curriculum=curriculum, gather=gather, mix=mix,
     )  # fmt: skip
     loader = build_loader(config, build_dataset(config, manifest, store))
     log.info(

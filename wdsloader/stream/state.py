@@ -107,21 +107,26 @@ def stage_fingerprint(
     allow_pickle: bool,
     curriculum: Curriculum | None,
     collate: str | Callable[..., Any],
+    mix: str | None = None,
 ) -> dict[str, str]:
     """Each stage's config as a short string, one per :data:`FINGERPRINT_PARTS` entry.
 
     ``fields`` are the decoded fields (None: whatever the samples hold); ``collate`` is a
     registered collator's name or the callable itself (named by module and qualname). Gathering
-    and ``on_error`` are left out: they do not change which samples a batch holds.
+    and ``on_error`` are left out: they do not change which samples a batch holds. ``mix`` (a
+    sample-level mix's :meth:`~wdsloader.mix.spec.MixSpec.fingerprint`) adds the part ``"mix"``.
     """
     name, version = PLAN_ALGORITHM
-    return {
+    out = {
         "plan": f"{name}/{version}",
         "fields": "*" if fields is None else ",".join(sorted(fields)),
         "decoder": f"allow_pickle={bool(allow_pickle)}",
         "curriculum": _curriculum_part(curriculum),
         "collate": collate if isinstance(collate, str) else _callable_name(collate),
     }
+    if mix is not None:
+        out["mix"] = mix
+    return out
 
 
 def _type_name(value: object) -> str:
@@ -335,7 +340,8 @@ class LoaderState:
             pairs.append(("shards_digest", self.shards_digest, shards))
         if self.fingerprint is not None:
             saved = dict(self.fingerprint)
-            parts = [*FINGERPRINT_PARTS, *sorted(set(saved) - set(FINGERPRINT_PARTS))]
+            extra = (set(saved) | set(fingerprint)) - set(FINGERPRINT_PARTS)
+            parts = [*FINGERPRINT_PARTS, *sorted(extra)]
             pairs += [(part, saved.get(part), fingerprint.get(part)) for part in parts]
         wrong = [
             f"{labels.get(k, k)} saved={was!r} now={now!r}" for k, was, now in pairs if was != now
@@ -346,12 +352,18 @@ class LoaderState:
                 + "; ".join(wrong)
             )
 
-    def plan_resume(self, config: PlanConfig) -> Resume:
-        """The plan resume chain of this state under ``config`` (checked against the plan:
-        :class:`StateMismatchError` when it cannot continue there)."""
+    def plan_resume(
+        self, config: PlanConfig, count: Callable[[int, Resume], int] | None = None
+    ) -> Resume:
+        """The plan resume chain of this state under ``config`` (checked against the plan, or
+        by ``count(epoch, resume)``, the batches left, when given: :class:`StateMismatchError`
+        when it cannot continue there)."""
         try:
             resume = self.resume.to_plan(config)
-            num_batches(config, epoch=self.epoch, resume=resume)  # validates the resume point
+            if count is None:
+                num_batches(config, epoch=self.epoch, resume=resume)  # validates the resume
+            else:
+                count(self.epoch, resume)
         except ValueError as exc:
             raise StateMismatchError(f"the loader state's resume point is invalid: {exc}") from exc
         return resume

@@ -83,7 +83,7 @@ class UniversalDataModule:
         self.num_workers = num_workers
         self.seed = seed
         self.factory = DataLoaderFactory(collator_registry)
-        self._shards: str | None = None
+        self._shards: Any = None  # a path/URL, or a list of Source
         self._shard_splits: list[str] | None = None
         self.train_data: Any = None
         self.val_data: Any = None
@@ -94,7 +94,7 @@ class UniversalDataModule:
                     "a built shard dataset brings its own splits: val_data/test_data would be "
                     "unused"
                 )
-            self._shards = str(train_data)
+            self._shards = train_data if isinstance(train_data, list | tuple) else str(train_data)
         else:
             self._init_memory(train_data, val_data)
 
@@ -131,7 +131,11 @@ class UniversalDataModule:
             from wdsloader.format import Manifest
 
             assert self._shards is not None
-            self._shard_splits = list(Manifest.load(self._shards).splits)
+            if isinstance(self._shards, list | tuple):  # a mix: the splits every source has
+                found = [list(Manifest.load(source.url).splits) for source in self._shards]
+                self._shard_splits = [s for s in found[0] if all(s in f for f in found[1:])]
+            else:
+                self._shard_splits = list(Manifest.load(self._shards).splits)
         return self._shard_splits
 
     def _shard_split(self, kind: str) -> str | None:

@@ -27,8 +27,15 @@ class SampleList(Dataset):
 
 
 def is_shard_dataset(data: Any) -> bool:
-    """True for a path or URL (a dataset built by ``build_shards``)."""
-    return isinstance(data, str | os.PathLike)
+    """True for a path or URL (a dataset built by ``build_shards``), or a non-empty list of
+    :class:`~wdsloader.mix.Source` (built datasets mixed by ``create_loader``)."""
+    if isinstance(data, str | os.PathLike):
+        return True
+    if isinstance(data, list | tuple) and data:
+        from wdsloader.mix.source import Source
+
+        return all(isinstance(item, Source) for item in data)
+    return False
 
 
 def is_hf_dataset(data: Any, kind: str = "Dataset") -> bool:

@@ -346,7 +346,9 @@ class _EmptyOutput:
         self.existed = self.path is None or os.path.exists(self.path)
 
     def cleanup(self) -> None:
-        if not self.existed and os.path.isdir(self.path) and not os.listdir(self.path):
+        if self.path is None or self.existed:
+            return
+        if os.path.isdir(self.path) and not os.listdir(self.path):
             os.rmdir(self.path)
 
 

@@ -39,7 +39,7 @@ import math
 import re
 import sys
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
@@ -370,7 +370,8 @@ def _npy_encoder(field: str, spec: FieldSpec, dims: Mapping[str, int], allow_nan
                 headers[hkey] = full[: len(full) - value.nbytes]
             return full
         if value.flags.c_contiguous:
-            return b"".join((header, value))  # one copy of the data
+            # the array is a buffer (numpy's stubs do not say so); one copy of the data
+            return b"".join((header, cast(bytes, value)))
         return header + value.tobytes()
 
     def encode(key: str, value: Any) -> tuple[bytes, bool]:

@@ -81,6 +81,7 @@ class ListSource(Source):
     """A list or tuple of sample dicts."""
 
     kind = "list"
+    length: int
     indexable = True
     in_memory = True
 
@@ -111,6 +112,7 @@ class TorchMapSource(Source):
     """A torch map-style ``Dataset`` (``len`` and ``__getitem__``) returning dicts."""
 
     kind = "torch"
+    length: int
     indexable = True
 
     def __init__(self, ds: Any) -> None:
@@ -223,6 +225,7 @@ class HFDatasetSource(Source):
     other columns come as HF's Python format gives them (PIL images for ``Image`` ...)."""
 
     kind = "hf-dataset"
+    length: int
     indexable = True
 
     def __init__(self, ds: Any) -> None:
@@ -277,6 +280,7 @@ class HFDatasetDictSource(Source):
     """A ``datasets.DatasetDict``: its splits, one after the other, keep their names."""
 
     kind = "hf-datasetdict"
+    length: int
     indexable = True
 
     def __init__(self, dd: Mapping[str, Any]) -> None:
@@ -286,7 +290,7 @@ class HFDatasetDictSource(Source):
         total = 0
         for _, part in self._parts:
             self.split_starts.append(total)
-            total += part.length or 0
+            total += part.length
         self.length = total
 
     def split_of(self, index: int) -> str | None:
@@ -295,7 +299,7 @@ class HFDatasetDictSource(Source):
     def iter_range(self, start: int, stop: int | None) -> Iterator[tuple[int, Any]]:
         stop = self.length if stop is None else stop
         for (_, part), offset in zip(self._parts, self.split_starts, strict=True):
-            lo, hi = max(start, offset), min(stop, offset + (part.length or 0))
+            lo, hi = max(start, offset), min(stop, offset + part.length)
             if lo < hi:
                 for i, raw in part.iter_range(lo - offset, hi - offset):
                     yield offset + i, raw

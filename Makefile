@@ -21,7 +21,7 @@ demo: $(STAMP)
 test: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
-	$(BIN)/python -m mypy wdsloader
+	$(BIN)/python -m mypy
 	$(BIN)/python -m pytest -q
 
 lint: $(STAMP)

@@ -41,7 +41,9 @@ import numpy as np
 
 from build_shards import build_shards
 from build_shards.blocks import BlockJob, prepare
-from build_shards.encode import SampleEncoder, build_schema, make_encoder
+from build_shards.encode import SampleEncoder
+from build_shards.encoders import make_encoder
+from build_shards.schema import build_schema
 from build_shards.sources import open_source
 from build_shards.splits import make_splitter
 from wdsloader.format import TarStreamWriter

@@ -10,21 +10,17 @@ Energon count it. A reader that starts there sees the member's full name; webdat
 
 from __future__ import annotations
 
-import hashlib
 import logging
-import mmap
 import os
 import posixpath
 import re
-from collections.abc import Callable, Iterator
-from concurrent.futures import Executor, ProcessPoolExecutor, ThreadPoolExecutor
-from contextlib import contextmanager
-from dataclasses import dataclass, field
+from collections.abc import Callable
 from datetime import datetime, timezone
 from typing import Any, NoReturn
 
 import numpy as np
 
+from build_shards.adopt_scan import NpyInfo, ShardScan, key_hash, merge_info, open_buffer, scan_all
 from wdsloader.errors import ManifestError, ShardFormatError
 from wdsloader.format import (
     MANIFEST_NAME,
@@ -36,10 +32,8 @@ from wdsloader.format import (
     field_of_ext,
     index_path,
     iter_samples,
-    padded,
-    read_npy_header,
 )
-from wdsloader.io.storage import is_local, join, url_to_fs, write_atomic
+from wdsloader.io.storage import join, url_to_fs, write_atomic
 
 logger = logging.getLogger(__name__)
 
@@ -47,140 +41,6 @@ COMPRESSED_SUFFIXES = (".tar.gz", ".tgz", ".tar.bz2", ".tar.xz", ".tar.zst", ".t
 SPLIT_ORDER = ("train", "validation", "val", "valid", "dev", "test")
 _MAX_EXAMPLES = 20
 _DEFAULT_SPLIT = "train"
-
-
-NpyInfo = tuple[str | None, tuple[int, ...] | None]
-
-
-def _merge_info(a: NpyInfo, b: NpyInfo) -> NpyInfo:
-    return (a[0] if a[0] == b[0] else None, a[1] if a[1] == b[1] else None)
-
-
-@dataclass(slots=True, kw_only=True)
-class ShardScan:
-    """What one pass over a tar found (everything the idx and the manifest need)."""
-
-    path: str
-    offsets: np.ndarray
-    num_bytes: int
-    sha256: str
-    ext_sets: dict[tuple[str, ...], list[Any]] = field(default_factory=dict)
-    """Each distinct set of extensions, in order of appearance: ``[count, first key]``."""
-    npy: dict[str, NpyInfo] = field(default_factory=dict)
-    """``(dtype, shape)`` of each npy extension; either is None where samples disagree."""
-    layout: dict[str, list[int]] | None = None
-    key_hashes: np.ndarray = field(default_factory=lambda: np.zeros(0, np.uint64))
-    """A 64-bit hash of each sample's key (to find keys that two shards share)."""
-
-    @property
-    def num_samples(self) -> int:
-        return len(self.offsets) - 1
-
-
-# -- scanning one tar ----------------------------------------------------------------------------
-def _npy_info(view: memoryview, off: int, size: int, where: str) -> NpyInfo:
-    """``(dtype, shape)`` from the header of an ``.npy`` member."""
-    try:
-        dtype, shape, _, _ = read_npy_header(view[off : off + size])
-    except ValueError as exc:
-        raise ShardFormatError(f"{where}: bad .npy member ({exc})") from None
-    native = dtype.byteorder in "=|" and not dtype.fields
-    return (dtype.name if native else dtype.str, tuple(shape))
-
-
-def scan_buffer(buf: bytes | memoryview | mmap.mmap, *, path: str, source: str) -> ShardScan:
-    """Scan a whole tar held in ``buf``: sample offsets, extension sets, npy headers, layout.
-
-    ``path`` is recorded in the result, ``source`` names the shard in errors.
-    """
-    view = memoryview(buf)
-    try:
-        return _scan_view(view, path=path, source=source)
-    finally:
-        view.release()
-
-
-def key_hash(key: str) -> int:
-    """A stable 64-bit hash of a sample key (the same in every process)."""
-    raw = key.encode("utf-8", "surrogateescape")
-    return int.from_bytes(hashlib.blake2b(raw, digest_size=8).digest(), "little")
-
-
-def _scan_view(view: memoryview, *, path: str, source: str) -> ShardScan:
-    offsets: list[int] = []
-    scan = ShardScan(path=path, offsets=np.zeros(1, np.int64), num_bytes=len(view), sha256="")
-    npy: dict[str, Any] = {}
-    layout: dict[str, list[int]] | None = None
-    end = 0
-    first_at: dict[str, int] = {}  # key -> offset of its sample
-    hashes: list[int] = []
-    # a sample starts at its first member's header chain (PAX / GNU long name included)
-    for key, start, fields in iter_samples(view, source=source):
-        if key in first_at:
-            raise ShardFormatError(
-                f"{source}: sample key {key!r} appears twice (samples at bytes {first_at[key]} "
-                f"and {start}): readers would deliver it twice per epoch"
-            )
-        first_at[key] = start
-        hashes.append(key_hash(key))
-        offsets.append(start)
-        exts = tuple(fields)
-        seen = scan.ext_sets.get(exts)
-        if seen is None:
-            scan.ext_sets[exts] = [1, key]
-        else:
-            seen[0] += 1
-        here = {ext: [off - start, size] for ext, (off, size) in fields.items()}
-        if layout is None:
-            layout = here
-        else:
-            layout = {k: v for k, v in layout.items() if here.get(k) == v}
-        for ext, (off, size) in fields.items():
-            end = max(end, off + padded(size))
-            if ext == "npy" or ext.endswith(".npy"):
-                where = f"{source}: sample {key!r} field {ext!r}"
-                info = _npy_info(view, off, size, where)
-                npy[ext] = _merge_info(npy.get(ext, info), info)
-    offsets.append(end)
-    scan.offsets = np.asarray(offsets, dtype=np.int64)
-    scan.key_hashes = np.asarray(hashes, dtype=np.uint64)
-    scan.npy = npy
-    scan.layout = layout
-    scan.sha256 = hashlib.sha256(view).hexdigest()
-    return scan
-
-
-@contextmanager
-def _open_buffer(fs: Any, path: str) -> Iterator[bytes | mmap.mmap]:
-    """The bytes of a file: memory-mapped (read-only) when local, else read whole."""
-    if not is_local(fs):
-        yield fs.cat_file(path)
-        return
-    with open(path, "rb") as f:
-        if os.fstat(f.fileno()).st_size == 0:
-            yield b""
-            return
-        mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
-        try:
-            yield mm
-        finally:
-            try:
-                mm.close()
-            except BufferError:  # an error's traceback still holds a view; GC closes the map
-                pass
-
-
-def _scan_file(fs: Any, path: str, rel: str, source: str) -> ShardScan:
-    with _open_buffer(fs, path) as buf:
-        return scan_buffer(buf, path=rel, source=source)
-
-
-def _scan_local(job: tuple[str, str, str]) -> ShardScan:
-    """Process-pool entry point: scan a local file."""
-    from fsspec.implementations.local import LocalFileSystem
-
-    path, rel, source = job
-    return _scan_file(LocalFileSystem(), path, rel, source)
 
 
 # -- finding shards and their splits -------------------------------------------------------------
@@ -271,7 +131,7 @@ def _merge_npy(scans: list[ShardScan]) -> dict[str, NpyInfo]:
     merged: dict[str, NpyInfo] = {}
     for scan in scans:
         for ext, info in scan.npy.items():
-            merged[ext] = _merge_info(merged.get(ext, info), info)
+            merged[ext] = merge_info(merged.get(ext, info), info)
     return merged
 
 
@@ -321,7 +181,7 @@ def _check_duplicate_keys(
     holder: dict[str, str] = {}
     for i in suspects:
         scan = scans[i]
-        with _open_buffer(fs, full_paths[scan.path]) as buf:
+        with open_buffer(fs, full_paths[scan.path]) as buf:
             view = memoryview(buf)
             try:
                 source = f"{display}/{scan.path}"
@@ -386,7 +246,7 @@ def adopt(
     layout = find_shards(fs, base, display, pattern)
     jobs = [(split, full, rel) for split, items in layout.items() for full, rel in items]
     total = len(jobs)
-    scans = _scan_all(fs, jobs, display, workers, progress)
+    scans = scan_all(fs, jobs, display, workers, progress)
 
     by_split, empty = _by_split(jobs, scans, display)
     full_paths = {rel: full for _, full, rel in jobs}
@@ -399,6 +259,29 @@ def adopt(
     all_scans = [s for group in by_split.values() for s in group]
     schema = infer_schema_from(reference or (), _merge_npy(all_scans)) if infer_schema else {}
 
+    manifest = _new_manifest(schema, pattern, empty, examples, n_odd)
+    for split, group in by_split.items():
+        manifest.splits[split] = _write_indexes(fs, base, group)
+    try:
+        manifest.check_paths()
+    except ManifestError as exc:  # a shard path the manifest cannot hold (e.g. '..')
+        raise ShardFormatError(str(exc)) from None
+    manifest.save(root, storage_options)
+    logger.info(
+        "adopted %d shards, %d samples under %s", total - len(empty), manifest.num_samples, display
+    )
+    return manifest
+
+
+def _new_manifest(
+    schema: dict[str, FieldSpec],
+    pattern: re.Pattern[str] | None,
+    empty: list[str],
+    examples: list[Any],
+    n_odd: int,
+) -> Manifest:
+    """The manifest of an adoption, before its splits: the schema and the ``build`` record (how
+    splits were found, the empty shards, the samples with other extensions)."""
     manifest = Manifest(
         schema=schema,
         build={
@@ -411,16 +294,6 @@ def adopt(
         manifest.build["empty_shards"] = empty
     if examples:
         manifest.build["heterogeneous"] = {"num_samples": n_odd, "examples": examples}
-    for split, group in by_split.items():
-        manifest.splits[split] = _write_indexes(fs, base, group)
-    try:
-        manifest.check_paths()
-    except ManifestError as exc:  # a shard path the manifest cannot hold (e.g. '..')
-        raise ShardFormatError(str(exc)) from None
-    manifest.save(root, storage_options)
-    logger.info(
-        "adopted %d shards, %d samples under %s", total - len(empty), manifest.num_samples, display
-    )
     return manifest
 
 
@@ -474,37 +347,3 @@ def _write_indexes(fs: Any, base: str, group: list[ShardScan]) -> SplitInfo:
             )
         )
     return info
-
-
-def _scan_all(
-    fs: Any,
-    jobs: list[tuple[str, str, str]],
-    display: str,
-    workers: int,
-    progress: Callable[[int, int], None] | None,
-) -> list[ShardScan]:
-    total = len(jobs)
-    results: list[ShardScan] = []
-    if workers == 1 or total == 1:
-        for _, full, rel in jobs:
-            results.append(_scan_file(fs, full, rel, f"{display}/{rel}"))
-            if progress is not None:
-                progress(len(results), total)
-        return results
-    executor: Executor
-    if is_local(fs):
-        executor = ProcessPoolExecutor(max_workers=min(workers, total))
-        mapped = executor.map(
-            _scan_local, [(full, rel, f"{display}/{rel}") for _, full, rel in jobs]
-        )
-    else:
-        executor = ThreadPoolExecutor(max_workers=min(workers, total))
-        mapped = executor.map(
-            lambda job: _scan_file(fs, job[1], job[2], f"{display}/{job[2]}"), jobs
-        )
-    with executor:
-        for scan in mapped:
-            results.append(scan)
-            if progress is not None:
-                progress(len(results), total)
-    return results

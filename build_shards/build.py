@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from build_shards.blocks import BlockJob, prepare
-from build_shards.encode import SampleEncoder, build_schema
+from build_shards.encode import SampleEncoder
 from build_shards.engines import Engine, Output, make_engine
 from build_shards.errors import BuildError, BuildWorkerError, SourceChangedError, naming_options
 from build_shards.lock import DEFAULT_LOCK_TIMEOUT, BuildLock, OutputLockedError
@@ -26,6 +26,7 @@ from build_shards.pool import refuse_reimported_main
 from build_shards.records import BlockRecord
 from build_shards.resume import check_kept
 from build_shards.run import Progress, ProgressBar, run_blocks
+from build_shards.schema import build_schema
 from build_shards.sources import Source, open_source
 from build_shards.splits import Splitter, make_splitter
 from build_shards.state import OutputState

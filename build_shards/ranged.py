@@ -18,7 +18,8 @@ from dataclasses import dataclass
 from typing import Any, BinaryIO
 
 from build_shards.errors import BuildError
-from build_shards.sources import _COMPRESSION_SUFFIXES, JsonlSource, Source, TextSource
+from build_shards.source_files import COMPRESSION_SUFFIXES, JsonlSource, TextSource
+from build_shards.sources import Source
 
 CHECKPOINT_EVERY = 4096  # items between two recorded offsets of a file
 
@@ -33,7 +34,7 @@ class FileScan:
 
 
 def _seekable(path: str) -> bool:
-    return not path.lower().endswith(_COMPRESSION_SUFFIXES)
+    return not path.lower().endswith(COMPRESSION_SUFFIXES)
 
 
 def _open(path: str) -> BinaryIO:

@@ -10,7 +10,7 @@ import tempfile
 import weakref
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
-from typing import Any, BinaryIO
+from typing import Any, BinaryIO, cast
 
 import numpy as np
 
@@ -106,7 +106,8 @@ def _write_columns(f: BinaryIO, columns: dict[str, list[np.ndarray]]) -> dict[st
         first = values[0]
         placed[name] = _Column(offset, first.dtype, first.shape)
         for v in values:
-            f.write(v if v.flags.c_contiguous else np.ascontiguousarray(v))
+            # an array is a buffer (numpy's stubs do not say so)
+            f.write(cast(bytes, v if v.flags.c_contiguous else np.ascontiguousarray(v)))
         offset += first.nbytes * len(values)
     return placed
 

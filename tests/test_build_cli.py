@@ -11,8 +11,10 @@ import time
 
 import pytest
 
-from build_shards.cli import main, parse_size, parse_splits, parse_storage_options
+from build_shards.cli import main
+from build_shards.cli_parser import parse_size, parse_splits
 from wdsloader.format import Manifest
+from wdsloader.io.storage import parse_storage_options
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

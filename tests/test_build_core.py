@@ -12,7 +12,8 @@ import numpy as np
 import pytest
 
 from build_shards import BuildError, OutputExistsError, build_shards
-from build_shards.encode import SampleEncoder, build_schema
+from build_shards.encode import SampleEncoder
+from build_shards.schema import build_schema
 from wdsloader.errors import SchemaError
 from wdsloader.format import (
     BLOCK,

@@ -11,13 +11,8 @@ import numpy as np
 import pytest
 
 from build_shards.errors import BuildError
-from build_shards.text import (
-    PackStats,
-    build_text_shards,
-    document_separators,
-    iter_documents,
-    pack_tokens,
-)
+from build_shards.text import PackStats, build_text_shards, iter_documents, pack_tokens
+from build_shards.text_tokens import document_separators
 
 tokenizers = pytest.importorskip("tokenizers")
 

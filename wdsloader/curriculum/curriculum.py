@@ -16,11 +16,9 @@ from typing import Any
 
 import numpy as np
 
+from wdsloader.curriculum.probs import NAME_RE, ProbLike, check_epoch
 from wdsloader.curriculum.schedule import (
-    NAME_RE,
-    ProbLike,
     Schedule,
-    check_epoch,
     fixed,
     from_callable,
     schedule_from_dict,

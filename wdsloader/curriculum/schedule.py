@@ -9,16 +9,24 @@ lambda). Invalid probabilities are a ValueError saying what is wrong.
 
 from __future__ import annotations
 
-import logging
 import math
 import operator
-import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any, ClassVar
 
 import numpy as np
 
+from wdsloader.curriculum.probs import (
+    ProbLike,
+    Probs,
+    check_epoch,
+    check_value,
+    freeze,
+    normalise,
+    resolve,
+    thaw,
+)
 from wdsloader.format.checks import as_int
 
 __all__ = [
@@ -38,93 +46,6 @@ __all__ = [
     "steps",
     "zero_decay",
 ]
-
-log = logging.getLogger(__name__)
-
-ProbLike = Mapping[str, float] | Sequence[float]
-"""Probabilities by variant name (missing names count 0) or in the variants' declared order."""
-
-SUM_TOLERANCE = 1e-6
-NAME_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.\-]*$")
-
-# Stored form of a ProbLike: ("map", ((name, p), ...)) or ("seq", (p, ...)).
-_Probs = tuple[str, tuple[Any, ...]]
-
-
-# -- probability helpers ----------------------------------------------------------------------
-def _check_value(value: Any, what: str, where: str = "") -> float:
-    at = f" for {where}" if where else ""
-    try:
-        p = float(value)
-    except (TypeError, ValueError):
-        raise ValueError(f"{what}: probability {value!r}{at} is not a number") from None
-    if math.isnan(p):
-        raise ValueError(f"{what}: probability{at} is NaN")
-    if math.isinf(p):
-        raise ValueError(f"{what}: probability{at} is infinite")
-    if p < 0:
-        raise ValueError(f"{what}: probability {p}{at} is negative")
-    return p
-
-
-def _freeze(probs: ProbLike, what: str, *, must_sum_to_one: bool = True) -> _Probs:
-    """Check a ProbLike as far as possible without the variant names; return its stored form."""
-    if isinstance(probs, Mapping):
-        items = []
-        for name, value in probs.items():
-            if not isinstance(name, str):
-                raise ValueError(f"{what}: variant name {name!r} is not a string")
-            items.append((name, _check_value(value, what, repr(name))))
-        frozen: _Probs = ("map", tuple(items))
-        values = [v for _, v in items]
-    elif isinstance(probs, (str, bytes)) or not isinstance(probs, Sequence | np.ndarray):
-        raise ValueError(
-            f"{what}: expected a mapping name -> probability or a sequence of probabilities, "
-            f"got {type(probs).__name__}"
-        )
-    else:
-        values = [_check_value(v, what, f"position {i}") for i, v in enumerate(probs)]
-        frozen = ("seq", tuple(values))
-    if must_sum_to_one:
-        total = math.fsum(values)
-        if abs(total - 1.0) > SUM_TOLERANCE:
-            raise ValueError(f"{what}: probabilities sum to {total:.9g}, not 1")
-    return frozen
-
-
-def _thaw(frozen: _Probs) -> dict[str, float] | list[float]:
-    kind, items = frozen
-    return dict(items) if kind == "map" else list(items)
-
-
-def _resolve(frozen: _Probs, names: tuple[str, ...], what: str) -> np.ndarray:
-    """The probabilities in the order of ``names`` (float64), checked."""
-    kind, items = frozen
-    if kind == "map":
-        out = np.zeros(len(names), dtype=np.float64)
-        position = {n: i for i, n in enumerate(names)}
-        for name, value in items:
-            if name not in position:
-                raise ValueError(
-                    f"{what}: unknown variant {name!r}; valid variants: {', '.join(names)}"
-                )
-            out[position[name]] = value
-    else:
-        if len(items) != len(names):
-            raise ValueError(
-                f"{what}: {len(items)} probabilities for {len(names)} variants ({', '.join(names)})"
-            )
-        out = np.asarray(items, dtype=np.float64)
-    return out
-
-
-def check_epoch(epoch: int) -> int:
-    return as_int(epoch, "epoch", 0)
-
-
-def _normalise(p: np.ndarray) -> np.ndarray:
-    p = np.maximum(p, 0.0)
-    return p / p.sum()
 
 
 # -- schedules --------------------------------------------------------------------------------
@@ -149,21 +70,21 @@ class Schedule:
 class FixedSchedule(Schedule):
     """The same probabilities at every epoch."""
 
-    probs: _Probs
+    probs: Probs
 
     def probabilities(self, epoch: int, names: tuple[str, ...]) -> np.ndarray:
         check_epoch(epoch)
-        return _normalise(_resolve(self.probs, tuple(names), "fixed schedule"))
+        return normalise(resolve(self.probs, tuple(names), "fixed schedule"))
 
     def to_dict(self) -> dict[str, Any]:
-        return {"kind": "fixed", "probs": _thaw(self.probs)}
+        return {"kind": "fixed", "probs": thaw(self.probs)}
 
 
 @dataclass(frozen=True)
 class _Interpolated(Schedule):
     _kind: ClassVar[str] = ""
-    start: _Probs
-    end: _Probs
+    start: Probs
+    end: Probs
     epochs: int
 
     def _weight(self, progress: float) -> float:  # weight of `end`
@@ -172,17 +93,17 @@ class _Interpolated(Schedule):
     def probabilities(self, epoch: int, names: tuple[str, ...]) -> np.ndarray:
         e = check_epoch(epoch)
         names = tuple(names)
-        start = _resolve(self.start, names, f"{self._kind} schedule start")
-        end = _resolve(self.end, names, f"{self._kind} schedule end")
+        start = resolve(self.start, names, f"{self._kind} schedule start")
+        end = resolve(self.end, names, f"{self._kind} schedule end")
         w = self._weight(min(e / self.epochs, 1.0))
         p = start + (end - start) * w
-        return _normalise(p)
+        return normalise(p)
 
     def to_dict(self) -> dict[str, Any]:
         return {
             "kind": self._kind,
-            "start": _thaw(self.start),
-            "end": _thaw(self.end),
+            "start": thaw(self.start),
+            "end": thaw(self.end),
             "epochs": self.epochs,
         }
 
@@ -214,7 +135,7 @@ class CosineSchedule(_Interpolated):
 class StepsSchedule(Schedule):
     """Piecewise constant: the row with the largest start epoch <= epoch."""
 
-    table: tuple[tuple[int, _Probs], ...]
+    table: tuple[tuple[int, Probs], ...]
 
     def probabilities(self, epoch: int, names: tuple[str, ...]) -> np.ndarray:
         e = check_epoch(epoch)
@@ -223,10 +144,10 @@ class StepsSchedule(Schedule):
             if row_start > e:
                 break
             start, probs = row_start, row_probs
-        return _normalise(_resolve(probs, tuple(names), f"steps schedule row {start}"))
+        return normalise(resolve(probs, tuple(names), f"steps schedule row {start}"))
 
     def to_dict(self) -> dict[str, Any]:
-        return {"kind": "steps", "table": [[e, _thaw(p)] for e, p in self.table]}
+        return {"kind": "steps", "table": [[e, thaw(p)] for e, p in self.table]}
 
     def key_epochs(self) -> tuple[int, ...]:
         return tuple(e for e, _ in self.table)
@@ -237,7 +158,7 @@ class ZeroDecaySchedule(Schedule):
     """P(zero) falls linearly from ``start`` to ``end`` over ``epochs`` epochs, then stays; the
     other variants share the rest in proportion to ``base`` (equal shares when ``base`` is None)."""
 
-    base: _Probs | None
+    base: Probs | None
     zero: str
     start: float
     end: float
@@ -254,7 +175,7 @@ class ZeroDecaySchedule(Schedule):
         if self.base is None:
             weights = np.ones(len(names), dtype=np.float64)
         else:
-            weights = _resolve(self.base, names, "zero_decay base")
+            weights = resolve(self.base, names, "zero_decay base")
         weights[z] = 0.0
         total = weights.sum()
         if not total > 0:
@@ -268,7 +189,7 @@ class ZeroDecaySchedule(Schedule):
         return p
 
     def to_dict(self) -> dict[str, Any]:
-        base = None if self.base is None else _thaw(self.base)
+        base = None if self.base is None else thaw(self.base)
         return {"kind": "zero_decay", **asdict(self), "base": base}
 
     def key_epochs(self) -> tuple[int, ...]:
@@ -284,8 +205,8 @@ class CallableSchedule(Schedule):
     def probabilities(self, epoch: int, names: tuple[str, ...]) -> np.ndarray:
         e = check_epoch(epoch)
         what = f"schedule function at epoch {e}"
-        frozen = _freeze(self.fn(e), what)
-        return _normalise(_resolve(frozen, tuple(names), what))
+        frozen = freeze(self.fn(e), what)
+        return normalise(resolve(frozen, tuple(names), what))
 
     def to_dict(self) -> dict[str, Any]:
         raise ValueError(
@@ -296,14 +217,14 @@ class CallableSchedule(Schedule):
 
 def fixed(probs: ProbLike) -> Schedule:
     """The same probabilities at every epoch."""
-    return FixedSchedule(_freeze(probs, "fixed schedule"))
+    return FixedSchedule(freeze(probs, "fixed schedule"))
 
 
 def linear(start: ProbLike, end: ProbLike, epochs: int) -> Schedule:
     """From ``start`` at epoch 0 to ``end`` at ``epochs``, linearly, then ``end``."""
     n = as_int(epochs, "linear schedule: epochs", 1)
     return LinearSchedule(
-        _freeze(start, "linear schedule start"), _freeze(end, "linear schedule end"), n
+        freeze(start, "linear schedule start"), freeze(end, "linear schedule end"), n
     )
 
 
@@ -311,7 +232,7 @@ def cosine(start: ProbLike, end: ProbLike, epochs: int) -> Schedule:
     """From ``start`` at epoch 0 to ``end`` at ``epochs`` along a half cosine, then ``end``."""
     n = as_int(epochs, "cosine schedule: epochs", 1)
     return CosineSchedule(
-        _freeze(start, "cosine schedule start"), _freeze(end, "cosine schedule end"), n
+        freeze(start, "cosine schedule start"), freeze(end, "cosine schedule end"), n
     )
 
 
@@ -323,7 +244,7 @@ def steps(table: Mapping[int, ProbLike] | Sequence[tuple[int, ProbLike]]) -> Sch
     rows = list(table.items()) if isinstance(table, Mapping) else list(table)
     if not rows:
         raise ValueError("steps schedule: the table is empty")
-    parsed: list[tuple[int, _Probs]] = []
+    parsed: list[tuple[int, Probs]] = []
     seen: set[int] = set()
     for row in rows:
         try:
@@ -336,7 +257,7 @@ def steps(table: Mapping[int, ProbLike] | Sequence[tuple[int, ProbLike]]) -> Sch
         if e in seen:
             raise ValueError(f"steps schedule: duplicate start epoch {e}")
         seen.add(e)
-        parsed.append((e, _freeze(probs, f"steps schedule row {e}")))
+        parsed.append((e, freeze(probs, f"steps schedule row {e}")))
     parsed.sort(key=lambda r: r[0])
     if parsed[0][0] != 0:
         raise ValueError(f"steps schedule: the first row must start at epoch 0, not {parsed[0][0]}")
@@ -358,12 +279,12 @@ def zero_decay(
     n = as_int(epochs, "zero_decay schedule: epochs", 1)
     if not isinstance(zero, str) or not zero:
         raise ValueError(f"zero_decay schedule: zero must be a variant name, got {zero!r}")
-    s = _check_value(start, "zero_decay schedule start")
-    f = _check_value(end, "zero_decay schedule end")
+    s = check_value(start, "zero_decay schedule start")
+    f = check_value(end, "zero_decay schedule end")
     for label, v in (("start", s), ("end", f)):
         if v > 1.0:
             raise ValueError(f"zero_decay schedule: {label} probability {v} is above 1")
-    frozen = None if base is None else _freeze(base, "zero_decay base", must_sum_to_one=False)
+    frozen = None if base is None else freeze(base, "zero_decay base", must_sum_to_one=False)
     return ZeroDecaySchedule(frozen, zero, s, f, n)
 
 

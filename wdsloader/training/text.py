@@ -110,7 +110,7 @@ def tokenizer_fingerprint(tokenizer: Any, probes: Iterable[str] = ()) -> str:
 def _files_digest(path: Paths) -> list[tuple[str, str]]:
     import fsspec
 
-    from build_shards.sources import resolve_files
+    from build_shards.source_files import resolve_files
 
     out = []
     for file in resolve_files(path):

@@ -1,0 +1,187 @@
+"""One pass over a WebDataset tar for ``adopt``: sample offsets (where each sample's header chain
+starts), extension sets, ``.npy`` headers, key hashes and the file's SHA-256; and the scan of
+many shards in processes or threads."""
+
+from __future__ import annotations
+
+import hashlib
+import mmap
+import os
+from collections.abc import Callable, Iterator
+from concurrent.futures import Executor, ProcessPoolExecutor, ThreadPoolExecutor
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from wdsloader.errors import ShardFormatError
+from wdsloader.format import iter_samples, padded, read_npy_header
+from wdsloader.io.storage import is_local
+
+NpyInfo = tuple[str | None, tuple[int, ...] | None]
+
+
+def merge_info(a: NpyInfo, b: NpyInfo) -> NpyInfo:
+    return (a[0] if a[0] == b[0] else None, a[1] if a[1] == b[1] else None)
+
+
+@dataclass(slots=True, kw_only=True)
+class ShardScan:
+    """What one pass over a tar found (everything the idx and the manifest need)."""
+
+    path: str
+    offsets: np.ndarray
+    num_bytes: int
+    sha256: str
+    ext_sets: dict[tuple[str, ...], list[Any]] = field(default_factory=dict)
+    """Each distinct set of extensions, in order of appearance: ``[count, first key]``."""
+    npy: dict[str, NpyInfo] = field(default_factory=dict)
+    """``(dtype, shape)`` of each npy extension; either is None where samples disagree."""
+    layout: dict[str, list[int]] | None = None
+    key_hashes: np.ndarray = field(default_factory=lambda: np.zeros(0, np.uint64))
+    """A 64-bit hash of each sample's key (to find keys that two shards share)."""
+
+    @property
+    def num_samples(self) -> int:
+        return len(self.offsets) - 1
+
+
+# -- scanning one tar ----------------------------------------------------------------------------
+def _npy_info(view: memoryview, off: int, size: int, where: str) -> NpyInfo:
+    """``(dtype, shape)`` from the header of an ``.npy`` member."""
+    try:
+        dtype, shape, _, _ = read_npy_header(view[off : off + size])
+    except ValueError as exc:
+        raise ShardFormatError(f"{where}: bad .npy member ({exc})") from None
+    native = dtype.byteorder in "=|" and not dtype.fields
+    return (dtype.name if native else dtype.str, tuple(shape))
+
+
+def scan_buffer(buf: bytes | memoryview | mmap.mmap, *, path: str, source: str) -> ShardScan:
+    """Scan a whole tar held in ``buf``: sample offsets, extension sets, npy headers, layout.
+
+    ``path`` is recorded in the result, ``source`` names the shard in errors.
+    """
+    view = memoryview(buf)
+    try:
+        return _scan_view(view, path=path, source=source)
+    finally:
+        view.release()
+
+
+def key_hash(key: str) -> int:
+    """A stable 64-bit hash of a sample key (the same in every process)."""
+    raw = key.encode("utf-8", "surrogateescape")
+    return int.from_bytes(hashlib.blake2b(raw, digest_size=8).digest(), "little")
+
+
+def _scan_view(view: memoryview, *, path: str, source: str) -> ShardScan:
+    offsets: list[int] = []
+    scan = ShardScan(path=path, offsets=np.zeros(1, np.int64), num_bytes=len(view), sha256="")
+    npy: dict[str, Any] = {}
+    layout: dict[str, list[int]] | None = None
+    end = 0
+    first_at: dict[str, int] = {}  # key -> offset of its sample
+    hashes: list[int] = []
+    # a sample starts at its first member's header chain (PAX / GNU long name included)
+    for key, start, fields in iter_samples(view, source=source):
+        if key in first_at:
+            raise ShardFormatError(
+                f"{source}: sample key {key!r} appears twice (samples at bytes {first_at[key]} "
+                f"and {start}): readers would deliver it twice per epoch"
+            )
+        first_at[key] = start
+        hashes.append(key_hash(key))
+        offsets.append(start)
+        exts = tuple(fields)
+        seen = scan.ext_sets.get(exts)
+        if seen is None:
+            scan.ext_sets[exts] = [1, key]
+        else:
+            seen[0] += 1
+        here = {ext: [off - start, size] for ext, (off, size) in fields.items()}
+        if layout is None:
+            layout = here
+        else:
+            layout = {k: v for k, v in layout.items() if here.get(k) == v}
+        for ext, (off, size) in fields.items():
+            end = max(end, off + padded(size))
+            if ext == "npy" or ext.endswith(".npy"):
+                where = f"{source}: sample {key!r} field {ext!r}"
+                info = _npy_info(view, off, size, where)
+                npy[ext] = merge_info(npy.get(ext, info), info)
+    offsets.append(end)
+    scan.offsets = np.asarray(offsets, dtype=np.int64)
+    scan.key_hashes = np.asarray(hashes, dtype=np.uint64)
+    scan.npy = npy
+    scan.layout = layout
+    scan.sha256 = hashlib.sha256(view).hexdigest()
+    return scan
+
+
+@contextmanager
+def open_buffer(fs: Any, path: str) -> Iterator[bytes | mmap.mmap]:
+    """The bytes of a file: memory-mapped (read-only) when local, else read whole."""
+    if not is_local(fs):
+        yield fs.cat_file(path)
+        return
+    with open(path, "rb") as f:
+        if os.fstat(f.fileno()).st_size == 0:
+            yield b""
+            return
+        mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+        try:
+            yield mm
+        finally:
+            try:
+                mm.close()
+            except BufferError:  # an error's traceback still holds a view; GC closes the map
+                pass
+
+
+def scan_file(fs: Any, path: str, rel: str, source: str) -> ShardScan:
+    with open_buffer(fs, path) as buf:
+        return scan_buffer(buf, path=rel, source=source)
+
+
+def _scan_local(job: tuple[str, str, str]) -> ShardScan:
+    """Process-pool entry point: scan a local file."""
+    from fsspec.implementations.local import LocalFileSystem
+
+    path, rel, source = job
+    return scan_file(LocalFileSystem(), path, rel, source)
+
+
+def scan_all(
+    fs: Any,
+    jobs: list[tuple[str, str, str]],
+    display: str,
+    workers: int,
+    progress: Callable[[int, int], None] | None,
+) -> list[ShardScan]:
+    total = len(jobs)
+    results: list[ShardScan] = []
+    if workers == 1 or total == 1:
+        for _, full, rel in jobs:
+            results.append(scan_file(fs, full, rel, f"{display}/{rel}"))
+            if progress is not None:
+                progress(len(results), total)
+        return results
+    executor: Executor
+    if is_local(fs):
+        executor = ProcessPoolExecutor(max_workers=min(workers, total))
+        mapped = executor.map(
+            _scan_local, [(full, rel, f"{display}/{rel}") for _, full, rel in jobs]
+        )
+    else:
+        executor = ThreadPoolExecutor(max_workers=min(workers, total))
+        mapped = executor.map(
+            lambda job: scan_file(fs, job[1], job[2], f"{display}/{job[2]}"), jobs
+        )
+    with executor:
+        for scan in mapped:
+            results.append(scan)
+            if progress is not None:
+                progress(len(results), total)
+    return results

@@ -21,7 +21,7 @@ from build_shards.engines import Engine, Output, make_engine
 from build_shards.errors import BuildError, BuildWorkerError, SourceChangedError, naming_options
 from build_shards.lock import DEFAULT_LOCK_TIMEOUT, BuildLock, OutputLockedError
 from build_shards.merge import manifest_build, merge
-from build_shards.params import BuildParams, callable_name
+from build_shards.params import BuildParams, callable_name, default_block_size, sample_tar_bytes
 from build_shards.pool import refuse_reimported_main
 from build_shards.records import BlockRecord
 from build_shards.resume import check_kept
@@ -33,8 +33,6 @@ from build_shards.state import OutputState
 from wdsloader.errors import SchemaError
 from wdsloader.format import FieldSpec, Manifest
 from wdsloader.io.storage import url_to_fs
-
-BLOCK_FACTOR = 4  # default block_size = BLOCK_FACTOR * shard_max_count
 
 
 def build_shards(
@@ -83,8 +81,11 @@ def build_shards(
     is checked against it. NaN/Inf is a SchemaError unless ``allow_nan`` (then counted in
     ``manifest.build["nan_samples"]``).
 
-    Shards: the source is cut into blocks of ``block_size`` consecutive items (default
-    ``4 * shard_max_count``); each block writes ``{split}/shard-BBBBB-PPP.tar`` bounded by
+    Shards: the source is cut into blocks of ``block_size`` consecutive items (default: at most
+    4 full shards, judged by the first sample's size, and at least 16 blocks when the source's
+    length is known, a block keeping >= 4 MiB or one full shard: see
+    :func:`build_shards.params.default_block_size`); each block writes
+    ``{split}/shard-BBBBB-PPP.tar`` bounded by
     ``shard_max_count`` samples and ``shard_max_bytes`` file bytes (a bigger sample gets a shard
     of its own). The layout depends on the data and these options only, never on ``workers``
     (local processes; indexable sources are read by the workers, sequential ones by this
@@ -126,12 +127,13 @@ def build_shards(
         out = _open_output(output, storage_options, runner)
         state = OutputState(out.fs, out.root, out.url, storage_options)
         state.check_existing(overwrite)
+        given = open_source(source)
         inp = _open_input(
-            runner.prepare(open_source(source)), splits=splits, split_field=split_field,
+            runner.prepare(given), length=given.length, splits=splits, split_field=split_field,
             group_by=group_by, key_field=key_field, schema=schema, dims=dims, map_fn=map,
             seed=seed, allow_nan=allow_nan, shard_max_count=shard_max_count,
             shard_max_bytes=shard_max_bytes,
-            block_size=block_size or BLOCK_FACTOR * shard_max_count,
+            block_size=block_size,
         )  # fmt: skip
         defaults = dict(loader_defaults or {})
         if curriculum is not None:
@@ -220,6 +222,7 @@ def _open_output(
 def _open_input(
     src: Source,
     *,
+    length: int | None,
     splits: Mapping[str, float] | None,
     split_field: str | None,
     group_by: str | None,
@@ -231,9 +234,11 @@ def _open_input(
     allow_nan: bool,
     shard_max_count: int,
     shard_max_bytes: int,
-    block_size: int,
+    block_size: int | None,
 ) -> Input:
-    """Infer the schema from the source's first sample and check that sample."""
+    """Infer the schema from the source's first sample and check that sample. ``length``: the
+    source's as given, before the engine prepared it (the default block size depends on it, so
+    every engine writes the same shards)."""
     splitter = make_splitter(
         src, splits=splits, split_field=split_field, group_by=group_by, seed=seed
     )
@@ -251,7 +256,11 @@ def _open_input(
     stream, (key, sample) = _first_sample(src, job)
     full_schema, all_dims = build_schema(key, sample, schema, dims)
     encoder = SampleEncoder(full_schema, all_dims, allow_nan=allow_nan)
-    encoder.encode(key, sample)  # the first sample must pass its own schema (NaN, ranges)
+    members, _ = encoder.encode(key, sample)  # the first sample must pass its schema (NaN, ranges)
+    if block_size is None:
+        block_size = default_block_size(
+            length, sample_tar_bytes(members), shard_max_count, shard_max_bytes
+        )
     params = BuildParams(
         source=src.describe(), source_kind=src.kind, map_name=callable_name(map_fn),
         key_field=key_field, splits=splitter.spec(), split_field=split_field, group_by=group_by,

@@ -6,11 +6,45 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from wdsloader.format import FORMAT_VERSION, FieldSpec
+
+BLOCK_SHARDS = 4  # full shards per block, at most
+MIN_BLOCKS = 16  # blocks a build of known length is cut into, at least (when big enough)
+MIN_BLOCK_BYTES = 4 * 2**20  # tar bytes a block holds, at least (unless it is one full shard)
+TAR_BLOCK = 512
+
+
+def sample_tar_bytes(members: list[tuple[str, bytes]]) -> int:
+    """About the tar bytes of one encoded sample: a 512-byte header per member plus its data
+    padded to 512 (a name too long for one header costs a little more)."""
+    return sum(TAR_BLOCK + -(-len(data) // TAR_BLOCK) * TAR_BLOCK for _, data in members)
+
+
+def default_block_size(
+    length: int | None, sample_bytes: int, shard_max_count: int, shard_max_bytes: int
+) -> int:
+    """The number of source items per block when ``block_size`` is not given.
+
+    A block holds at most :data:`BLOCK_SHARDS` full shards (``shard_max_count`` samples or
+    ``shard_max_bytes`` of samples of ``sample_bytes``, whichever is fewer), so big samples do
+    not make huge blocks. A source of known ``length`` is cut into at least :data:`MIN_BLOCKS`
+    blocks, so the workers of a small build have blocks to share, while a block keeps at least
+    :data:`MIN_BLOCK_BYTES` of samples (or one full shard) so small datasets are not cut into
+    tiny shards (nor longer than the source). The rule depends on the data and the shard
+    limits only, never on the number of workers: the shards are the same whatever ``workers``
+    is.
+    """
+    per_shard = max(1, min(shard_max_count, shard_max_bytes // max(1, sample_bytes)))
+    block = BLOCK_SHARDS * per_shard
+    if length is not None:
+        floor = min(per_shard, max(1, MIN_BLOCK_BYTES // max(1, sample_bytes)))
+        block = min(block, max(floor, math.ceil(length / MIN_BLOCKS)), length)
+    return max(1, block)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -171,13 +171,7 @@ def run_pool(
     At most ``2 * workers`` blocks are in flight. A dead worker raises BuildWorkerError; any
     other error stops every worker at its next check and is raised.
     """
-    try:
-        pickle.dumps((job.map_fn, job.decoder, job.splitter))
-    except (pickle.PicklingError, AttributeError, TypeError) as exc:
-        raise BuildError(
-            f"workers={workers} needs a picklable map (a module-level function, not a lambda or "
-            f"closure): {exc}"
-        ) from None
+    check_picklable(job, workers)
     ctx = multiprocessing.get_context("spawn")
     job_path = _write_job(job, fs, root)
     abort, table = AbortFlag(ctx), RunningTable(ctx, workers)
@@ -218,6 +212,18 @@ def run_pool(
         _shutdown(pool, queue, report, cancel=False)
     finally:
         remove_quietly(job_path)  # every worker has loaded it (or is gone) once shut down
+
+
+def check_picklable(job: BlockJob, workers: int) -> None:
+    """A BuildError unless the job's map, decoder and splitter can be sent to worker processes
+    (checked for any ``workers > 1``, even when a build turns out to need one process)."""
+    try:
+        pickle.dumps((job.map_fn, job.decoder, job.splitter))
+    except (pickle.PicklingError, AttributeError, TypeError) as exc:
+        raise BuildError(
+            f"workers={workers} needs a picklable map (a module-level function, not a lambda or "
+            f"closure): {exc}"
+        ) from None
 
 
 def _submit(pool: cf.ProcessPoolExecutor, task: BlockTask) -> cf.Future[Any]:

@@ -1,8 +1,9 @@
 """Blocks the parent reads (in-memory and sequential sources) on their way to worker processes:
-their array fields go through a file the worker maps, not through pickle."""
+their array and bytes fields go through a file the worker maps, not through pickle."""
 
 from __future__ import annotations
 
+import itertools
 import math
 import mmap
 import os
@@ -18,6 +19,7 @@ from build_shards.paths import BUILD_DIR, remove_quietly
 from wdsloader.io.storage import is_local, join
 
 _SPOOL_ALIGN = 64  # byte alignment of each array column in a spool file
+MIN_BLOB_BYTES = 1 << 20  # bytes a block's values of a bytes field must reach to be spooled
 
 
 @dataclass(frozen=True, slots=True)
@@ -37,7 +39,10 @@ class SpooledItems:
     when every item of the block is a dict with the same names in the same order, each field
     whose values are all plain numpy arrays of one dtype and shape is written, one value after
     the other, to a temporary file; the worker maps that file (copy-on-write) and gets the
-    values back as rows of one array per field. Other fields travel pickled, as lists.
+    values back as rows of one array per field. A field whose values are all ``bytes`` is
+    written the same way, one value after the other, with their lengths (the worker gets each
+    value back as ``bytes``): pickling big blobs through the pipe cost several copies each.
+    Other fields travel pickled, as lists.
 
     Iterating gives ``(index, dict)`` pairs equal to the original items. The worker removes the
     file as soon as it has mapped it; the object the parent made removes it when it is
@@ -49,15 +54,17 @@ class SpooledItems:
         indices: list[int],
         names: tuple[str, ...],
         arrays: dict[str, _Column],
+        blobs: dict[str, _Blobs],
         others: dict[str, list[Any]],
         path: str,
     ) -> None:
         self.indices, self.names, self.path = indices, names, path
-        self.arrays, self.others = arrays, others
+        self.arrays, self.blobs, self.others = arrays, blobs, others
         self._cleanup = weakref.finalize(self, remove_quietly, path)
 
     def __getstate__(self) -> dict[str, Any]:
-        return {k: getattr(self, k) for k in ("indices", "names", "arrays", "others", "path")}
+        names = ("indices", "names", "arrays", "blobs", "others", "path")
+        return {k: getattr(self, k) for k in names}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)  # no cleanup here: the worker removes the file once mapped
@@ -65,15 +72,17 @@ class SpooledItems:
     def __len__(self) -> int:
         return len(self.indices)
 
-    def _map(self) -> dict[str, np.ndarray]:
+    def _map(self) -> dict[str, Any]:
         with open(self.path, "rb") as f:
             mapped = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_COPY)
         remove_quietly(self.path)  # the mapping keeps the data
         n = len(self.indices)
-        stacked = {}
+        stacked: dict[str, Any] = {}
         for name, col in self.arrays.items():
             flat = np.frombuffer(mapped, col.dtype, n * math.prod(col.shape), col.offset)
             stacked[name] = flat.reshape(n, *col.shape)
+        for name, blob in self.blobs.items():
+            stacked[name] = _BlobColumn(mapped, blob)
         return stacked
 
     def __iter__(self) -> Iterator[tuple[int, dict[str, Any]]]:
@@ -82,6 +91,30 @@ class SpooledItems:
         columns = [stacked[n] if n in stacked else self.others[n] for n in names]
         for j, index in enumerate(self.indices):
             yield index, dict(zip(names, [col[j] for col in columns], strict=True))
+
+
+@dataclass(frozen=True, slots=True)
+class _Blobs:
+    """Where one bytes field lies in a spool file: its values one after the other."""
+
+    offset: int
+    lengths: list[int]
+
+
+class _BlobColumn:
+    """The values of a bytes field in a mapped spool file, by row (each a fresh ``bytes``)."""
+
+    def __init__(self, mapped: mmap.mmap, blobs: _Blobs) -> None:
+        self.mapped = mapped
+        self.starts = list(itertools.accumulate(blobs.lengths, initial=blobs.offset))
+
+    def __getitem__(self, row: int) -> bytes:
+        return self.mapped[self.starts[row] : self.starts[row + 1]]
+
+
+def _is_blob_column(values: list[Any]) -> bool:
+    """True when ``values`` are all ``bytes`` and big enough together to be worth a file."""
+    return all(type(v) is bytes for v in values) and sum(map(len, values)) >= MIN_BLOB_BYTES
 
 
 def _is_column(values: list[Any]) -> bool:
@@ -96,7 +129,9 @@ def _is_column(values: list[Any]) -> bool:
     )
 
 
-def _write_columns(f: BinaryIO, columns: dict[str, list[np.ndarray]]) -> dict[str, _Column]:
+def _write_columns(
+    f: BinaryIO, columns: dict[str, list[np.ndarray]], blobs: dict[str, list[bytes]]
+) -> tuple[dict[str, _Column], dict[str, _Blobs]]:
     offset = 0
     placed: dict[str, _Column] = {}
     for name, values in columns.items():
@@ -109,7 +144,14 @@ def _write_columns(f: BinaryIO, columns: dict[str, list[np.ndarray]]) -> dict[st
             # an array is a buffer (numpy's stubs do not say so)
             f.write(cast(bytes, v if v.flags.c_contiguous else np.ascontiguousarray(v)))
         offset += first.nbytes * len(values)
-    return placed
+    placed_blobs: dict[str, _Blobs] = {}
+    for name, data in blobs.items():
+        lengths = [len(blob) for blob in data]
+        placed_blobs[name] = _Blobs(offset, lengths)
+        for blob in data:
+            f.write(blob)
+        offset += sum(lengths)
+    return placed, placed_blobs
 
 
 def spool_items(
@@ -132,7 +174,12 @@ def spool_items(
         return pairs
     by_name = {name: [raw[name] for raw in raws] for name in names}
     arrays = {name: values for name, values in by_name.items() if _is_column(values)}
-    if not arrays:
+    blobs = {
+        name: values
+        for name, values in by_name.items()
+        if name not in arrays and _is_blob_column(values)
+    }
+    if not arrays and not blobs:
         return pairs
     folder = None
     if fs is not None and root is not None and is_local(fs):
@@ -141,9 +188,11 @@ def spool_items(
     fd, path = tempfile.mkstemp(prefix="spool-", dir=folder)
     try:
         with open(fd, "wb", buffering=1 << 20) as f:
-            placed = _write_columns(f, arrays)
+            placed, placed_blobs = _write_columns(f, arrays, blobs)
     except BaseException:
         remove_quietly(path)
         raise
-    others = {name: values for name, values in by_name.items() if name not in arrays}
-    return SpooledItems([index for index, _ in pairs], names, placed, others, path)
+    others = {
+        name: values for name, values in by_name.items() if name not in arrays and name not in blobs
+    }
+    return SpooledItems([index for index, _ in pairs], names, placed, placed_blobs, others, path)

@@ -617,7 +617,7 @@ def test_manifest_records_build_parameters_and_loader_defaults(tmp_path):
         7,
         3,
         1 << 20,
-        12,
+        3,  # the default: one full shard (4 small samples cannot fill 16 blocks of >= 4 MiB)
     )
     assert b["group_by"] == "i" and b["key_field"] == "__key__" and "created" in b
     assert loaded.loader_defaults == {"collator": "default"}

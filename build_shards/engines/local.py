@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Iterator
 
 from build_shards.blocks import BlockJob
@@ -13,7 +14,9 @@ from build_shards.sources import Source
 class LocalEngine:
     """Runs :func:`~build_shards.engines.base.write_block` inline or in ``workers`` spawned
     processes (:func:`build_shards.pool.run_pool`). Reads every source ``build_shards`` takes:
-    indexable ones in the workers, sequential ones in this process."""
+    indexable ones in the workers, sequential ones in this process. A build of known length
+    starts no more processes than it has blocks, and none for a single block (starting one
+    costs more than a small block)."""
 
     name = "local"
 
@@ -27,15 +30,35 @@ class LocalEngine:
     def run(
         self, job: BlockJob, tasks: Iterator[BlockTask], out: Output, report: Report | None
     ) -> Iterator[tuple[int, BlockRecord]]:
-        if self.workers == 1:
+        if self.workers > 1:
+            from build_shards.pool import check_picklable
+
+            check_picklable(job, self.workers)
+        tasks, workers = fit_workers(tasks, self.workers)
+        if workers == 1:
             for task in tasks:
                 yield task.block, write_block(job, out.fs, out.root, task, report=report)
             return
         from build_shards.pool import run_pool
 
         yield from run_pool(
-            job, tasks, self.workers, out.fs, out.root, out.url, out.storage_options, report
+            job, tasks, workers, out.fs, out.root, out.url, out.storage_options, report
         )
 
     def close(self) -> None:
         pass
+
+
+def fit_workers(tasks: Iterator[BlockTask], workers: int) -> tuple[Iterator[BlockTask], int]:
+    """``(tasks, processes)``: the same tasks, and ``workers`` capped at the number of blocks
+    when the first ``workers`` tasks show it is smaller. Only ranges of a source of known length
+    are looked ahead at (a sequential source's blocks share one stream: taking the next one
+    would read the items of the one before)."""
+    if workers == 1:
+        return tasks, 1
+    ahead: list[BlockTask] = []
+    for task in tasks:
+        ahead.append(task)
+        if task.stop is None or len(ahead) == workers:
+            return itertools.chain(ahead, tasks), workers
+    return iter(ahead), max(1, len(ahead))

@@ -4,13 +4,10 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import re
-import subprocess
-import sys
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+from tests.examples_util import run_example
+
 BATCH = 64  # the example's default --batch-size (train drops fewer than one batch)
 
 
@@ -20,21 +17,7 @@ def _floats(text: str) -> list[float]:
 
 def test_steering_curriculum_small(tmp_path):
     out_dir = tmp_path / "o"
-    proc = subprocess.run(
-        [
-            sys.executable,
-            str(ROOT / "examples" / "steering_curriculum.py"),
-            "--small",
-            "--out",
-            str(out_dir),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env={**os.environ, "PYTHONPATH": str(ROOT)},
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    out = proc.stdout
+    out = run_example("steering_curriculum.py", "--small", "--out", str(out_dir))
     lines = out.splitlines()
 
     built = re.search(r"built (\d+) samples .*: train (\d+) .*questions in two splits: (\d+)", out)

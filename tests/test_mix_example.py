@@ -2,25 +2,13 @@
 
 from __future__ import annotations
 
-import os
 import re
-import subprocess
-import sys
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+from tests.examples_util import run_example
 
 
 def test_mixing_example_small(tmp_path):
-    proc = subprocess.run(
-        [sys.executable, str(ROOT / "examples" / "mixing.py"), "--small", "--out", str(tmp_path)],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env={**os.environ, "PYTHONPATH": str(ROOT)},
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    out = proc.stdout
+    out = run_example("mixing.py", "--small", "--out", str(tmp_path))
     assert "built 2460 samples: web 2000, code 400, curated 60" in out
     # train drops the last partial batch: 2000 // 16 + 400 // 16 + 60 // 16 = 125 + 25 + 3
     assert "153 steps per epoch" in out

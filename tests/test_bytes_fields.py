@@ -5,6 +5,7 @@ the parser's."""
 
 from __future__ import annotations
 
+import pickle
 import re
 
 import numpy as np
@@ -132,6 +133,19 @@ def test_kept_batches_are_never_overwritten_by_later_reads(declared):
     del kept, b, row
     again = [b["blob"][0, :4].tolist() for b in loader]  # batches dropped as they go
     assert len(again) == 6 and pool.reused > 0
+
+
+def test_later_passes_read_and_gather_into_the_buffers_of_earlier_ones(declared):
+    loader = create_loader(declared, "train", batch_size=8, seed=1, drop_last=False)
+    ds = loader.dataset_obj
+    first = [b["blob"][:, :2].tolist() for b in loader]
+    allocated = (ds.reader.pool.allocated, ds.columnar.out_pool.allocated)
+    assert allocated[0] >= 1 and allocated[1] >= 1
+    for _ in range(2):
+        assert [b["blob"][:, :2].tolist() for b in loader] != first  # a new order each epoch
+    assert (ds.reader.pool.allocated, ds.columnar.out_pool.allocated) == allocated
+    copy = pickle.loads(pickle.dumps(ds.reader.pool))  # what a worker process gets: no buffers
+    assert copy.free == 0 and copy.keep == ds.reader.pool.keep and ds.reader.pool.free > 0
 
 
 @pytest.mark.parametrize("gather", [True, False])

@@ -48,6 +48,10 @@ class BufferPool:
         self.allocated = 0  # blocks allocated
         self.reused = 0  # leases served from a returned block
 
+    def __reduce__(self) -> tuple[type[BufferPool], tuple[int]]:
+        """A copy is an empty pool (a dataset sent to a worker process takes no buffers)."""
+        return BufferPool, (self.keep,)
+
     def lease(self, nbytes: int) -> np.ndarray:
         """A uint8 array of ``nbytes`` (contents undefined) that is this caller's until
         nothing refers to it."""

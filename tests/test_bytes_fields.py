@@ -143,7 +143,10 @@ def test_later_passes_read_and_gather_into_the_buffers_of_earlier_ones(declared)
     assert allocated[0] >= 1 and allocated[1] >= 1
     for _ in range(2):
         assert [b["blob"][:, :2].tolist() for b in loader] != first  # a new order each epoch
-    assert (ds.reader.pool.allocated, ds.columnar.out_pool.allocated) == allocated
+    # a group's buffer returns once its batches are dropped, which may race the next read by
+    # one group: at most one more block over the two passes, each of which reuses blocks
+    assert ds.reader.pool.allocated <= allocated[0] + 1 and ds.reader.pool.reused >= 2
+    assert ds.columnar.out_pool.allocated == allocated[1]
     copy = pickle.loads(pickle.dumps(ds.reader.pool))  # what a worker process gets: no buffers
     assert copy.free == 0 and copy.keep == ds.reader.pool.keep and ds.reader.pool.free > 0
 
@@ -171,3 +174,19 @@ def test_a_corrupt_blob_header_is_the_parsers_error_and_skip_drops_only_its_samp
     assert batch["__key__"] == [f"s{i:05d}" for i in range(N) if i != 6]
     assert [r.numpy().tobytes() for r in batch["blob"]] == [_blob(i) for i in range(N) if i != 6]
     assert loader.stats["skipped_samples"] == 1
+
+
+def test_long_npy_rows_are_copied_row_by_row_and_equal_the_parsed_values(tmp_path):
+    root = str(tmp_path / "n")
+    rows = [
+        {"__key__": f"s{i:05d}", "big": np.arange(5000, dtype=np.float32) * i, "label": i}
+        for i in range(20)
+    ]
+    build_shards(rows, root, shard_max_count=8)
+    col = create_loader(root, "train", batch_size=8).dataset_obj.columnar
+    assert col is not None and "big" in col.tables and col.block_len == 0  # no prefix block
+    got, want = _passes(root), _passes(root, gather=False)
+    for a, b in zip(got, want, strict=True):
+        _same(a, b)
+        assert a["big"].shape == (len(a["__key__"]), 5000) and a["big"].dtype == torch.float32
+        assert a["big"][:, 1].tolist() == [float(k[1:]) for k in a["__key__"]]

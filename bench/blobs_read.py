@@ -29,8 +29,8 @@ from bench.workloads import WORKLOADS
 WORKLOAD = "blobs"
 
 
-def build_uint8(n: int, out: str, shard_bytes: int) -> None:
-    """Our shards of the blobs workload with ``blob`` declared ``uint8``."""
+def build_uint8(n: int, out: str, shard_bytes: int, schema: dict[str, Any] | None = None) -> None:
+    """Our shards of the blobs workload with ``blob`` declared ``uint8`` (or ``schema``)."""
     from bench.torch_source import GeneratedTorchDataset
     from build_shards import build_shards
 
@@ -38,7 +38,7 @@ def build_uint8(n: int, out: str, shard_bytes: int) -> None:
     build_shards(
         GeneratedTorchDataset(WORKLOAD, n),
         out,
-        schema={"blob": {"dtype": "uint8"}},
+        schema={"blob": {"dtype": "uint8"}} if schema is None else schema,
         shard_max_count=count,
         shard_max_bytes=shard_bytes,
         block_size=count,
@@ -49,8 +49,8 @@ def ensure(data: str, n: int, shard_bytes: int) -> dict[str, str]:
     """The datasets to read: {system: path} (built where missing)."""
     root = os.path.join(data, f"blobs-{n}-{shard_bytes // 2**20}MiB")
     paths = {"ours_bytes": os.path.join(root, "ours"), "ours_uint8": os.path.join(root, "ours_u8")}
-    if not os.path.exists(paths["ours_bytes"]):
-        systems.write_ours(WORKLOAD, n, paths["ours_bytes"], 1, shard_bytes)
+    if not os.path.exists(paths["ours_bytes"]):  # the blob as bytes: no declaration
+        build_uint8(n, paths["ours_bytes"], shard_bytes, schema={})
     if not os.path.exists(paths["ours_uint8"]):
         tmp = paths["ours_uint8"] + ".tmp"
         shutil.rmtree(tmp, ignore_errors=True)

@@ -1,6 +1,6 @@
 """Where the loader's time goes, per sample, on the whole-batch path of a built dataset.
 
-    .venv/bin/python bench/profile_loader.py DATASET [--split train] [--batches 20]
+    .venv/bin/python bench/profile_loader.py DATASET [--split train] [--batches 20] [--fields a,b]
 
 Reads ``--batches`` planned batches, then times (CPU time of this process, best of 5) each step
 of the columnar decode on them: the prefix gather, keys, the walk that finds the variable
@@ -34,8 +34,10 @@ def main() -> None:
     parser.add_argument("dataset")
     parser.add_argument("--split", default="train")
     parser.add_argument("--batches", type=int, default=20)
+    parser.add_argument("--fields", default=None, help="comma-separated fields (default: all)")
     args = parser.parse_args()
-    ds = create_loader(args.dataset, args.split, batch_size=256, seed=0).dataset_obj
+    fields = args.fields.split(",") if args.fields else None
+    ds = create_loader(args.dataset, args.split, batch_size=256, seed=0, fields=fields).dataset_obj
     batches = plan.worker_batches(ds.config, 0, 0, 0, None)[: args.batches]
     read = best_of(3, lambda: ds.reader.read(batches))
     raws = ds.reader.read(batches)
@@ -63,6 +65,12 @@ def main() -> None:
     print(f"walk to the variable members {per_sample(find):6.2f}")
     decode = per_sample(lambda r: col._decode_others(r, heads[id(r)][0], found[id(r)], {}))
     print(f"decode the variable members  {decode:6.2f}")
+    others = col.others
+    for name in others:  # each variable field decoded on its own
+        col.others = [name]
+        cost = per_sample(lambda r: col._decode_others(r, heads[id(r)][0], found[id(r)], {}))
+        print(f"  decode {name:21s} {cost:6.2f}")
+    col.others = others
     for name in col.tables:
         cost = per_sample(lambda r, name=name: col._gather(name, r, blocks[id(r)], heads[id(r)][1]))
         print(f"field {name:22s} {cost:6.2f} (name checks included)")

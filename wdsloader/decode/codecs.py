@@ -140,6 +140,12 @@ def decode_bytes(buf: Buffer) -> bytes:
     return bytes(buf)
 
 
+def decode_uint8(buf: Buffer) -> np.ndarray:
+    """A raw-bytes member declared ``dtype: "uint8"`` in the schema: its bytes as a 1-D uint8
+    array (a copy), which the default collator stacks when a batch's members have one length."""
+    return np.frombuffer(buf, dtype=np.uint8).copy()
+
+
 def decode_pt(buf: Buffer) -> Any:
     """A ``torch.save`` member via ``torch.load(weights_only=True)`` onto the CPU."""
     import torch

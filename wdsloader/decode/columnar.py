@@ -19,8 +19,10 @@ from typing import Any, TypeAlias
 import numpy as np
 
 from wdsloader.decode.batch import Columns, NotGatherable, RawBatch
+from wdsloader.decode.codecs import decode_uint8
 from wdsloader.decode.fastcols import batch_decoder
 from wdsloader.decode.gather import (
+    LARGE_ROW,
     FieldTable,
     field_tables,
     gather_rows,
@@ -37,6 +39,7 @@ from wdsloader.decode.variants import Variants
 from wdsloader.errors import ShardFormatError, WdsLoaderError
 from wdsloader.format.manifest import FieldSpec, ShardInfo
 from wdsloader.format.ustar import BLOCK, NAME, checksum_ok, checksums_ok
+from wdsloader.stream.buffers import BufferPool
 
 SMALL_BLOCK = 16 * 2**10  # sample prefixes up to this size are gathered in one piece
 
@@ -59,7 +62,8 @@ _Found: TypeAlias = dict[str, tuple[np.ndarray, np.ndarray]] | list[dict[str, me
 
 class ColumnarDecoder:
     """Decodes batches of ``shards`` as columns: the ``fields`` (and the curriculum's variants,
-    ``variants``) that are fixed-size ``.npy`` fields of the shards' layout are gathered, the
+    ``variants``) that are fixed-size ``.npy`` fields of the shards' layout, and the bytes
+    fields declared ``uint8`` whose members have one size in the layout, are gathered; the
     other fields are decoded by ``decoder``. ``sources`` names each shard in errors.
 
     ``tables`` is empty when no requested field can be gathered (the caller then decodes rows),
@@ -82,10 +86,15 @@ class ColumnarDecoder:
         self.decoder = decoder
         self.variants = variants
         self.tables: dict[str, FieldTable] = {}
+        raw = [f for f in fields if decoder.field_decoder(f)[1] is decode_uint8]
         if decoder.npy_is_builtin:
             wanted = [*fields, *(variants.curriculum.fields if variants else ())]
-            self.tables = field_tables(schema, wanted, dims, shards)
+            self.tables = field_tables(schema, wanted, dims, shards, raw)
+        elif raw:
+            self.tables = field_tables(schema, raw, dims, shards, raw)
         self.others = [f for f in fields if f not in self.tables]
+        # the batch arrays of long rows: reused once nothing holds a batch (no page faults)
+        self.out_pool = BufferPool(keep=4)
         # per shard: where parsing starts for the fields that are not gathered
         exts = [schema[f].ext.lower() for f in self.others]
         self.parse_from = np.array(
@@ -113,6 +122,8 @@ class ColumnarDecoder:
         if len(seen) != 1:
             return ids, 0
         s0 = int(np.flatnonzero(ids >= 0)[0])
+        if any(t.nbytes >= LARGE_ROW for t in self.tables.values()):
+            return ids, 0  # long rows are copied once each, straight into the batch
         needed = BLOCK  # the first header: keys
         length = BLOCK
         for table in self.tables.values():
@@ -272,7 +283,7 @@ class ColumnarDecoder:
             values = table.from_block(span, BLOCK)
         else:
             assert positions is not None
-            values = table.gather(buf, positions)
+            values = table.gather(buf, positions, self.out_pool)
         if values is None:
             return NotGatherable(f"field {name!r}: .npy headers differ from the schema's")
         return values

@@ -4,7 +4,8 @@ call per sample, giving exactly what the per-sample decoder gives.
 :func:`batch_decoder` maps a field's decode function (as :meth:`SampleDecoder.field_decoder`
 returns it) to a column function ``(buf, positions, sizes) -> values | None``: ``.cls``-style
 ints (ASCII digits parsed for the whole batch at once, cast to the schema's dtype) and ``.txt``
-(one UTF-8 decode per batch). None means "decode this column sample by sample": any member
+(one UTF-8 decode per batch) and bytes declared ``uint8`` (one copy into one buffer per
+batch, the values views into it). None means "decode this column sample by sample": any member
 the vectorised form does not cover exactly (signs other than a leading ``-``, whitespace,
 underscores, more than 18 digits, a value outside the dtype, non-ASCII text) sends the whole
 column there, so values and error messages stay the per-sample decoder's.
@@ -17,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from wdsloader.decode.codecs import decode_int, decode_text
+from wdsloader.decode.codecs import decode_int, decode_text, decode_uint8
 from wdsloader.decode.registry import ClsCast, Then
 
 ColumnFn = Callable[[np.ndarray, np.ndarray, np.ndarray], Any]
@@ -36,6 +37,8 @@ def batch_decoder(fn: Callable[[Any], Any]) -> ColumnFn | None:
         return _IntColumn(fn.post.dtype)
     if fn is decode_text:
         return _text_column
+    if fn is decode_uint8:
+        return bytes_column
     return None
 
 
@@ -103,3 +106,21 @@ def _text_column(buf: np.ndarray, positions: np.ndarray, sizes: np.ndarray) -> l
     text = joined.decode("ascii")
     bounds = np.concatenate([[0], np.cumsum(sizes)]).tolist()
     return [text[a:b] for a, b in zip(bounds[:-1], bounds[1:], strict=True)]
+
+
+def bytes_column(buf: np.ndarray, positions: np.ndarray, sizes: np.ndarray) -> Any:
+    """Bytes members declared ``uint8``, copied once into one buffer for the batch: a
+    ``(n, size)`` array when they have one size (what the default collator stacks the
+    per-sample arrays into), else a list of 1-D views into the buffer (``buf[p : p + n]``
+    for each member)."""
+    total = int(sizes.sum())
+    if len(positions) and (positions.min() < 0 or (positions + sizes).max() > len(buf)):
+        return None
+    joined = np.empty(total, dtype=np.uint8)
+    bounds = np.concatenate([[0], np.cumsum(sizes)]).tolist()
+    for j, p in enumerate(positions.tolist()):
+        a, b = bounds[j], bounds[j + 1]
+        joined[a:b] = buf[p : p + b - a]
+    if len(sizes) and (sizes == sizes[0]).all():
+        return joined.reshape(len(sizes), int(sizes[0]))
+    return [joined[a:b] for a, b in zip(bounds[:-1], bounds[1:], strict=True)]

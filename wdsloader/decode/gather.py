@@ -17,11 +17,15 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING
 
 import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
 
 from wdsloader.format.manifest import FieldSpec, ShardInfo
+
+if TYPE_CHECKING:
+    from wdsloader.stream.buffers import BufferPool
 from wdsloader.format.npy import read_npy_header
 from wdsloader.format.ustar import (
     BLOCK,
@@ -298,18 +302,26 @@ def prefix_end(layout: Mapping[str, Sequence[int]] | None) -> int:
 
 
 class FieldTable:
-    """Per shard, where a fixed-size ``.npy`` field's member data starts in each sample.
+    """Per shard, where a fixed-size ``.npy`` field's member data starts in each sample; with
+    ``raw``, a fixed-length bytes field declared ``uint8`` (no ``.npy`` header: the member's
+    bytes are the value, of the layout's size).
 
     ``offsets[s]`` is the offset from the sample start in shard ``s``, or -1 when that shard's
     layout does not fix it.
     """
 
-    __slots__ = ("dtype", "ext", "nbytes", "offsets", "shape")
+    __slots__ = ("dtype", "ext", "nbytes", "offsets", "raw", "shape")
 
-    def __init__(self, spec: FieldSpec, shape: tuple[int, ...], shards: Sequence[ShardInfo]):
+    def __init__(
+        self,
+        spec: FieldSpec,
+        shape: tuple[int, ...] | None,
+        shards: Sequence[ShardInfo],
+        raw: bool = False,
+    ):
         self.ext = spec.ext.lower()
-        self.dtype = np.dtype(spec.dtype)
-        self.shape = shape
+        self.raw = raw
+        self.dtype = np.dtype(np.uint8 if raw else spec.dtype)
         sizes = set()
         offsets = np.full(len(shards), -1, dtype=np.int64)
         for s, shard in enumerate(shards):
@@ -321,6 +333,7 @@ class FieldTable:
             offsets[:] = -1
         self.offsets = offsets
         self.nbytes = sizes.pop() if len(sizes) == 1 else -1
+        self.shape = (max(self.nbytes, 0),) if shape is None else shape
 
     def positions(self, starts: np.ndarray, shard_idx: np.ndarray) -> np.ndarray | None:
         """Where this field's member data begins for each sample, or None if unknown."""
@@ -332,6 +345,8 @@ class FieldTable:
     def _data_span(self, member: np.ndarray) -> tuple[int, int] | None:
         """``(header length, data bytes)`` of one sample's ``.npy`` member bytes, when they
         hold the declared dtype and shape in C order; else None."""
+        if self.raw:
+            return 0, self.nbytes
         try:
             dtype, shape, fortran, data_off = read_npy_header(member)
         except ValueError:
@@ -341,8 +356,11 @@ class FieldTable:
         count = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
         return None if data_off + count > self.nbytes else (data_off, count)
 
-    def gather(self, buf: np.ndarray, positions: np.ndarray) -> np.ndarray | None:
-        """The field of every sample as one ``(n, *shape)`` array (a fresh copy).
+    def gather(
+        self, buf: np.ndarray, positions: np.ndarray, pool: BufferPool | None = None
+    ) -> np.ndarray | None:
+        """The field of every sample as one ``(n, *shape)`` array (a fresh copy; long rows
+        land in a block leased from ``pool`` when given, memory already faulted in).
 
         None when the ``.npy`` headers differ between samples, or do not match the declared
         dtype and shape.
@@ -354,6 +372,8 @@ class FieldTable:
         if span is None:
             return None
         data_off, count = span
+        if count >= LARGE_ROW:
+            return _copy_rows(buf, positions, data_off, count, self, pool)
         headers = gather_rows(buf, positions, data_off)
         if headers is None or not (headers == headers[0]).all():
             return None
@@ -379,16 +399,51 @@ class FieldTable:
         return data.view(self.dtype).reshape(len(block), *self.shape)
 
 
+def _copy_rows(
+    buf: np.ndarray,
+    positions: np.ndarray,
+    data_off: int,
+    count: int,
+    table: FieldTable,
+    pool: BufferPool | None,
+) -> np.ndarray | None:
+    """:meth:`FieldTable.gather` of long rows: each row copied once, straight into the batch
+    array (a row is ``count >= LARGE_ROW`` bytes, so the loop costs nothing next to the copy);
+    the ``.npy`` headers (``data_off`` bytes before each row) must match the first one."""
+    if positions.min() < 0 or positions.max() + data_off + count > len(buf):
+        return None
+    size = len(positions) * count
+    flat = np.empty(size, dtype=np.uint8) if pool is None else pool.lease(size)
+    out = flat.reshape(len(positions), count)
+    head = buf[int(positions[0]) : int(positions[0]) + data_off]
+    for j, p in enumerate(positions.tolist()):
+        if data_off and not np.array_equal(buf[p : p + data_off], head):
+            return None
+        out[j] = buf[p + data_off : p + data_off + count]
+    return out.view(table.dtype).reshape(len(positions), *table.shape)
+
+
+LARGE_ROW = 16 * 2**10  # rows at least this long are copied one by one (no fancy index)
+
+
 def field_tables(
     schema: Mapping[str, FieldSpec],
     fields: Sequence[str],
     dims: Mapping[str, int],
     shards: Sequence[ShardInfo],
+    raw: Sequence[str] = (),
 ) -> dict[str, FieldTable]:
-    """A :class:`FieldTable` for each of ``fields`` that is a fixed-size ``.npy`` field."""
+    """A :class:`FieldTable` for each of ``fields`` that is a fixed-size ``.npy`` field, or
+    one of ``raw`` (bytes fields decoded as uint8 vectors) that the shards' layouts give one
+    size."""
     out: dict[str, FieldTable] = {}
     for name in fields:
         spec = schema.get(name)
+        if name in raw and spec is not None:
+            table = FieldTable(spec, None, shards, raw=True)
+            if table.nbytes >= 0:
+                out[name] = table
+            continue
         if spec is None or spec.encoding != "npy" or spec.dtype is None or spec.shape is None:
             continue
         shape = resolve_shape(spec.shape, dims)

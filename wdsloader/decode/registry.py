@@ -18,6 +18,7 @@ from wdsloader.decode.codecs import (
     TRUSTED_DECODERS,
     Decoder,
     decode_bytes,
+    decode_uint8,
 )
 from wdsloader.errors import DecodeError, PickleNotAllowedError
 from wdsloader.format.keys import field_of_ext
@@ -168,7 +169,9 @@ class SampleDecoder:
     With a ``schema`` (field name -> :class:`FieldSpec`, as in the manifest) a field is read from
     the member ``spec.ext`` and decoded by its ``spec.encoding``; ``cls`` values are cast to the
     declared numpy dtype and ``npy`` arrays whose declared shape has only ints are checked
-    against the declared dtype and shape. Without a schema the field of a member ``ext`` is
+    against the declared dtype and shape. A raw-bytes field (``bin`` and the other encodings
+    without a decoder of their own) declared ``dtype: "uint8"`` is decoded to a 1-D uint8
+    array instead of ``bytes`` (:func:`~wdsloader.decode.codecs.decode_uint8`). Without a schema the field of a member ``ext`` is
     ``field_of_ext(ext)[0]`` (``jpg`` -> ``jpg``, ``seg.png`` -> ``seg``).
 
     ``fields`` limits decoding to those fields (default: all). ``decoders`` overrides decoders
@@ -232,11 +235,14 @@ class SampleDecoder:
         spec = self.schema[field]  # type: ignore[index]
         encoding = (spec.encoding or field_of_ext(spec.ext)[1]).lower()
         post: Callable[[Any], Any] | None = None
+        fn = self.decoder_for(encoding)
+        if fn is decode_bytes and spec.dtype == "uint8":
+            fn = decode_uint8  # raw bytes declared as a uint8 vector
         if encoding == "npy":
             post = _npy_check(spec)
         elif encoding == "cls":
             post = _cls_cast(spec)
-        step = self._steps[field] = (field, spec.ext.lower(), self.decoder_for(encoding), post)
+        step = self._steps[field] = (field, spec.ext.lower(), fn, post)
         return step
 
     def _plan_for(self, exts: tuple[str, ...], key: str, source: str) -> list[_Step]:

@@ -42,6 +42,9 @@ class BatchReader:
         self.shards = list(shards)
         self.counts = counts
         self.skip_unreadable = skip_unreadable
+        # read buffers, kept from one pass to the next: a new pass reads into memory that is
+        # already faulted in (a pass's first groups would otherwise cost a page fault per 4 KiB)
+        self.pool = BufferPool()
 
     def read(self, batches: Sequence[np.ndarray], pool: BufferPool | None = None) -> list[RawBatch]:
         """The :class:`RawBatch` of each of ``batches``, read together (into a buffer of
@@ -113,14 +116,14 @@ class BatchReader:
 
 class ReadAhead:
     """The reads of ``groups`` of batches on a thread, each submitted when the previous group
-    is handed out (:meth:`next_group`); the buffers come from one :class:`BufferPool`, so a
-    group's buffer is reused once the caller dropped that group's batches and nothing it
-    yielded refers to them. :meth:`close` (always call it) closes the store's files once the
+    is handed out (:meth:`next_group`); the buffers come from the reader's :class:`BufferPool`
+    (kept from pass to pass), so a group's buffer is reused once the caller dropped that
+    group's batches and nothing it yielded refers to them. :meth:`close` (always call it) closes the store's files once the
     read under way is over."""
 
     def __init__(self, reader: BatchReader, groups: list[Sequence[np.ndarray]]) -> None:
         self.reader = reader
-        self.pool = BufferPool()
+        self.pool = reader.pool
         self._groups = groups
         self._next = 0
         self._closer = _StoreCloser(reader.store)  # bound now: close may run at interpreter exit

@@ -349,8 +349,8 @@ def _past_end(where: _Where, what: str, size: int) -> ShardFormatError:
 
 def _plain_name(header: bytes) -> str:
     """The name a header holds itself (:func:`member_name`, for a header as bytes)."""
-    nul = header.find(0, 0, 100)
-    name = header[: nul if nul >= 0 else 100].decode("utf-8", "surrogateescape")
+    nul = header.find(0, 0, NAME.stop)
+    name = header[: nul if nul >= 0 else NAME.stop].decode("utf-8", "surrogateescape")
     if header[_PREFIX_AT] and header[_MAGIC5] == USTAR_MAGIC:
         return field_text(header[PREFIX]) + "/" + name
     return name
@@ -387,9 +387,10 @@ def iter_members(
     pax_size_raw: bytes | None = None
     first = -1  # where the extension headers of the next member start; -1: none
     adler32, sizes, sums = zlib.adler32, _USUAL_SIZES, _USUAL_SUMS
+    checksum_at, size_at, type_at = CHECKSUM, SIZE, _TYPE_AT
     while pos + BLOCK <= stop:
         header = src[pos : pos + BLOCK] if src is not None else bytes(view[pos : pos + BLOCK])
-        field, size_field = header[148:156], header[124:136]
+        field, size_field = header[checksum_at], header[size_at]
         want = sums.get(field)
         if want is None:
             want = _usual_sum(field)
@@ -400,7 +401,7 @@ def iter_members(
             size = _checked_size(header, source, base_offset + pos)  # any form, or an error
             if size < 0:
                 return
-        flag = header[156]
+        flag = header[type_at]
         data_offset = pos + BLOCK
         if flag == 0x30 or flag == 0 or flag == 0x37:  # a regular member
             if pax_size_raw is not None or data_offset + size > total:

@@ -29,7 +29,6 @@ import hashlib
 import io
 import os
 import pstats
-import resource
 import shutil
 import statistics
 import tempfile
@@ -39,6 +38,7 @@ from typing import Any
 
 import numpy as np
 
+from bench.build_scaling import cpu_seconds
 from build_shards import build_shards
 from build_shards.blocks import BlockJob, prepare
 from build_shards.encode import SampleEncoder
@@ -198,11 +198,8 @@ def stage_times(samples: list[dict[str, Any]], repeats: int, tmp: str) -> dict[s
 
 
 def _cpu_seconds() -> float:
-    total = 0.0
-    for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN):
-        r = resource.getrusage(who)
-        total += r.ru_utime + r.ru_stime
-    return total
+    """CPU seconds of this process and of its worker processes (fork server's included)."""
+    return sum(cpu_seconds())
 
 
 def end_to_end(

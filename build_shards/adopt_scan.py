@@ -79,11 +79,13 @@ def key_hash(key: str) -> int:
 def _scan_view(view: memoryview, *, path: str, source: str) -> ShardScan:
     offsets: list[int] = []
     scan = ShardScan(path=path, offsets=np.zeros(1, np.int64), num_bytes=len(view), sha256="")
-    npy: dict[str, Any] = {}
-    layout: dict[str, list[int]] | None = None
-    end = 0
+    ext_sets = scan.ext_sets
+    npy: dict[str, NpyInfo] = {}
+    by_header: dict[bytes, NpyInfo] = {}  # the (dtype, shape) of each distinct .npy header
+    layout: dict[str, tuple[int, int]] | None = None
     first_at: dict[str, int] = {}  # key -> offset of its sample
     hashes: list[int] = []
+    fields: dict[str, tuple[int, int]] = {}
     # a sample starts at its first member's header chain (PAX / GNU long name included)
     for key, start, fields in iter_samples(view, source=source):
         if key in first_at:
@@ -95,29 +97,66 @@ def _scan_view(view: memoryview, *, path: str, source: str) -> ShardScan:
         hashes.append(key_hash(key))
         offsets.append(start)
         exts = tuple(fields)
-        seen = scan.ext_sets.get(exts)
+        seen = ext_sets.get(exts)
         if seen is None:
-            scan.ext_sets[exts] = [1, key]
+            ext_sets[exts] = [1, key]
         else:
             seen[0] += 1
-        here = {ext: [off - start, size] for ext, (off, size) in fields.items()}
-        if layout is None:
-            layout = here
-        else:
-            layout = {k: v for k, v in layout.items() if here.get(k) == v}
+        layout = _same_place(layout, fields, start)
         for ext, (off, size) in fields.items():
-            end = max(end, off + padded(size))
             if ext == "npy" or ext.endswith(".npy"):
-                where = f"{source}: sample {key!r} field {ext!r}"
-                info = _npy_info(view, off, size, where)
-                npy[ext] = merge_info(npy.get(ext, info), info)
-    offsets.append(end)
+                head = _npy_header_bytes(view, off, size)
+                info = by_header.get(head) if head is not None else None
+                if info is None:
+                    info = _npy_info(view, off, size, f"{source}: sample {key!r} field {ext!r}")
+                    if head is not None:
+                        by_header[head] = info
+                known = npy.get(ext)
+                if known != info:
+                    npy[ext] = info if known is None else merge_info(known, info)
+    # members only move forward: the last sample's last member ends the samples
+    offsets.append(max((off + padded(size) for off, size in fields.values()), default=0))
     scan.offsets = np.asarray(offsets, dtype=np.int64)
     scan.key_hashes = np.asarray(hashes, dtype=np.uint64)
     scan.npy = npy
-    scan.layout = layout
+    scan.layout = None if layout is None else {k: list(v) for k, v in layout.items()}
     scan.sha256 = hashlib.sha256(view).hexdigest()
     return scan
+
+
+def _same_place(
+    layout: dict[str, tuple[int, int]] | None, fields: dict[str, tuple[int, int]], start: int
+) -> dict[str, tuple[int, int]]:
+    """The members of ``layout`` that sit at the same offset from ``start`` with the same size
+    in ``fields`` (all of ``fields`` for the first sample)."""
+    if layout is None:
+        return {ext: (off - start, size) for ext, (off, size) in fields.items()}
+    for ext, (rel, size) in layout.items():
+        got = fields.get(ext)
+        if got is None or got[0] - start != rel or got[1] != size:
+            break
+    else:
+        return layout
+    return {
+        ext: place
+        for ext, place in layout.items()
+        if (got := fields.get(ext)) is not None and (got[0] - start, got[1]) == place
+    }
+
+
+def _npy_header_bytes(view: memoryview, off: int, size: int) -> bytes | None:
+    """The bytes of an ``.npy`` member's header (magic, version, length, text): all that
+    :func:`_npy_info` reads; None where they are not there (:func:`_npy_info` says why)."""
+    if size < 12:
+        return None
+    major = view[off + 6]
+    if major == 1:
+        end = 10 + (view[off + 8] | view[off + 9] << 8)
+    elif major in (2, 3):
+        end = 12 + int.from_bytes(view[off + 8 : off + 12], "little")
+    else:
+        return None
+    return bytes(view[off : off + end]) if end <= size else None
 
 
 @contextmanager

@@ -12,7 +12,7 @@ from build_shards.sources import Source
 
 
 class LocalEngine:
-    """Runs :func:`~build_shards.engines.base.write_block` inline or in ``workers`` spawned
+    """Runs :func:`~build_shards.engines.base.write_block` inline or in ``workers`` worker
     processes (:func:`build_shards.pool.run_pool`). Reads every source ``build_shards`` takes:
     indexable ones in the workers, sequential ones in this process. A build of known length
     starts no more processes than it has blocks, and none for a single block (starting one

@@ -20,6 +20,7 @@ from wdsloader.io.storage import is_local, join
 
 _SPOOL_ALIGN = 64  # byte alignment of each array column in a spool file
 MIN_BLOB_BYTES = 1 << 20  # bytes a block's values of a bytes field must reach to be spooled
+_WRITEV_MAX = 64  # blobs per writev call (IOV_MAX is at least 1024 on Linux and macOS)
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,10 +88,17 @@ class SpooledItems:
 
     def __iter__(self) -> Iterator[tuple[int, dict[str, Any]]]:
         stacked = self._map()
+        columns: list[Iterable[Any]] = []
+        for name in self.names:
+            if name in self.arrays:
+                columns.append(list(stacked[name]))  # the row views, made in one C loop
+            elif name in self.blobs:
+                columns.append(iter(stacked[name]))
+            else:
+                columns.append(self.others[name])
         names = self.names
-        columns = [stacked[n] if n in stacked else self.others[n] for n in names]
-        for j, index in enumerate(self.indices):
-            yield index, dict(zip(names, [col[j] for col in columns], strict=True))
+        for index, row in zip(self.indices, zip(*columns, strict=True), strict=True):
+            yield index, dict(zip(names, row, strict=True))
 
 
 @dataclass(frozen=True, slots=True)
@@ -110,6 +118,11 @@ class _BlobColumn:
 
     def __getitem__(self, row: int) -> bytes:
         return self.mapped[self.starts[row] : self.starts[row + 1]]
+
+    def __iter__(self) -> Iterator[bytes]:
+        mapped = self.mapped
+        for start, stop in itertools.pairwise(self.starts):
+            yield mapped[start:stop]
 
 
 def _is_blob_column(values: list[Any]) -> bool:
@@ -145,13 +158,24 @@ def _write_columns(
             f.write(cast(bytes, v if v.flags.c_contiguous else np.ascontiguousarray(v)))
         offset += first.nbytes * len(values)
     placed_blobs: dict[str, _Blobs] = {}
+    f.flush()  # the blobs go last, straight to the file: not copied into the buffer first
     for name, data in blobs.items():
         lengths = [len(blob) for blob in data]
         placed_blobs[name] = _Blobs(offset, lengths)
-        for blob in data:
-            f.write(blob)
+        _write_all(f.fileno(), data)
         offset += sum(lengths)
     return placed, placed_blobs
+
+
+def _write_all(fd: int, blobs: list[bytes]) -> None:
+    """Write ``blobs`` one after the other at the file's position, a few at a time."""
+    for start in range(0, len(blobs), _WRITEV_MAX):
+        chunk = blobs[start : start + _WRITEV_MAX]
+        done, total = os.writev(fd, chunk), sum(map(len, chunk))
+        if done < total:  # a short write: the rest one by one
+            rest = memoryview(b"".join(chunk))[done:]
+            while rest:
+                rest = rest[os.write(fd, rest) :]
 
 
 def spool_items(

@@ -258,3 +258,29 @@ def test_a_record_without_a_length_is_refused_where_it_starts():
     names = [m.name for m in iter_members(fine)]
     assert names == [name for name, *_ in iter_members(members() + END_OF_ARCHIVE)]
     assert len(names) == len(list(sample_members(GOOD, 0)))
+
+
+def test_usual_headers_take_the_fast_path(monkeypatch):
+    """Headers as our writer and tarfile (webdataset's ShardWriter) write them never reach the
+    general checks: only the end-of-archive marker does (the walk's speed depends on it)."""
+    from wdsloader.format import ustar
+
+    general: list[int] = []
+
+    def counted(header: bytes, source: str, at: int) -> int:
+        general.append(at)
+        return checked(header, source, at)
+
+    checked = ustar._checked_size
+    monkeypatch.setattr(ustar, "_checked_size", counted)
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w", format=tarfile.PAX_FORMAT) as tf:
+        for i in range(20):
+            info = tarfile.TarInfo(f"{i:06d}.{'json' if i % 2 else 'npy'}")
+            info.size, info.mtime = 3 * i, 1_700_000_000.25 + i  # a PAX header before each
+            tf.addfile(info, io.BytesIO(b"x" * info.size))
+    for data in (buf.getvalue(), members() + END_OF_ARCHIVE):
+        general.clear()
+        got = list(iter_members(data))
+        assert len(got) in (20, len(list(sample_members(GOOD, 0))))
+        assert general == [got[-1].data_offset + (got[-1].size + BLOCK - 1) // BLOCK * BLOCK]

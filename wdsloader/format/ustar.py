@@ -389,7 +389,7 @@ def iter_members(
     adler32, sizes, sums = zlib.adler32, _USUAL_SIZES, _USUAL_SUMS
     checksum_at, size_at, type_at = CHECKSUM, SIZE, _TYPE_AT
     while pos + BLOCK <= stop:
-        header = src[pos : pos + BLOCK] if src is not None else bytes(view[pos : pos + BLOCK])
+        header = src[pos : pos + BLOCK] if src is not None else view[pos : pos + BLOCK].tobytes()
         field, size_field = header[checksum_at], header[size_at]
         want = sums.get(field)
         if want is None:

@@ -1,32 +1,43 @@
-"""Small records: bytes on disk and read cost of the ways to store a JSONL of small rows.
+"""Small records: shard bytes, build and read speed of the ways ``build_shards`` can store a JSONL
+of small rows.
 
-    python bench/small_records.py [--rows 50000]
+    python bench/small_records.py [--rows 20000] [--repeats 3] [--levels 1,6,9]
 
 Rows of four small fields (an int id, a ~60-character question, an int label, a float score),
-the shape of the JSONL that became 24x its size as shards. Each variant is written into memory
-with our tar writer (the members the builder writes), then read back sample by sample the way
-a loader must (parse the tar members, decode the fields; a gzip variant first inflates the
-sample's own gzip member, as a reader seeking through the idx must):
+the shape of the JSONL that became 24x its size as shards. The JSONL file is built with the
+real ``build_shards`` options (``workers=1``) and read back with our loader (``num_workers=0``,
+batch 256, shuffled, the default collator), for:
 
-- ``members``: one member per field (today: ``.cls``/``.txt``/``.json`` members);
-- ``grouped``: the four fields in one JSON member (``KEY.fields.json``);
-- ``gzip``: ``members``, each sample its own gzip member (the shard a valid ``.tar.gz``);
-- ``grouped+gzip``: both.
+- ``default``: one member per field (``.cls``/``.txt``/``.json``);
+- ``grouped``: ``group_small_fields=True`` (one member ``KEY.fields.json``);
+- ``gzip``: ``compression="gzip"``;
+- ``grouped+gzip``: both;
 
-Prints bytes on disk over the JSONL's bytes, write and read microseconds per row.
+and, for the gzip variants, each deflate level of ``--levels``. Prints shard bytes over the
+JSONL's bytes, build samples/s and read samples/s (best of ``--repeats``, each read a fresh
+loader over a warm page cache).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import shutil
+import tempfile
 import time
-import zlib
-from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
-from wdsloader.format.ustar import iter_members
-from wdsloader.format.writer import encode_member
+from build_shards import build_shards
+from wdsloader import create_loader
+from wdsloader.format import deflate
+
+VARIANTS = {
+    "default": {},
+    "grouped": {"group_small_fields": True},
+    "gzip": {"compression": "gzip"},
+    "grouped+gzip": {"group_small_fields": True, "compression": "gzip"},
+}
 
 
 def rows(n: int) -> list[dict[str, Any]]:
@@ -41,78 +52,63 @@ def rows(n: int) -> list[dict[str, Any]]:
     ]
 
 
-def members_of(key: str, row: dict[str, Any], grouped: bool) -> bytes:
-    if grouped:
-        text = json.dumps(row, separators=(",", ":")).encode()
-        return encode_member(f"{key}.fields.json", text)
-    parts = [
-        encode_member(f"{key}.id", str(row["id"]).encode()),
-        encode_member(f"{key}.label.cls", str(row["label"]).encode()),
-        encode_member(f"{key}.question.txt", row["question"].encode()),
-        encode_member(f"{key}.score.json", json.dumps(row["score"]).encode()),
-    ]
-    return b"".join(parts)
+def build(src: Path, out: Path, options: dict[str, Any]) -> tuple[float, int]:
+    """Seconds of one build, and its shard bytes."""
+    shutil.rmtree(out, ignore_errors=True)
+    t = time.perf_counter()
+    manifest = build_shards([str(src)], out, **options)
+    dt = time.perf_counter() - t
+    return dt, sum(s.num_bytes for split in manifest.splits.values() for s in split.shards)
 
 
-def gzip_member(data: bytes) -> bytes:
-    c = zlib.compressobj(6, zlib.DEFLATED, 31)  # wbits 31: a gzip member
-    return c.compress(data) + c.flush()
+def read(out: Path, n: int) -> float:
+    """Seconds of one shuffled epoch read by a fresh loader."""
+    t = time.perf_counter()
+    loader = create_loader(str(out), "train", batch_size=256, drop_last=False, num_workers=0)
+    count = sum(len(batch["__key__"]) for batch in loader)
+    dt = time.perf_counter() - t
+    assert count == n, (count, n)
+    return dt
 
 
-def decode(sample: bytes, grouped: bool) -> dict[str, Any]:
-    view = memoryview(sample)
-    found = {
-        m.name.split(".", 1)[1]: bytes(view[m.data_offset : m.data_offset + m.size])
-        for m in iter_members(view)
-    }
-    if grouped:
-        return json.loads(found["fields.json"])
-    return {
-        "id": int(found["id"]),
-        "label": int(found["label.cls"]),
-        "question": found["question.txt"].decode(),
-        "score": json.loads(found["score.json"]),
-    }
-
-
-def best(fn: Callable[[], Any], reps: int = 3) -> float:
-    t_best = float("inf")
-    for _ in range(reps):
-        t = time.perf_counter()
-        fn()
-        t_best = min(t_best, time.perf_counter() - t)
-    return t_best
+def measure(src: Path, out: Path, options: dict[str, Any], n: int, repeats: int) -> list[float]:
+    t_build, size = min(build(src, out, options) for _ in range(repeats))
+    read(out, n)  # warm the page cache
+    t_read = min(read(out, n) for _ in range(repeats))
+    return [size, n / t_build, n / t_read]
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--rows", type=int, default=50_000)
+    p.add_argument("--rows", type=int, default=20_000)
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--levels", default="1,6,9", help="deflate levels of the gzip variants")
     args = p.parse_args()
     data = rows(args.rows)
-    source = sum(len(json.dumps(r)) + 1 for r in data)  # JSONL: json.dumps + newline
-    keys = [f"{i:09d}" for i in range(len(data))]
-    print(f"{len(data):,} rows, JSONL {source / 1e6:.2f} MB ({source / len(data):.0f} B/row)")
-    print("| variant | bytes / JSONL bytes | write us/row | read us/row |")
-    print("|---|---|---|---|")
-    for name in ("members", "grouped", "gzip", "grouped+gzip"):
-        grouped, gz = name.startswith("grouped"), name.endswith("gzip")
-
-        def write(grouped: bool = grouped, gz: bool = gz) -> list[bytes]:
-            out = [members_of(k, r, grouped) for k, r in zip(keys, data, strict=True)]
-            return [gzip_member(s) for s in out] if gz else out
-
-        samples = write()
-        size = sum(map(len, samples)) + 1024  # + the end-of-archive blocks
-        t_write = best(write) / len(data) * 1e6
-
-        def read(samples: list[bytes] = samples, grouped: bool = grouped, gz: bool = gz) -> None:
-            for s in samples:
-                decode(zlib.decompress(s, 31) if gz else s, grouped)
-
-        t_read = best(read) / len(data) * 1e6
-        check = [decode(zlib.decompress(s, 31) if gz else s, grouped) for s in samples[:100]]
-        assert check == data[:100], name
-        print(f"| {name} | {size / source:.2f} | {t_write:.1f} | {t_read:.1f} |")
+    with tempfile.TemporaryDirectory(prefix="small-records-") as tmp:
+        src = Path(tmp) / "rows.jsonl"
+        src.write_text("".join(json.dumps(r) + "\n" for r in data))
+        source = src.stat().st_size
+        print(f"{len(data):,} rows, JSONL {source / 1e6:.2f} MB ({source / len(data):.0f} B/row)")
+        print(
+            "| variant | gzip level | shard bytes / JSONL bytes | build samples/s | read samples/s |"
+        )
+        print("|---|---|---|---|---|")
+        default_level = deflate.GZIP_LEVEL
+        for name, options in VARIANTS.items():
+            levels = [int(x) for x in args.levels.split(",")] if "compression" in options else [0]
+            for level in levels:
+                deflate.GZIP_LEVEL = level or default_level
+                size, build_rate, read_rate = measure(
+                    src, Path(tmp) / "out", options, len(data), args.repeats
+                )
+                shown = str(level) if level else "-"
+                print(
+                    f"| {name} | {shown} | {size / source:.2f} | {build_rate:,.0f} | "
+                    f"{read_rate:,.0f} |",
+                    flush=True,
+                )
+        deflate.GZIP_LEVEL = default_level
 
 
 if __name__ == "__main__":

@@ -14,8 +14,10 @@ batch 256, shuffled, the default collator), for:
 - ``grouped+gzip``: both;
 
 and, for the gzip variants, each deflate level of ``--levels``. Prints shard bytes over the
-JSONL's bytes, build samples/s and read samples/s (best of ``--repeats``, each read a fresh
-loader over a warm page cache).
+JSONL's bytes, build and read samples per second and per CPU-second (best of ``--repeats``;
+each read a fresh loader over a warm page cache; CPU of this process and its threads). A second table times the deflate step alone (CPU microseconds
+per sample to compress and to inflate each sample of the default and grouped shards, best of
+``--repeats``): the level's own cost, without the rest of the build and the read.
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ from typing import Any
 
 from build_shards import build_shards
 from wdsloader import create_loader
-from wdsloader.format import deflate
+from wdsloader.format import Manifest, decode_index, deflate
 
 VARIANTS = {
     "default": {},
@@ -52,30 +54,79 @@ def rows(n: int) -> list[dict[str, Any]]:
     ]
 
 
-def build(src: Path, out: Path, options: dict[str, Any]) -> tuple[float, int]:
-    """Seconds of one build, and its shard bytes."""
+def build(src: Path, out: Path, options: dict[str, Any]) -> tuple[float, float, int]:
+    """Wall and CPU seconds of one build (this process and its threads), its shard bytes."""
     shutil.rmtree(out, ignore_errors=True)
-    t = time.perf_counter()
+    t, c = time.perf_counter(), time.process_time()
     manifest = build_shards([str(src)], out, **options)
-    dt = time.perf_counter() - t
-    return dt, sum(s.num_bytes for split in manifest.splits.values() for s in split.shards)
+    wall, cpu = time.perf_counter() - t, time.process_time() - c
+    return wall, cpu, sum(s.num_bytes for split in manifest.splits.values() for s in split.shards)
 
 
-def read(out: Path, n: int) -> float:
-    """Seconds of one shuffled epoch read by a fresh loader."""
-    t = time.perf_counter()
+def read(out: Path, n: int) -> tuple[float, float]:
+    """Wall and CPU seconds of one shuffled epoch read by a fresh loader."""
+    t, c = time.perf_counter(), time.process_time()
     loader = create_loader(str(out), "train", batch_size=256, drop_last=False, num_workers=0)
     count = sum(len(batch["__key__"]) for batch in loader)
-    dt = time.perf_counter() - t
+    wall, cpu = time.perf_counter() - t, time.process_time() - c
     assert count == n, (count, n)
-    return dt
+    return wall, cpu
 
 
 def measure(src: Path, out: Path, options: dict[str, Any], n: int, repeats: int) -> list[float]:
-    t_build, size = min(build(src, out, options) for _ in range(repeats))
+    builds = [build(src, out, options) for _ in range(repeats)]
     read(out, n)  # warm the page cache
-    t_read = min(read(out, n) for _ in range(repeats))
-    return [size, n / t_build, n / t_read]
+    reads = [read(out, n) for _ in range(repeats)]
+    size = builds[0][2]
+    return [
+        size,
+        n / min(b[0] for b in builds),
+        n / min(b[1] for b in builds),
+        n / min(r[0] for r in reads),
+        n / min(r[1] for r in reads),
+    ]
+
+
+def tar_samples(out: Path) -> list[bytes]:
+    """The tar bytes of every sample of a plain build, by its index."""
+    manifest = Manifest.load(str(out))
+    samples = []
+    for split in manifest.splits.values():
+        for shard in split.shards:
+            data = (out / shard.path).read_bytes()
+            idx = decode_index((out / shard.idx_path).read_bytes())
+            samples += [data[a:b] for a, b in zip(idx[:-1], idx[1:], strict=True)]
+    return samples
+
+
+def deflate_table(src: Path, tmp: Path, levels: list[int], repeats: int) -> None:
+    """CPU us per sample to compress (full flush) and inflate the samples at each level."""
+    print(
+        "\n| samples | gzip level | compressed / tar bytes | deflate us/sample | inflate us/sample |"
+    )
+    print("|---|---|---|---|---|")
+    for name, options in (("default", {}), ("grouped", {"group_small_fields": True})):
+        build(src, tmp / name, options)
+        samples = tar_samples(tmp / name)
+        total = sum(map(len, samples))
+        for level in levels:
+            best_d = best_i = float("inf")
+            for _ in range(repeats):
+                z = deflate.ShardDeflater(level)
+                t = time.process_time()
+                packed = [z.sample(x) for x in samples]
+                best_d = min(best_d, time.process_time() - t)
+                t = time.process_time()
+                for x in packed:
+                    deflate.inflate_sample(x, "bench")
+                best_i = min(best_i, time.process_time() - t)
+            size = sum(map(len, packed))
+            n = len(samples)
+            print(
+                f"| {name} | {level} | {size / total:.4f} | {best_d / n * 1e6:.2f} | "
+                f"{best_i / n * 1e6:.2f} |",
+                flush=True,
+            )
 
 
 def main() -> None:
@@ -83,32 +134,33 @@ def main() -> None:
     p.add_argument("--rows", type=int, default=20_000)
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--levels", default="1,6,9", help="deflate levels of the gzip variants")
+    p.add_argument("--deflate-only", action="store_true", help="only the deflate table")
     args = p.parse_args()
+    levels = [int(x) for x in args.levels.split(",")]
     data = rows(args.rows)
     with tempfile.TemporaryDirectory(prefix="small-records-") as tmp:
         src = Path(tmp) / "rows.jsonl"
         src.write_text("".join(json.dumps(r) + "\n" for r in data))
         source = src.stat().st_size
         print(f"{len(data):,} rows, JSONL {source / 1e6:.2f} MB ({source / len(data):.0f} B/row)")
+        if args.deflate_only:
+            deflate_table(src, Path(tmp), levels, args.repeats)
+            return
         print(
-            "| variant | gzip level | shard bytes / JSONL bytes | build samples/s | read samples/s |"
+            "| variant | gzip level | shard bytes / JSONL bytes | build samples/s | "
+            "build samples/CPU-s | read samples/s | read samples/CPU-s |"
         )
-        print("|---|---|---|---|---|")
+        print("|---|---|---|---|---|---|---|")
         default_level = deflate.GZIP_LEVEL
         for name, options in VARIANTS.items():
-            levels = [int(x) for x in args.levels.split(",")] if "compression" in options else [0]
-            for level in levels:
+            for level in levels if "compression" in options else [0]:
                 deflate.GZIP_LEVEL = level or default_level
-                size, build_rate, read_rate = measure(
-                    src, Path(tmp) / "out", options, len(data), args.repeats
-                )
+                size, *rates = measure(src, Path(tmp) / "out", options, len(data), args.repeats)
                 shown = str(level) if level else "-"
-                print(
-                    f"| {name} | {shown} | {size / source:.2f} | {build_rate:,.0f} | "
-                    f"{read_rate:,.0f} |",
-                    flush=True,
-                )
+                cells = " | ".join(f"{r:,.0f}" for r in rates)
+                print(f"| {name} | {shown} | {size / source:.2f} | {cells} |", flush=True)
         deflate.GZIP_LEVEL = default_level
+        deflate_table(src, Path(tmp), levels, args.repeats)
 
 
 if __name__ == "__main__":

@@ -46,6 +46,7 @@ class BlockJob:
     shard_max_bytes: int
     fingerprint: str
     prefix: str = "shard"  # of the shard file names (see SHARD_PREFIXES)
+    compression: str | None = None  # of the shards (wdsloader.format.deflate)
 
 
 def prepare(job: BlockJob, index: int, raw: Any) -> tuple[str, str, dict[str, Any]] | None:
@@ -196,6 +197,7 @@ class _BlockBuilder:
             tmpdir=self.tmpdir,
             committer=self.committer,
             prefix=job.prefix,
+            compression=job.compression,
         )
         self.keys[split], self.seen[split] = [], set()
         return sink

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import logging
 import os
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import closing
@@ -26,13 +27,18 @@ from build_shards.pool import refuse_reimported_main
 from build_shards.records import BlockRecord
 from build_shards.resume import check_kept
 from build_shards.run import Progress, ProgressBar, run_blocks
-from build_shards.schema import build_schema
+from build_shards.schema import build_schema, with_small_fields_grouped
 from build_shards.sources import Source, open_source
 from build_shards.splits import Splitter, make_splitter
 from build_shards.state import OutputState
 from wdsloader.errors import SchemaError
 from wdsloader.format import FieldSpec, Manifest
+from wdsloader.format.deflate import COMPRESSIONS
 from wdsloader.io.storage import url_to_fs
+
+log = logging.getLogger("build_shards")
+# tar bytes per data byte above which the build suggests the small-record options
+SUGGEST_RATIO = 4.0
 
 
 def build_shards(
@@ -61,6 +67,8 @@ def build_shards(
     break_lock: bool = False,
     engine: str = "local",
     ray_address: str | None = None,
+    compression: str | None = None,
+    group_small_fields: bool = False,
 ) -> Manifest:
     """Write ``source`` as WebDataset tar shards with ``.tar.idx`` files and ``manifest.json``.
 
@@ -120,9 +128,17 @@ def build_shards(
     ``OSError`` or whose worker died; a block written twice is the same bytes.
 
     ``progress``: True for a tqdm bar, or a callable ``(items_done, items_total_or_0)``.
+
+    Small records: ``group_small_fields=True`` writes a sample's small scalar fields (ints,
+    JSON scalars, strings of up to 512 bytes) as one member ``KEY.fields.json`` (the loader
+    still yields each field; see :mod:`wdsloader.format.groups`); ``compression="gzip"``
+    writes ``.tar.gz`` shards whose samples the loader still reads one by one (see
+    :mod:`wdsloader.format.deflate`; ``shard_max_bytes`` is then judged before compression).
     """
     refuse_reimported_main()
     _check_options(shard_max_count, shard_max_bytes, block_size, workers, key_field, lock_timeout)
+    if compression is not None and compression not in COMPRESSIONS:
+        raise ValueError(f"compression must be None or one of {COMPRESSIONS}, got {compression!r}")
     with closing(make_engine(engine, workers=workers, ray_address=ray_address)) as runner:
         out = _open_output(output, storage_options, runner)
         state = OutputState(out.fs, out.root, out.url, storage_options)
@@ -133,7 +149,7 @@ def build_shards(
             group_by=group_by, key_field=key_field, schema=schema, dims=dims, map_fn=map,
             seed=seed, allow_nan=allow_nan, shard_max_count=shard_max_count,
             shard_max_bytes=shard_max_bytes,
-            block_size=block_size,
+            block_size=block_size, compression=compression, group_small=bool(group_small_fields),
         )  # fmt: skip
         defaults = dict(loader_defaults or {})
         if curriculum is not None:
@@ -235,6 +251,8 @@ def _open_input(
     shard_max_count: int,
     shard_max_bytes: int,
     block_size: int | None,
+    compression: str | None = None,
+    group_small: bool = False,
 ) -> Input:
     """Infer the schema from the source's first sample and check that sample. ``length``: the
     source's as given, before the engine prepared it (the default block size depends on it, so
@@ -255,8 +273,12 @@ def _open_input(
     )
     stream, (key, sample) = _first_sample(src, job)
     full_schema, all_dims = build_schema(key, sample, schema, dims)
+    if group_small:
+        full_schema = with_small_fields_grouped(full_schema, sample)
     encoder = SampleEncoder(full_schema, all_dims, allow_nan=allow_nan)
     members, _ = encoder.encode(key, sample)  # the first sample must pass its schema (NaN, ranges)
+    if compression is None:
+        _suggest_small_record_options(members, group_small)
     if block_size is None:
         block_size = default_block_size(
             length, sample_tar_bytes(members), shard_max_count, shard_max_bytes
@@ -266,10 +288,12 @@ def _open_input(
         key_field=key_field, splits=splitter.spec(), split_field=split_field, group_by=group_by,
         seed=seed, shard_max_count=shard_max_count, shard_max_bytes=shard_max_bytes,
         block_size=block_size, allow_nan=allow_nan, schema=full_schema, dims=all_dims,
+        compression=compression,
     )  # fmt: skip
     job = dataclasses.replace(
         job,
         encoder=encoder,
+        compression=compression,
         fingerprint=params.fingerprint(),
         source=src if src.indexable and not src.in_memory else None,
     )
@@ -302,7 +326,27 @@ def _manifest(
     manifest.dims = dict(inp.params.dims)
     manifest.loader_defaults = defaults
     manifest.build = manifest_build(inp.params, records)
+    for split in manifest.splits.values():  # block records do not keep it: one for all shards
+        for shard in split.shards:
+            shard.compression = inp.params.compression
     return manifest
+
+
+def _suggest_small_record_options(members: list[tuple[str, bytes]], grouped: bool) -> None:
+    """Log one INFO line when the first sample takes over :data:`SUGGEST_RATIO` times its data
+    bytes in the tar (headers and padding of small members)."""
+    data = sum(len(d) for _, d in members)
+    tar = sample_tar_bytes(members)
+    if tar > SUGGEST_RATIO * max(data, 1):
+        options = (
+            "compression='gzip'" if grouped else "group_small_fields=True and compression='gzip'"
+        )
+        log.info(
+            "each sample takes %d tar bytes for %d bytes of data (%.0fx: small fields, each a "
+            "member with a 512-byte header and padding); %s make such shards much smaller "
+            "(CLI: --group-small-fields, --compression gzip)",
+            tar, data, tar / max(data, 1), options,
+        )  # fmt: skip
 
 
 def _note_resumable(exc: OSError, url: str, replaces: bool) -> None:

@@ -95,6 +95,8 @@ def _run_build(args: argparse.Namespace, options: dict[str, Any], progress: bool
         progress=progress,
         engine=args.engine,
         ray_address=args.ray_address,
+        compression=args.compression,
+        group_small_fields=args.group_small_fields,
         **options,
     )
 

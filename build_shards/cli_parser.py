@@ -206,6 +206,18 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--key-field", default="__key__", metavar="FIELD", help="sample key field")
     b.add_argument("--allow-nan", action="store_true", help="count NaN/Inf instead of failing")
     b.add_argument(
+        "--group-small-fields",
+        action="store_true",
+        help="write a sample's small fields (ints, JSON scalars, short strings) as one member "
+        "KEY.fields.json; the loader still yields each field",
+    )
+    b.add_argument(
+        "--compression",
+        choices=["gzip"],
+        help="write .tar.gz shards (every tar and WebDataset reader reads them; the loader "
+        "still reads samples one by one)",
+    )
+    b.add_argument(
         "--engine",
         choices=["local", "ray"],
         default="local",

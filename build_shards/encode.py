@@ -32,6 +32,7 @@ back as lists, numpy values in JSON as Python numbers and lists.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
 from typing import Any
 
@@ -49,6 +50,8 @@ class SampleEncoder:
 
     Members come in the same order in every sample: fixed-size fields (npy with a fixed shape)
     sorted by field name, then the others sorted by name; the schema dict is in that order.
+    Fields marked ``grouped`` (see :mod:`wdsloader.format.groups`) are checked by their own
+    encoder and written together as one JSON object member, where the first of them would be.
     """
 
     def __init__(
@@ -72,6 +75,11 @@ class SampleEncoder:
         self._encoders = [
             make_encoder(f, self.schema[f], self.dims, self.allow_nan) for f in self.order
         ]
+        # per field: None, or the JSON text before its value in the grouped member
+        self._group_keys = [
+            f"{json.dumps(f)}:".encode() if self.schema[f].grouped else None for f in self.order
+        ]
+        self._texts = [self.schema[f].encoding == "txt" for f in self.order]
         self._names: dict[str, tuple[str, str | None]] = {}
         self._orders: dict[tuple[str, ...], tuple[str, ...]] = {}
 
@@ -144,8 +152,25 @@ class SampleEncoder:
             self._check_member_names(key)
         members: list[tuple[str, bytes]] = []
         nonfinite = False
-        for name, ext, enc in zip(ordered, self._exts, self._encoders, strict=True):
+        group: list[bytes] | None = None
+        at = -1  # where the grouped member goes
+        for name, ext, enc, gkey, text in zip(
+            ordered, self._exts, self._encoders, self._group_keys, self._texts, strict=True
+        ):
             data, bad = enc(key, sample[name])
-            members.append((ext, data))
             nonfinite = nonfinite or bad
+            if gkey is None:
+                members.append((ext, data))
+                continue
+            if group is None:
+                group = []
+                members.append((ext, b""))  # its place; filled below
+                at = len(members) - 1
+            # cls and json members are JSON text already; a txt member becomes a JSON string
+            group.append(gkey + (_JSON_STR.encode(data.decode("utf-8")).encode() if text else data))
+        if group is not None:
+            members[at] = (members[at][0], b"{" + b",".join(group) + b"}")
         return members, nonfinite
+
+
+_JSON_STR = json.JSONEncoder(ensure_ascii=False)

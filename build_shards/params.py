@@ -65,6 +65,7 @@ class BuildParams:
     allow_nan: bool
     schema: Mapping[str, FieldSpec]
     dims: Mapping[str, int]
+    compression: str | None = None
 
     def options(self) -> dict[str, Any]:
         """What the fingerprint hashes, as JSON values (``build.json`` keeps it, to name the
@@ -83,6 +84,8 @@ class BuildParams:
             "schema": {f: spec_dict(s) for f, s in self.schema.items()},
             "dims": self.dims,
         }
+        if self.compression is not None:  # absent otherwise: older builds keep their fingerprint
+            options["compression"] = self.compression
         result: dict[str, Any] = json.loads(json.dumps(options, default=str))
         return result
 
@@ -103,6 +106,7 @@ class BuildParams:
             "split_field": self.split_field,
             "key_field": self.key_field,
             "allow_nan": self.allow_nan,
+            **({} if self.compression is None else {"compression": self.compression}),
         }
 
 

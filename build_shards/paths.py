@@ -1,7 +1,7 @@
 """Names and places of a build's files: shard names, the ``_build/`` state folder, block records.
 
-Shards are ``{split}/{prefix}-BBBBB-PPP.tar`` (B the block, P the part within the block) with a
-``.tar.idx`` beside each; a shard being written carries :data:`TMP_MARK` in its name. A build that
+Shards are ``{split}/{prefix}-BBBBB-PPP.tar`` (B the block, P the part within the block; ``.tar.gz``
+when compressed) with a ``.idx`` beside each; a shard being written carries :data:`TMP_MARK` in its name. A build that
 replaces a complete dataset takes the other prefix of :data:`SHARD_PREFIXES`. ``_build/`` holds
 ``build.json`` (the build's fingerprint and options) and ``block-BBBBB.json`` per finished block.
 """
@@ -20,9 +20,9 @@ SHARD_PREFIXES = ("shard", "shard-r")  # a replacing build takes the one the old
 RECORD_RE = re.compile(r"^block-(\d{5,})\.json$")
 
 
-def shard_name(block: int, part: int, prefix: str = "shard") -> str:
-    """File name of part ``part`` of block ``block``."""
-    return f"{prefix}-{block:05d}-{part:03d}.tar"
+def shard_name(block: int, part: int, prefix: str = "shard", compression: str | None = None) -> str:
+    """File name of part ``part`` of block ``block`` (``.tar.gz`` when gzip-compressed)."""
+    return f"{prefix}-{block:05d}-{part:03d}.tar{'' if compression is None else '.gz'}"
 
 
 def record_path(root: str, block: int) -> str:

@@ -14,6 +14,7 @@ import numpy as np
 
 from wdsloader.errors import SchemaError
 from wdsloader.format import FieldSpec, member_ext, validate_field
+from wdsloader.format.groups import GROUP_EXT, GROUP_FIELD, MIN_GROUPED, SMALL_TEXT_BYTES
 
 IMAGE_FORMATS = {"png": "PNG", "jpg": "JPEG", "jpeg": "JPEG", "webp": "WEBP"}
 _ENC_RE = re.compile(r"^[a-z0-9]+$")
@@ -207,3 +208,37 @@ def build_schema(
     fixed = sorted(f for f, s in schema.items() if s.fixed_size)
     rest = sorted(f for f in schema if f not in fixed)
     return {f: schema[f] for f in fixed + rest}, bound
+
+
+def _is_small(spec: FieldSpec, value: Any) -> bool:
+    """Whether a field of the first sample is a small scalar (see :mod:`wdsloader.format.groups`)."""
+    if spec.encoding == "cls":
+        return True
+    if spec.encoding == "json":
+        return value is None or isinstance(value, (bool, int, float, np.bool_, np.number))
+    if spec.encoding == "txt" and spec.dtype == "str" and isinstance(value, str):
+        try:
+            return len(value.encode("utf-8")) <= SMALL_TEXT_BYTES
+        except UnicodeEncodeError:
+            return False  # the encoder names the problem
+    return False
+
+
+def with_small_fields_grouped(
+    schema: Mapping[str, FieldSpec], sample: Mapping[str, Any]
+) -> dict[str, FieldSpec]:
+    """``schema`` with the small scalar fields of the first ``sample`` grouped into the member
+    ``fields.json`` (``grouped`` set), when at least two qualify; the others unchanged."""
+    values = {parse_name(name)[0]: value for name, value in sample.items()}
+    small = [f for f, spec in schema.items() if _is_small(spec, values.get(f))]
+    if len(small) < MIN_GROUPED:
+        return dict(schema)
+    if GROUP_FIELD in schema:
+        raise ValueError(
+            f"group_small_fields: the field {GROUP_FIELD!r} would clash with the grouped member "
+            f"{GROUP_EXT!r}; rename that field"
+        )
+    return {
+        f: dataclasses.replace(spec, ext=GROUP_EXT, grouped=True) if f in small else spec
+        for f, spec in schema.items()
+    }

@@ -77,9 +77,11 @@ class ShardSink:
         tmpdir: str | None,
         committer: Committer | None = None,
         prefix: str = "shard",
+        compression: str | None = None,
     ) -> None:
         self.fs, self.root, self.split, self.block = fs, root, split, block
         self.prefix = prefix
+        self.compression = compression
         self.max_count, self.max_bytes = max_count, max_bytes
         self.local = is_local(fs)
         self.tmpdir = tmpdir
@@ -118,14 +120,14 @@ class ShardSink:
         return w.offset - before
 
     def _open(self) -> TarStreamWriter:
-        name = shard_name(self.block, len(self.infos), self.prefix)
+        name = shard_name(self.block, len(self.infos), self.prefix, self.compression)
         if self.local:
             self._tmp = join(self.root, self.split, f"{name}{TMP_MARK}{uuid.uuid4().hex[:12]}")
         else:
             assert self.tmpdir is not None
             self._tmp = os.path.join(self.tmpdir, f"{self.split}-{name}")
         self._file = open(self._tmp, "wb", buffering=1 << 20)  # noqa: SIM115 (closed in _commit)
-        self._writer = TarStreamWriter(self._file)
+        self._writer = TarStreamWriter(self._file, compression=self.compression)
         return self._writer
 
     def _finish(self) -> None:
@@ -136,7 +138,8 @@ class ShardSink:
         idx, sha = w.close()
         f.flush()
         self._writer = self._file = self._tmp = None
-        rel = f"{self.split}/{shard_name(self.block, len(self.infos), self.prefix)}"
+        name = shard_name(self.block, len(self.infos), self.prefix, self.compression)
+        rel = f"{self.split}/{name}"
         self.infos.append(
             ShardInfo(
                 path=rel,
@@ -145,6 +148,7 @@ class ShardSink:
                 num_bytes=w.offset,
                 sha256=sha,
                 layout=w.layout,
+                compression=self.compression,
             )
         )
         if self.committer is None:

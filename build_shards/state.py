@@ -35,7 +35,7 @@ from wdsloader.io.storage import is_local, join, write_atomic
 
 log = logging.getLogger("build_shards")
 
-_OURS = re.compile(r"^shard(-r)?-\d{5,}-\d{3,}\.tar(\.idx)?(\.tmp-[0-9a-f]+)?$")
+_OURS = re.compile(r"^shard(-r)?-\d{5,}-\d{3,}\.tar(\.gz)?(\.idx)?(\.tmp-[0-9a-f]+)?$")
 
 
 class OutputState:
@@ -200,7 +200,7 @@ class OutputState:
         """The first shard name prefix the complete dataset in the folder does not use."""
         used = {posixpath.basename(p) for p in self.protected()}
         for prefix in SHARD_PREFIXES:
-            pattern = re.compile(rf"^{re.escape(prefix)}-\d{{5,}}-\d{{3,}}\.tar(\.idx)?$")
+            pattern = re.compile(rf"^{re.escape(prefix)}-\d{{5,}}-\d{{3,}}\.tar(\.gz)?(\.idx)?$")
             if not any(pattern.match(name) for name in used):
                 return prefix
         raise BuildError(

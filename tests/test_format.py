@@ -103,7 +103,7 @@ def test_manifest_round_trip_and_version_gate(tmp_path):
     assert loaded.split("train").num_samples == 5
     raw = json.loads((tmp_path / "ds" / "manifest.json").read_text())
     assert "/" not in raw["splits"]["train"]["shards"][0]["path"][:1]
-    raw["version"] = "2.0"
+    raw["version"] = "3.0"
     (tmp_path / "ds" / "manifest.json").write_text(json.dumps(raw))
     with pytest.raises(ManifestError, match="newer than this wdsloader"):
         Manifest.load(str(tmp_path / "ds"))

@@ -20,6 +20,7 @@ from wdsloader.decode.codecs import (
     decode_bytes,
     decode_uint8,
 )
+from wdsloader.decode.groups import GroupedValue
 from wdsloader.errors import DecodeError, PickleNotAllowedError
 from wdsloader.format.keys import field_of_ext
 from wdsloader.format.manifest import FieldSpec
@@ -236,7 +237,9 @@ class SampleDecoder:
         encoding = (spec.encoding or field_of_ext(spec.ext)[1]).lower()
         post: Callable[[Any], Any] | None = None
         fn = self.decoder_for(encoding)
-        if fn is decode_bytes and spec.dtype == "uint8":
+        if spec.grouped:  # a value in the sample's JSON object of small fields
+            fn = GroupedValue(field, encoding, fn)
+        elif fn is decode_bytes and spec.dtype == "uint8":
             fn = decode_uint8  # raw bytes declared as a uint8 vector
         if encoding == "npy":
             post = _npy_check(spec)

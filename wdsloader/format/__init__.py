@@ -1,5 +1,7 @@
 """The on-disk format contract shared by ``build_shards`` (writes) and ``wdsloader`` (reads)."""
 
+from wdsloader.format.deflate import COMPRESSIONS, ShardDeflater, inflate_sample
+from wdsloader.format.groups import GROUP_EXT
 from wdsloader.format.index import (
     INDEX_SUFFIX,
     decode_index,
@@ -37,6 +39,8 @@ from wdsloader.format.writer import TarStreamWriter, encode_header, encode_membe
 
 __all__ = [
     "BLOCK",
+    "COMPRESSIONS",
+    "GROUP_EXT",
     "END_OF_ARCHIVE",
     "FORMAT_NAME",
     "FORMAT_VERSION",
@@ -47,6 +51,7 @@ __all__ = [
     "Member",
     "TarStreamWriter",
     "ShardInfo",
+    "ShardDeflater",
     "SplitInfo",
     "check_version",
     "decode_index",
@@ -55,6 +60,7 @@ __all__ = [
     "encode_member",
     "field_of_ext",
     "index_path",
+    "inflate_sample",
     "iter_members",
     "iter_samples",
     "member_ext",

@@ -24,11 +24,19 @@ from wdsloader.format.checks import (
     check_str,
     path_problem,
 )
+from wdsloader.format.deflate import COMPRESSIONS
 from wdsloader.io.storage import join, url_to_fs, write_atomic
 from wdsloader.redact import redact, secrets_of
 
 FORMAT_NAME = "wdsloader"
 FORMAT_VERSION = "1.0"
+"""The version written for a dataset that every wdsloader reads (no compressed shard, no
+grouped field)."""
+EXTENDED_VERSION = "2.0"
+"""The version written for a dataset with compressed shards or grouped fields: a wdsloader
+older than 2.0 refuses it with "upgrade wdsloader" instead of misreading it."""
+READ_VERSION = EXTENDED_VERSION
+"""The newest version this library reads."""
 MANIFEST_NAME = "manifest.json"
 
 Dim = int | str
@@ -43,6 +51,11 @@ class FieldSpec:
     ``shape`` describe arrays (shape dims are ints or symbolic names bound in ``Manifest.dims``);
     for other encodings ``dtype`` names the Python type (``str``, ``int``, ``json``, ``bytes``).
     ``range`` is an optional inclusive ``[low, high]`` for values.
+
+    ``grouped``: the value is not a member of its own but the entry named after the field in
+    the JSON object of member ``ext`` (``fields.json``), shared with the sample's other small
+    fields; it reads back as a member of ``encoding`` would (see
+    :mod:`wdsloader.format.groups`).
     """
 
     ext: str
@@ -50,10 +63,12 @@ class FieldSpec:
     dtype: str | None = None
     shape: list[Dim] | None = None
     range: list[float] | None = None
+    grouped: bool | None = None
 
     def __post_init__(self) -> None:
         try:
             _check_spec_values(self.ext, self.encoding, self.dtype, self.shape, self.range, "")
+            check_grouped(self.grouped, self.ext, self.encoding, "")
         except InvalidField as exc:
             raise ManifestError(f"FieldSpec(ext={self.ext!r}){exc}") from None
         if isinstance(self.shape, tuple):
@@ -82,6 +97,9 @@ class ShardInfo:
     num_bytes: int
     sha256: str | None = None
     layout: dict[str, list[int]] | None = None
+    compression: str | None = None
+    """None (a plain tar) or ``"gzip"`` (see :mod:`wdsloader.format.deflate`): the index then
+    holds compressed offsets and ``num_bytes``/``sha256`` are the compressed file's."""
 
 
 @dataclass(slots=True, kw_only=True)
@@ -131,10 +149,26 @@ class Manifest:
             ) from None
 
     # -- (de)serialisation ---------------------------------------------------------------------
+    def uses_extensions(self) -> bool:
+        """Whether a wdsloader older than :data:`EXTENDED_VERSION` would misread this dataset
+        (a compressed shard, a grouped field)."""
+        return any(spec.grouped for spec in self.schema.values()) or any(
+            shard.compression is not None
+            for split in self.splits.values()
+            for shard in split.shards
+        )
+
+    def written_version(self) -> str:
+        """The version :meth:`to_dict` writes: ``version``, raised to :data:`EXTENDED_VERSION`
+        when the dataset needs it."""
+        if self.uses_extensions() and _major(self.version) < _major(EXTENDED_VERSION):
+            return EXTENDED_VERSION
+        return self.version
+
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {
             "format": self.format,
-            "version": self.version,
+            "version": self.written_version(),
             "schema": {k: _drop_none(asdict(v)) for k, v in self.schema.items()},
             "dims": dict(self.dims),
             "splits": {},
@@ -255,22 +289,43 @@ class Manifest:
 
 
 def check_version(version: str, *, source: str = MANIFEST_NAME) -> None:
-    """Refuse a manifest whose major format version is newer than this library's."""
+    """Refuse a manifest whose major format version is newer than this library reads."""
     try:
-        major = int(version.split(".")[0])
+        major = _major(version)
     except ValueError:
         raise ManifestError(f"{source}: invalid format version {version!r}") from None
-    ours = int(FORMAT_VERSION.split(".")[0])
-    if major > ours:
+    if major > _major(READ_VERSION):
         raise ManifestError(
             f"{source}: format version {version} is newer than this wdsloader supports "
-            f"({FORMAT_VERSION}); upgrade wdsloader to read it"
+            f"({READ_VERSION}); upgrade wdsloader to read it"
         )
 
 
-_SPEC_KEYS = {"ext", "encoding", "dtype", "shape", "range"}
-_SHARD_KEYS = {"path", "idx_path", "num_samples", "num_bytes", "sha256", "layout"}
-_SHARD_REQUIRED = _SHARD_KEYS - {"sha256", "layout"}
+def _major(version: str) -> int:
+    return int(version.split(".")[0])
+
+
+def check_grouped(grouped: Any, ext: Any, encoding: Any, where: str) -> None:
+    """A field's ``grouped`` flag: None or a bool, and a grouped field reads from a ``.json``
+    member of small values of the encodings that can be grouped."""
+    if grouped is None or grouped is False:
+        return
+    if grouped is not True:
+        raise InvalidField(f"{where}.grouped: expected true, false or null, got {grouped!r}")
+    if not (isinstance(ext, str) and ext.endswith(".json")) or encoding not in GROUPABLE:
+        raise InvalidField(
+            f"{where}.grouped: a grouped field reads from a .json member (ext {ext!r}) and is "
+            f"of an encoding in {GROUPABLE} (got {encoding!r})"
+        )
+
+
+GROUPABLE = ("cls", "json", "txt")
+"""The encodings whose values may be grouped into one JSON member."""
+
+
+_SPEC_KEYS = {"ext", "encoding", "dtype", "shape", "range", "grouped"}
+_SHARD_KEYS = {"path", "idx_path", "num_samples", "num_bytes", "sha256", "layout", "compression"}
+_SHARD_REQUIRED = _SHARD_KEYS - {"sha256", "layout", "compression"}
 
 
 def _check_spec_values(
@@ -294,6 +349,7 @@ def _field_spec(spec: Any, where: str) -> FieldSpec:
         spec.get("range"),
         where,
     )
+    check_grouped(spec.get("grouped"), spec["ext"], spec["encoding"], where)
     if spec["encoding"] == "npy" and spec.get("dtype") is not None:
         check_array_dtype(spec["dtype"], f"{where}.dtype")
     return FieldSpec(**spec)
@@ -316,6 +372,11 @@ def _shard_info(shard: Any, split: str, i: int) -> ShardInfo:
             check_count(size, ".num_bytes")
         check_sha256(shard.get("sha256"), ".sha256")
         check_layout(shard.get("layout"), ".layout")
+        compression = shard.get("compression")
+        if compression is not None and compression not in COMPRESSIONS:
+            raise InvalidField(
+                f".compression: expected null or one of {list(COMPRESSIONS)}, got {compression!r}"
+            )
     except InvalidField as exc:
         raise InvalidField(f"{split}.shards[{i}]{exc}") from None
     return ShardInfo(**shard)

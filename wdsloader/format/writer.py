@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import BinaryIO
 
+from wdsloader.format.deflate import COMPRESSIONS, ShardDeflater, deflate_bound
 from wdsloader.format.index import encode_index
 from wdsloader.format.keys import validate_key
 from wdsloader.format.ustar import (
@@ -141,17 +142,30 @@ class TarStreamWriter:
 
     A sample costs one %-formatting of its shape's template (headers are built once per shape),
     one ``write`` and one hash update.
+
+    ``compression="gzip"`` writes a ``.tar.gz`` whose samples inflate one by one
+    (:mod:`wdsloader.format.deflate`): ``offsets`` and ``offset`` are then compressed byte
+    offsets, and ``layout`` stays None (fields cannot be gathered from compressed bytes).
     """
 
-    def __init__(self, fileobj: BinaryIO) -> None:
+    def __init__(self, fileobj: BinaryIO, *, compression: str | None = None) -> None:
+        if compression is not None and compression not in COMPRESSIONS:
+            raise ValueError(
+                f"compression must be None or one of {COMPRESSIONS}, got {compression!r}"
+            )
         self._f = fileobj
         self._sha = hashlib.sha256()
         self.offset = 0
         self.offsets: list[int] = []
         self.layout: dict[str, list[int]] | None = None
         self.closed = False
+        self.compression = compression
         self._frames: dict[Shape, _Frame] = {}
         self._last_frame: _Frame | None = None
+        self._deflater: ShardDeflater | None = None
+        if compression is not None:
+            self._deflater = ShardDeflater()
+            self._write(self._deflater.header())
 
     @property
     def num_samples(self) -> int:
@@ -161,6 +175,8 @@ class TarStreamWriter:
         """File size after adding this sample and closing."""
         # a member takes its 512-byte header plus its data padded to 512 bytes
         blocks = sum([(len(data) + 2 * BLOCK - 1) // BLOCK for _, data in members])
+        if self._deflater is not None:  # judged before compressing: an upper bound
+            return self.offset + deflate_bound(blocks * BLOCK) + deflate_bound(len(END_OF_ARCHIVE))
         return self.offset + blocks * BLOCK + len(END_OF_ARCHIVE)
 
     def _write(self, data: bytes | bytearray) -> None:
@@ -189,6 +205,9 @@ class TarStreamWriter:
             args += (raw_key, checksum + keysum, data)
         sample = frame.fmt % tuple(args)
         self.offsets.append(self.offset)
+        if self._deflater is not None:
+            self._write(self._deflater.sample(sample))
+            return
         self._write(sample)
         if frame is not self._last_frame:
             self._last_frame = frame
@@ -203,6 +222,9 @@ class TarStreamWriter:
     def close(self) -> tuple[bytes, str]:
         """Write the end-of-archive blocks; returns ``(index_bytes, sha256_hex)``."""
         end = self.offset
-        self._write(END_OF_ARCHIVE)
+        if self._deflater is not None:
+            self._write(self._deflater.finish(END_OF_ARCHIVE))
+        else:
+            self._write(END_OF_ARCHIVE)
         self.closed = True
         return encode_index([*self.offsets, end]), self._sha.hexdigest()

@@ -18,6 +18,7 @@ from wdsloader.format import ShardInfo
 from wdsloader.io.fetch import ShardStore
 from wdsloader.plan.coalesce import coalesce
 from wdsloader.stream.buffers import BufferPool
+from wdsloader.stream.inflate import Inflater
 
 log = logging.getLogger(__name__)
 
@@ -45,6 +46,9 @@ class BatchReader:
         # read buffers, kept from one pass to the next: a new pass reads into memory that is
         # already faulted in (a pass's first groups would otherwise cost a page fault per 4 KiB)
         self.pool = BufferPool()
+        # compressed shards: each sample inflated after the read (None: no compressed shard)
+        compressed = any(s.compression is not None for s in self.shards)
+        self.inflate = Inflater(self.shards, store.url) if compressed else None
 
     def read(self, batches: Sequence[np.ndarray], pool: BufferPool | None = None) -> list[RawBatch]:
         """The :class:`RawBatch` of each of ``batches``, read together (into a buffer of
@@ -100,6 +104,8 @@ class BatchReader:
                 )
             )
             pos += len(batch)
+        if self.inflate is not None:
+            raws = [self.inflate(raw) for raw in raws]
         return raws
 
     def read_ahead(self, batches: Sequence[np.ndarray], group: int) -> ReadAhead:

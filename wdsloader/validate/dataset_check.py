@@ -18,6 +18,7 @@ from wdsloader.decode.parse import parse_sample
 from wdsloader.decode.registry import SampleDecoder
 from wdsloader.errors import WdsLoaderError
 from wdsloader.format import FieldSpec, Manifest, ShardInfo
+from wdsloader.format.deflate import inflate_sample
 from wdsloader.format.index import INDEX_DTYPE
 from wdsloader.format.ustar import BLOCK
 from wdsloader.io.fetch import ReadOptions, ShardStore
@@ -185,7 +186,8 @@ class _DatasetChecker:
         problems = []
         if raw[0] > size:
             problems.append(f"first offset {raw[0]} lies past the shard's {size} bytes")
-        if (unaligned := np.flatnonzero(raw % BLOCK)).size:
+        # (a compressed shard's offsets are compressed byte offsets: any value)
+        if shard.compression is None and (unaligned := np.flatnonzero(raw % BLOCK)).size:
             i = int(unaligned[0])
             problems.append(
                 f"offset #{i} ({raw[i]}) is not on a {BLOCK}-byte tar block boundary "
@@ -239,8 +241,12 @@ class _DatasetChecker:
         values: dict[str, list[tuple[int, Any]]] = {}
         for k in range(len(offsets) - 1):
             start, stop = int(offsets[k]) - base, int(offsets[k + 1]) - base
+            sample, at = data, base
             try:
-                key, raw = parse_sample(data, start, stop, base_offset=base, source=rel)
+                if shard.compression is not None:  # the sample's tar bytes, inflated
+                    sample = inflate_sample(view[start:stop], f"{rel}: sample #{first + k}")
+                    at, start, stop = at + start, 0, len(sample)
+                key, raw = parse_sample(sample, start, stop, base_offset=at, source=rel)
             except WdsLoaderError as exc:
                 self.note("parse", f"sample #{first + k}: {str(exc).removeprefix(rel + ' ')}")
                 continue

@@ -54,19 +54,21 @@ class BufferPool:
 
     def lease(self, nbytes: int) -> np.ndarray:
         """A uint8 array of ``nbytes`` (contents undefined) that is this caller's until
-        nothing refers to it."""
-        block = None
-        while block is None:
+        nothing refers to it: the smallest free block that is large enough (the others stay
+        free), or a new one when none is (the free blocks, all too small, are dropped)."""
+        taken: list[np.ndarray] = []
+        while True:  # pops: atomic against finalizers giving blocks back meanwhile
             try:
-                candidate = self._free.pop()
+                taken.append(self._free.pop())
             except IndexError:
                 break
-            if len(candidate) >= nbytes:
-                block = candidate
+        fits = [b for b in taken if len(b) >= nbytes]
+        block = min(fits, key=len) if fits else None
         if block is None:
             block = np.empty(_rounded(nbytes), dtype=np.uint8)
             self.allocated += 1
         else:
+            self._free.extend(b for b in reversed(taken) if b is not block)
             self.reused += 1
         lease = _Lease(block, nbytes)
         weakref.finalize(lease, self._give_back, block).atexit = False

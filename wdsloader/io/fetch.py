@@ -41,7 +41,6 @@ from wdsloader.io.ranges import (
     Request,
     merge_requests,
     pread,
-    pread_into,
     preadv_all,
     split_range,
     unique_shards,
@@ -331,14 +330,14 @@ class ShardStore(StoreChecks):
             self._verify_once(shard, paths[rel])
         pinned = set(paths.values())
         if sink is not None:
+            last, fd = None, -1
             for i, ((shard, start, stop), pos) in enumerate(zip(reqs, positions, strict=True)):
-                fd = self._fd(shard, paths[shard.path], pinned)
+                if shard is not last:  # requests of a shard come one after the other
+                    last, fd = shard, self._fd(shard, paths[shard.path], pinned)
                 self._count("requests")
                 into = sink[pos : pos + stop - start]
-                if cuts is None or not cuts[i]:
-                    pread_into(fd, into, start, self.url(shard))
-                else:
-                    preadv_all(fd, split_range(into, cuts[i]), start, self.url(shard))
+                pieces = [into] if cuts is None or not cuts[i] else split_range(into, cuts[i])
+                preadv_all(fd, pieces, start, shard.path, self._url)
             return []
         return [
             self._pread(self._fd(shard, paths[shard.path], pinned), start, stop, self.url(shard))

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from wdsloader.format import ShardInfo
 from wdsloader.io.retry import truncated
@@ -55,21 +55,23 @@ def pread(fd: int, start: int, stop: int, url: str) -> bytes:
     return data
 
 
-def pread_into(fd: int, out: memoryview, start: int, url: str) -> None:
-    """Fill ``out`` with the bytes of an open file from ``start`` (see :func:`pread`)."""
-    preadv_all(fd, [out], start, url)
-
-
-def preadv_all(fd: int, pieces: Sequence[memoryview], start: int, url: str) -> None:
+def preadv_all(
+    fd: int,
+    pieces: Sequence[memoryview],
+    start: int,
+    name: str,
+    url: Callable[[str], str] = str,
+) -> None:
     """Fill ``pieces`` one after the other with the bytes of an open file from ``start``, each
     byte copied once from the file into its piece (``os.preadv``, at most :data:`IOV_MAX`
-    pieces a call); a file that ends before they are full is truncated."""
+    pieces a call); a file that ends before they are full is truncated (the error names the
+    file ``url(name)``)."""
     todo = [p for p in pieces if len(p)]
     i, at = 0, start
     while i < len(todo):
-        n = os.preadv(fd, todo[i : i + IOV_MAX], at)
+        n = os.preadv(fd, todo if i == 0 and len(todo) <= IOV_MAX else todo[i : i + IOV_MAX], at)
         if not n:
-            raise truncated(url, at)
+            raise truncated(url(name), at)
         at += n
         while n:  # past the pieces filled, into the one filled in part
             if n < len(todo[i]):

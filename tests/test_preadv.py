@@ -6,6 +6,7 @@ lies is the same error as on the other paths."""
 from __future__ import annotations
 
 import json
+import mmap
 import os
 import re
 from pathlib import Path
@@ -281,3 +282,31 @@ def test_remote_reads_fill_the_cuts_by_copying(root):
     assert pos == [0, 4000] and bytes(joined) == data[1000:5000] + data[9000:9100]
     assert row.tobytes() == data[1050:1150]
     assert json.dumps(store.stats)  # counted as ever
+
+
+def test_the_pool_hands_out_the_smallest_block_that_fits_and_keeps_the_others():
+    pool = BufferPool(keep=4)
+    big, small = pool.lease(100_000), pool.lease(50_000)  # a full and a last partial batch
+    addresses = big.ctypes.data, small.ctypes.data
+    del big, small
+    again_small = pool.lease(40_000)
+    again_big = pool.lease(90_000)
+    assert (again_big.ctypes.data, again_small.ctypes.data) == addresses
+    assert (pool.allocated, pool.reused, pool.free) == (2, 2, 0)
+
+
+def test_read_buffers_with_holes_are_mapped_in_small_pages(root, tmp_path):
+    assert create_loader(root, "train", batch_size=8).dataset_obj.reader.pool.small_pages
+    plain = str(tmp_path / "plain")
+    build_shards([{"__key__": f"k{i}", "x": np.zeros(4, np.float32)} for i in range(4)], plain)
+    assert not create_loader(plain, "train", batch_size=2).dataset_obj.reader.pool.small_pages
+    pool = BufferPool()
+    pool.small_pages = True
+    block = pool.lease(8 * 2**20)
+    chain = [block]  # the array, its lease, the block, the block's buffer
+    while not isinstance(chain[-1], mmap.mmap) and len(chain) < 6:
+        last = chain[-1]
+        chain.append(
+            last.obj if isinstance(last, memoryview) else getattr(last, "base", None) or last.block
+        )
+    assert isinstance(chain[-1], mmap.mmap) and len(chain[-1]) >= 8 * 2**20

@@ -47,9 +47,20 @@ class BatchReader:
         # read buffers, kept from one pass to the next: a new pass reads into memory that is
         # already faulted in (a pass's first groups would otherwise cost a page fault per 4 KiB)
         self.pool = BufferPool()
-        # the long fixed-size fields read straight into batch arrays (set by the dataset when
-        # its columnar decoder checks and hands them out)
-        self.placement: Placement | None = None
+        self._placement: Placement | None = None
+
+    @property
+    def placement(self) -> Placement | None:
+        """The long fixed-size fields read straight into batch arrays (set by the dataset when
+        its columnar decoder checks and hands them out)."""
+        return self._placement
+
+    @placement.setter
+    def placement(self, placement: Placement | None) -> None:
+        self._placement = placement
+        # the read buffers then have holes where the fields' bytes would be: in small pages,
+        # the holes take no memory
+        self.pool.small_pages = bool(placement)
 
     def read(
         self, batches: Sequence[np.ndarray], pool: BufferPool | None = None, place: bool = False

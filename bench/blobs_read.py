@@ -7,8 +7,9 @@ the raw limit (a warm ``readinto`` loop over the same shard files), in one run.
 Every dataset is read once untimed first (a warm page cache, like the raw loop). Each system
 is timed on a new loader's first pass and on a loader's second pass (``2nd``: its buffers kept
 from the first). Reports per system the best of ``--repeats`` interleaved runs: samples/s,
-payload MB/s, CPU seconds per 1,000 samples, and the share of the raw limit (samples/s and,
-as the machine may be shared, CPU time too); the ratios are what to compare.
+payload MB/s, CPU seconds per 1,000 samples, the share of the raw limit (samples/s and, as
+the machine may be shared, CPU time too) and minor page faults per sample (new memory the
+pass touched: a 160 KiB blob is 40 pages); the ratios are what to compare.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import argparse
 import functools
 import json
 import os
+import resource
 import shutil
 import tempfile
 import time
@@ -79,25 +81,32 @@ def _read_all(path: str) -> None:
                 pass
 
 
-def _pass(items: Iterable[Any], count: Callable[[Any], int]) -> tuple[int, float, float]:
-    """(items, wall seconds, CPU seconds) of one pass over ``items``."""
-    t, c = time.perf_counter(), time.process_time()
+Timing = tuple[int, float, float, int]  # items, wall seconds, CPU seconds, minor page faults
+
+
+def _faults() -> int:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+
+
+def _pass(items: Iterable[Any], count: Callable[[Any], int]) -> Timing:
+    """(items, wall seconds, CPU seconds, page faults) of one pass over ``items``."""
+    t, c, f = time.perf_counter(), time.process_time(), _faults()
     n = sum(count(x) for x in items)
-    return n, time.perf_counter() - t, time.process_time() - c
+    return n, time.perf_counter() - t, time.process_time() - c, _faults() - f
 
 
 def _samples(batch: Any) -> int:
     return len(batch["label"])
 
 
-def first_pass(read: Callable[..., Iterable[Any]], path: str) -> tuple[int, float, float]:
+def first_pass(read: Callable[..., Iterable[Any]], path: str) -> Timing:
     """A new loader's first pass (loader creation included)."""
-    t, c = time.perf_counter(), time.process_time()
-    n, _, _ = _pass(read(WORKLOAD, path, 0), _samples)
-    return n, time.perf_counter() - t, time.process_time() - c
+    t, c, f = time.perf_counter(), time.process_time(), _faults()
+    n, _, _, _ = _pass(read(WORKLOAD, path, 0), _samples)
+    return n, time.perf_counter() - t, time.process_time() - c, _faults() - f
 
 
-def second_pass(read: Callable[..., Iterable[Any]], path: str) -> tuple[int, float, float]:
+def second_pass(read: Callable[..., Iterable[Any]], path: str) -> Timing:
     """A loader's second pass (its buffers kept from the first, untimed, one)."""
     loader = read(WORKLOAD, path, 0)
     _pass(loader, _samples)
@@ -115,20 +124,20 @@ def main() -> None:
     per_sample = WORKLOADS[WORKLOAD].bytes_per_sample(args.n)
     for path in paths.values():
         _read_all(path)
-    runs: dict[str, Callable[[], tuple[int, float, float]]] = {
+    runs: dict[str, Callable[[], Timing]] = {
         "raw_read": lambda: _pass(systems.raw_read(paths["ours_uint8"]), lambda b: b)
     }
     for s, path in paths.items():
         read = systems.READ["litdata" if s == "litdata" else "ours"]
         runs[s] = functools.partial(first_pass, read, path)
         runs[s + " 2nd"] = functools.partial(second_pass, read, path)
-    best: dict[str, tuple[int, float, float]] = {}
+    best: dict[str, Timing] = {}
     for _ in range(args.repeats):
         for name, fn in runs.items():
             got = fn()
             if name not in best or got[1] < best[name][1]:
                 best[name] = got
-    raw_bytes, raw_s, raw_cpu = best["raw_read"]
+    raw_bytes, raw_s, raw_cpu, _ = best["raw_read"]
     raw_mb_s = raw_bytes / raw_s / 1e6
     raw_rate, raw_cpu_rate = args.n / raw_s, args.n / max(raw_cpu, 1e-9)  # samples the loop read
     out: dict[str, dict[str, float]] = {}
@@ -136,7 +145,7 @@ def main() -> None:
         f"raw_read (warm readinto, 1 MiB buffer): {raw_mb_s:,.0f} MB/s of shard bytes, "
         f"{raw_rate:,.0f} samples/s, {raw_cpu / args.n * 1e3:.3f} CPU s/1k samples"
     )
-    for name, (n, wall, cpu) in best.items():
+    for name, (n, wall, cpu, faults) in best.items():
         if name == "raw_read":
             continue
         mb_s = n * per_sample / wall / 1e6
@@ -146,11 +155,12 @@ def main() -> None:
             "cpu_s_per_1k": cpu / n * 1e3,
             "share_of_raw": n / wall / raw_rate,
             "cpu_share_of_raw": n / cpu / raw_cpu_rate,
+            "page_faults_per_sample": faults / n,
         }
         print(
             f"{name:16s} {n / wall:7,.0f} samples/s {mb_s:6,.0f} MB/s  "
             f"{cpu / n * 1e3:6.3f} CPU s/1k  {n / wall / raw_rate:5.1%} of raw "
-            f"({n / cpu / raw_cpu_rate:5.1%} by CPU time)"
+            f"({n / cpu / raw_cpu_rate:5.1%} by CPU time)  {faults / n:5.1f} faults/sample"
         )
     if "litdata" in out:
         for tail in ("", " 2nd"):

@@ -6,11 +6,14 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Collection
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from wdsloader.errors import WdsLoaderError
+
+if TYPE_CHECKING:
+    from wdsloader.decode.placement import Placed
 
 
 @dataclass(slots=True)
@@ -18,7 +21,9 @@ class RawBatch:
     """The read bytes of one batch: sample ``j`` is ``data[j][start[j]:stop[j]]`` of shard
     ``shard[j]`` (its ``local[j]``-th sample); ``base[j]`` turns a position in ``data[j]`` into a
     byte offset in the shard. ``buf`` is the one uint8 buffer all samples lie in (None when a
-    read failed and ``data`` holds the exception of each unreadable range)."""
+    read failed and ``data`` holds the exception of each unreadable range). ``placed``: the
+    fields the reader read straight into batch arrays, whose bytes ``buf`` lacks until
+    :func:`wdsloader.decode.placement.restore`."""
 
     buf: np.ndarray | None
     data: list[Any]
@@ -27,6 +32,7 @@ class RawBatch:
     base: np.ndarray
     shard: np.ndarray
     local: np.ndarray
+    placed: dict[str, Placed] = dataclasses.field(default_factory=dict)
 
     def __len__(self) -> int:
         return len(self.start)

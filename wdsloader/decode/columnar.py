@@ -34,6 +34,7 @@ from wdsloader.decode.gather import (
     walk_members,
 )
 from wdsloader.decode.parse import parse_sample
+from wdsloader.decode.placement import Placement, placed_values, restore
 from wdsloader.decode.registry import SampleDecoder
 from wdsloader.decode.variants import Variants
 from wdsloader.errors import ShardFormatError, WdsLoaderError
@@ -137,14 +138,27 @@ class ColumnarDecoder:
         # one gather beats several when the rows are short or mostly wanted
         return ids, (length if length <= SMALL_BLOCK or 2 * needed >= length else 0)
 
+    def placement(self) -> Placement:
+        """The requested fields the batch reader may read straight into batch arrays (this
+        decoder checks them and hands them out; see :mod:`wdsloader.decode.placement`)."""
+        wanted = {f: t for f, t in self.tables.items() if f in self.fields}
+        return Placement(wanted, self.out_pool)
+
     # -- the batch -----------------------------------------------------------------------------
     def decode(self, raw: RawBatch, epoch: int, forced: int | None) -> Columns | NotGatherable:
         """The batch as :class:`Columns`, or why it cannot be (:class:`NotGatherable`).
 
         First every structural check (headers, layout, ``.npy`` headers), then the decoders;
         raises :class:`ShardFormatError` when a member lies elsewhere than the manifest's
-        layout says (the manifest does not describe the shard).
+        layout says (the manifest does not describe the shard). A batch that is not gatherable
+        has its placed bytes back in its read buffer, for the row decoder.
         """
+        out = self._columns(raw, epoch, forced)
+        if isinstance(out, NotGatherable) and raw.placed:
+            restore(raw.buf, raw.placed)
+        return out
+
+    def _columns(self, raw: RawBatch, epoch: int, forced: int | None) -> Columns | NotGatherable:
         if raw.buf is None:
             return NotGatherable("a byte range of the batch could not be read")
         block = self._block(raw)
@@ -275,12 +289,19 @@ class ColumnarDecoder:
             first = at - raw.start[rows] == BLOCK  # a first header: checked already
             if not first.all():
                 ok &= first | checksums_ok(headers)
+            if raw.placed and not ok.all():
+                restore(buf, raw.placed)  # the parser compares the bytes the shard has there
             for j in rows[~ok].tolist():
                 why = self._check_member(name, table, raw, j)
                 if why is not None:
                     return why
+        placed = raw.placed.get(name)
         if span is not None:
             values = table.from_block(span, BLOCK)
+        elif placed is not None:
+            assert positions is not None
+            got = placed.rows if mask is None else placed.rows[mask]
+            values = placed_values(table, buf, positions, got)
         else:
             assert positions is not None
             values = table.gather(buf, positions, self.out_pool)

@@ -342,7 +342,7 @@ class FieldTable:
             return None
         return starts + offs
 
-    def _data_span(self, member: np.ndarray) -> tuple[int, int] | None:
+    def data_span(self, member: np.ndarray) -> tuple[int, int] | None:
         """``(header length, data bytes)`` of one sample's ``.npy`` member bytes, when they
         hold the declared dtype and shape in C order; else None."""
         if self.raw:
@@ -368,7 +368,7 @@ class FieldTable:
         if len(positions) == 0:
             return np.empty((0, *self.shape), dtype=self.dtype)
         first = int(positions[0])
-        span = self._data_span(buf[first : first + self.nbytes])
+        span = self.data_span(buf[first : first + self.nbytes])
         if span is None:
             return None
         data_off, count = span
@@ -387,7 +387,7 @@ class FieldTable:
         ``block[j, offset : offset + nbytes]``."""
         if len(block) == 0:
             return np.empty((0, *self.shape), dtype=self.dtype)
-        span = self._data_span(block[0, offset : offset + self.nbytes])
+        span = self.data_span(block[0, offset : offset + self.nbytes])
         if span is None:
             return None
         data_off, count = span

@@ -36,7 +36,15 @@ from fsspec.core import split_protocol
 from wdsloader.errors import ShardFormatError
 from wdsloader.format import ShardInfo, decode_index
 from wdsloader.io.options import ReadOptions
-from wdsloader.io.ranges import Request, merge_requests, pread, pread_into, unique_shards
+from wdsloader.io.ranges import (
+    Cut,
+    Request,
+    merge_requests,
+    pread,
+    preadv_all,
+    split_range,
+    unique_shards,
+)
 from wdsloader.io.retry import RemoteFiles
 from wdsloader.io.shard_cache import OpenFiles, ShardCache, hash_fd, pwrite_all
 from wdsloader.io.storage import join, url_to_fs
@@ -234,12 +242,20 @@ class ShardStore(StoreChecks):
         return out
 
     def read_joined(
-        self, requests: Sequence[Request], out: np.ndarray | None = None
+        self,
+        requests: Sequence[Request],
+        out: np.ndarray | None = None,
+        cuts: Sequence[Sequence[Cut]] | None = None,
     ) -> tuple[bytes | np.ndarray, list[int]]:
         """The ranges of :meth:`read_ranges` back to back in one buffer, and where each starts.
 
         Local files (and cached copies) are read straight into the buffer (no second copy): the
         start of ``out`` (a uint8 array) when it is large enough, else a new array.
+
+        ``cuts`` (one list per request, each sorted and not overlapping) sends bytes of a range
+        elsewhere: for ``(off, buf)``, bytes ``[off, off + len(buf))`` of the range fill
+        ``buf``, read from local files straight into it (the returned buffer's bytes there are
+        undefined), and copied into it from remote ones.
         """
         reqs = [(shard, int(start), int(stop)) for shard, start, stop in requests]
         positions, total = [], 0
@@ -249,15 +265,20 @@ class ShardStore(StoreChecks):
             positions.append(total)
             total += stop - start
         self._ensure_process()
+        if cuts is not None and len(cuts) != len(reqs):
+            raise ValueError(f"{len(cuts)} lists of cuts for {len(reqs)} requests")
         if not (self.is_local or self._cache is not None):
             parts = self.read_ranges(reqs)
-            return (parts[0] if len(parts) == 1 else b"".join(parts)), positions
+            joined = parts[0] if len(parts) == 1 else b"".join(parts)
+            if cuts is not None:
+                _copy_cuts(memoryview(joined), positions, cuts)
+            return joined, positions
         if out is not None and out.dtype == np.uint8 and out.ndim == 1 and len(out) >= total:
             buf = out[:total]
         else:
             buf = np.empty(total, dtype=np.uint8)  # not zero-filled: every byte is read into
         with self._lock:
-            self._read_files(reqs, memoryview(buf), positions)  # type: ignore[arg-type]
+            self._read_files(reqs, memoryview(buf), positions, cuts)  # type: ignore[arg-type]
         self._count("bytes_read", total)
         return buf, positions
 
@@ -294,9 +315,11 @@ class ShardStore(StoreChecks):
         reqs: list[Request],
         sink: memoryview | None = None,
         positions: Sequence[int] = (),
+        cuts: Sequence[Sequence[Cut]] | None = None,
     ) -> list[bytes]:
         """Preads from local files: the shards of a local root, or their cached copies (into
-        ``sink`` at ``positions`` when given; then nothing is returned)."""
+        ``sink`` at ``positions`` when given, but for the ``cuts`` of each request (see
+        :meth:`read_joined`); then nothing is returned)."""
         shards = unique_shards(reqs)
         if self._cache is None:  # a local root
             paths = {rel: join(self._local_base, rel) for rel in shards}
@@ -307,10 +330,14 @@ class ShardStore(StoreChecks):
             self._verify_once(shard, paths[rel])
         pinned = set(paths.values())
         if sink is not None:
-            for (shard, start, stop), pos in zip(reqs, positions, strict=True):
-                fd = self._fd(shard, paths[shard.path], pinned)
+            last, fd = None, -1
+            for i, ((shard, start, stop), pos) in enumerate(zip(reqs, positions, strict=True)):
+                if shard is not last:  # requests of a shard come one after the other
+                    last, fd = shard, self._fd(shard, paths[shard.path], pinned)
                 self._count("requests")
-                pread_into(fd, sink[pos : pos + stop - start], start, self.url(shard))
+                into = sink[pos : pos + stop - start]
+                pieces = [into] if cuts is None or not cuts[i] else split_range(into, cuts[i])
+                preadv_all(fd, pieces, start, shard.path, self._url)
             return []
         return [
             self._pread(self._fd(shard, paths[shard.path], pinned), start, stop, self.url(shard))
@@ -367,3 +394,10 @@ class ShardStore(StoreChecks):
             f.cancel()
         wait(pending)
         return [f.result() for f in futures]
+
+
+def _copy_cuts(joined: memoryview, positions: Sequence[int], cuts: Sequence[Sequence[Cut]]) -> None:
+    """Fill each cut's buffer from the joined ranges (remote reads: one more copy)."""
+    for pos, todo in zip(positions, cuts, strict=True):
+        for off, buf in todo:
+            buf[:] = joined[pos + off : pos + off + len(buf)]

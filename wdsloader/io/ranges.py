@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Callable, Sequence
 
 from wdsloader.format import ShardInfo
 from wdsloader.io.retry import truncated
 from wdsloader.plan.coalesce import coalesce
 
 Request = tuple[ShardInfo, int, int]  # (shard, start, stop): bytes [start, stop) of the shard
+Cut = tuple[int, memoryview]  # (offset in a range, buffer): those bytes of the range go there
+IOV_MAX = 1024  # buffers one preadv call takes (Linux's UIO_MAXIOV)
 
 
 def unique_shards(reqs: list[Request]) -> dict[str, ShardInfo]:
@@ -52,11 +55,42 @@ def pread(fd: int, start: int, stop: int, url: str) -> bytes:
     return data
 
 
-def pread_into(fd: int, out: memoryview, start: int, url: str) -> None:
-    """Fill ``out`` with the bytes of an open file from ``start`` (see :func:`pread`)."""
-    done = 0
-    while done < len(out):
-        n = os.preadv(fd, [out[done:]], start + done)
+def preadv_all(
+    fd: int,
+    pieces: Sequence[memoryview],
+    start: int,
+    name: str,
+    url: Callable[[str], str] = str,
+) -> None:
+    """Fill ``pieces`` one after the other with the bytes of an open file from ``start``, each
+    byte copied once from the file into its piece (``os.preadv``, at most :data:`IOV_MAX`
+    pieces a call); a file that ends before they are full is truncated (the error names the
+    file ``url(name)``)."""
+    todo = [p for p in pieces if len(p)]
+    i, at = 0, start
+    while i < len(todo):
+        n = os.preadv(fd, todo if i == 0 and len(todo) <= IOV_MAX else todo[i : i + IOV_MAX], at)
         if not n:
-            raise truncated(url, start + done)
-        done += n
+            raise truncated(url(name), at)
+        at += n
+        while n:  # past the pieces filled, into the one filled in part
+            if n < len(todo[i]):
+                todo[i], n = todo[i][n:], 0
+            else:
+                n -= len(todo[i])
+                i += 1
+
+
+def split_range(sink: memoryview, cuts: Sequence[Cut]) -> list[memoryview]:
+    """The buffers that receive one range's bytes in file order: ``sink`` (as long as the
+    range), except that bytes ``[off, off + len(buf))`` of the range go to ``buf`` for each
+    ``(off, buf)`` of ``cuts`` (sorted, not overlapping, inside the range)."""
+    out: list[memoryview] = []
+    pos = 0
+    for off, buf in cuts:
+        if off < pos or off + len(buf) > len(sink):
+            raise ValueError(f"cut [{off}, {off + len(buf)}) overlaps another or the range's end")
+        out += [sink[pos:off], buf]
+        pos = off + len(buf)
+    out.append(sink[pos:])
+    return out

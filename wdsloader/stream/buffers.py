@@ -3,6 +3,7 @@ them any more."""
 
 from __future__ import annotations
 
+import mmap
 import weakref
 from collections import deque
 from typing import Any
@@ -40,33 +41,38 @@ class BufferPool:
     kept; the others are freed.
     """
 
-    def __init__(self, keep: int = 2) -> None:
+    def __init__(self, keep: int = 2, small_pages: bool = False) -> None:
         self.keep = keep
+        # blocks of which only parts are written (a read buffer with holes where the batch
+        # reader placed fields): mapped in small pages, so that the holes take no memory
+        self.small_pages = small_pages
         # appended to by lease finalizers, which may run in any thread: deque operations are
         # atomic, and no lock is held that a finalizer running inside ``lease`` could wait on
         self._free: deque[np.ndarray] = deque()
         self.allocated = 0  # blocks allocated
         self.reused = 0  # leases served from a returned block
 
-    def __reduce__(self) -> tuple[type[BufferPool], tuple[int]]:
+    def __reduce__(self) -> tuple[type[BufferPool], tuple[int, bool]]:
         """A copy is an empty pool (a dataset sent to a worker process takes no buffers)."""
-        return BufferPool, (self.keep,)
+        return BufferPool, (self.keep, self.small_pages)
 
     def lease(self, nbytes: int) -> np.ndarray:
         """A uint8 array of ``nbytes`` (contents undefined) that is this caller's until
-        nothing refers to it."""
-        block = None
-        while block is None:
+        nothing refers to it: the smallest free block that is large enough (the others stay
+        free), or a new one when none is (the free blocks, all too small, are dropped)."""
+        taken: list[np.ndarray] = []
+        while True:  # pops: atomic against finalizers giving blocks back meanwhile
             try:
-                candidate = self._free.pop()
+                taken.append(self._free.pop())
             except IndexError:
                 break
-            if len(candidate) >= nbytes:
-                block = candidate
+        fits = [b for b in taken if len(b) >= nbytes]
+        block = min(fits, key=len) if fits else None
         if block is None:
-            block = np.empty(_rounded(nbytes), dtype=np.uint8)
+            block = _new_block(_rounded(nbytes), self.small_pages)
             self.allocated += 1
         else:
+            self._free.extend(b for b in reversed(taken) if b is not block)
             self.reused += 1
         lease = _Lease(block, nbytes)
         weakref.finalize(lease, self._give_back, block).atexit = False
@@ -80,6 +86,21 @@ class BufferPool:
     def free(self) -> int:
         """Blocks in the pool now, ready to be leased."""
         return len(self._free)
+
+
+def _new_block(nbytes: int, small_pages: bool) -> np.ndarray:
+    """A uint8 block, not zero-filled (numpy asks for huge pages for large arrays, where the
+    system allows them); with ``small_pages``, an anonymous mapping in 4 KiB pages, each
+    faulted in only when first written."""
+    if not small_pages or nbytes < 2 * _HUGE_PAGE:
+        return np.empty(nbytes, dtype=np.uint8)
+    mapped = mmap.mmap(-1, nbytes)
+    if hasattr(mmap, "MADV_NOHUGEPAGE"):
+        mapped.madvise(mmap.MADV_NOHUGEPAGE)
+    return np.frombuffer(mapped, dtype=np.uint8)
+
+
+_HUGE_PAGE = 2 * 2**20
 
 
 def _rounded(nbytes: int) -> int:

@@ -136,6 +136,8 @@ class ShardStreamDataset(IterableDataset):
                 self.variants,
             )  # fmt: skip
             self.columnar = columnar if columnar.tables else None
+            if self.columnar is not None:
+                self.reader.placement = self.columnar.placement()
 
     # -- epoch / resume / curriculum -----------------------------------------------------------
     @property

@@ -13,10 +13,12 @@ import numpy as np
 
 from wdsloader import plan
 from wdsloader.decode.batch import RawBatch
+from wdsloader.decode.placement import Placed, Placement
 from wdsloader.errors import WdsLoaderError
 from wdsloader.format import ShardInfo
 from wdsloader.io.fetch import ShardStore
-from wdsloader.plan.coalesce import coalesce
+from wdsloader.io.ranges import Cut
+from wdsloader.plan.coalesce import Runs, coalesce
 from wdsloader.stream.buffers import BufferPool
 from wdsloader.stream.inflate import Inflater
 
@@ -49,10 +51,28 @@ class BatchReader:
         # compressed shards: each sample inflated after the read (None: no compressed shard)
         compressed = any(s.compression is not None for s in self.shards)
         self.inflate = Inflater(self.shards, store.url) if compressed else None
+        self._placement: Placement | None = None
 
-    def read(self, batches: Sequence[np.ndarray], pool: BufferPool | None = None) -> list[RawBatch]:
+    @property
+    def placement(self) -> Placement | None:
+        """The long fixed-size fields read straight into batch arrays (set by the dataset when
+        its columnar decoder checks and hands them out)."""
+        return self._placement
+
+    @placement.setter
+    def placement(self, placement: Placement | None) -> None:
+        self._placement = placement
+        # the read buffers then have holes where the fields' bytes would be: in small pages,
+        # the holes take no memory
+        self.pool.small_pages = bool(placement)
+
+    def read(
+        self, batches: Sequence[np.ndarray], pool: BufferPool | None = None, place: bool = False
+    ) -> list[RawBatch]:
         """The :class:`RawBatch` of each of ``batches``, read together (into a buffer of
-        ``pool`` when the store reads local files; else a fresh one)."""
+        ``pool`` when the store reads local files; else a fresh one). With ``place``, the
+        fields of :attr:`placement` go straight into batch arrays when the files are local
+        (:attr:`RawBatch.placed`: for the columnar decoder only)."""
         ids = np.concatenate(batches) if len(batches) > 1 else batches[0]
         shard_idx, local = plan.shard_of(ids, self.counts)
         starts = np.empty(len(ids), dtype=np.int64)
@@ -72,12 +92,16 @@ class BatchReader:
         ]
         buf: np.ndarray | None = None
         data: list[Any]
+        placed: list[dict[str, Placed]] = [{} for _ in batches]
         try:
-            out = None
+            out, cuts = None, None
             if pool is not None and self.store.reads_locally:
                 out = pool.lease(int((runs.stop - run_start).sum()))
-            joined, run_pos = self.store.read_joined(requests, out)
-            del out
+            # compressed shards hold no field's bytes as they are: nothing is placed
+            if place and self.placement and self.store.reads_locally and self.inflate is None:
+                cuts = self._place(batches, ids, starts, stops, shard_idx, runs, placed)
+            joined, run_pos = self.store.read_joined(requests, out, cuts)
+            del out, cuts
             buf = np.frombuffer(joined, dtype=np.uint8)
             data = [joined] * len(ids)
             base = (run_start - np.asarray(run_pos, dtype=np.int64))[run_of]
@@ -93,20 +117,65 @@ class BatchReader:
                     datas.append(exc)
             data = [datas[r] for r in run_of]
             base = run_start[run_of]
+            placed = [{} for _ in batches]  # each range read whole
         rel_start, rel_stop = starts - base, stops - base
         raws: list[RawBatch] = []
         pos = 0
-        for batch in batches:
+        for batch, rows in zip(batches, placed, strict=True):
             sl = slice(pos, pos + len(batch))
-            raws.append(
-                RawBatch(
-                    buf, data[sl], rel_start[sl], rel_stop[sl], base[sl], shard_idx[sl], local[sl]
-                )
+            raw = RawBatch(
+                buf, data[sl], rel_start[sl], rel_stop[sl], base[sl], shard_idx[sl], local[sl]
             )
+            raw.placed = {k: Placed(v.rows, v.at - base[sl]) for k, v in rows.items()}
+            raws.append(raw)
             pos += len(batch)
         if self.inflate is not None:
             raws = [self.inflate(raw) for raw in raws]
         return raws
+
+    def _place(
+        self,
+        batches: Sequence[np.ndarray],
+        ids: np.ndarray,
+        starts: np.ndarray,
+        stops: np.ndarray,
+        shard_idx: np.ndarray,
+        runs: Runs,
+        placed: list[dict[str, Placed]],
+    ) -> list[list[Cut]] | None:
+        """The cuts of each run that send the placed fields' bytes to their batch arrays;
+        ``placed[b]`` receives batch ``b``'s arrays (their ``at``: shard offsets, for now).
+        None when a sample comes twice in the group (its bytes would go to two rows)."""
+        assert self.placement is not None
+        if len(np.unique(ids)) != len(ids):
+            return None
+        # the arrays of the group read now, of the group being decoded and of a batch held:
+        # kept for reuse as they return (a new array would cost a page fault per 4 KiB)
+        pool = self.placement.pool
+        pool.keep = max(pool.keep, 2 * len(batches) + 2)
+        run_parts: list[np.ndarray] = []
+        off_parts: list[np.ndarray] = []
+        views: list[memoryview] = []
+        pos = 0
+        for batch, into in zip(batches, placed, strict=True):
+            sl = slice(pos, pos + len(batch))
+            pos += len(batch)
+            plans = self.placement.plan(starts[sl], stops[sl], shard_idx[sl])
+            for name, (rows, data) in plans.items():
+                into[name] = Placed(rows, data)
+                flat = memoryview(rows.reshape(-1))  # type: ignore[arg-type]
+                width = rows.shape[1]
+                views += [flat[j * width : (j + 1) * width] for j in range(len(rows))]
+                run_parts.append(runs.run_of[sl])
+                off_parts.append(data - runs.start[runs.run_of[sl]])
+        if not views:
+            return None
+        run, off = np.concatenate(run_parts), np.concatenate(off_parts)
+        cuts: list[list[Cut]] = [[] for _ in range(len(runs.start))]
+        order = np.lexsort((off, run))  # by run, then offset: the order of the file's bytes
+        for k, r, o in zip(order.tolist(), run[order].tolist(), off[order].tolist(), strict=True):
+            cuts[r].append((o, views[k]))
+        return cuts
 
     def read_ahead(self, batches: Sequence[np.ndarray], group: int) -> ReadAhead:
         """The batches' reads, a group of ``group`` batches at a time, one group ahead."""
@@ -141,7 +210,7 @@ class ReadAhead:
             return None
         group = self._groups[self._next]
         self._next += 1
-        return self._threads.submit(self.reader.read, group, self.pool)
+        return self._threads.submit(self.reader.read, group, self.pool, True)
 
     def next_group(self) -> list[RawBatch] | None:
         """The next group's batches (None after the last), and the following group's read

@@ -1,0 +1,312 @@
+"""Long fixed-size fields read straight into their batch arrays (one copy from the page cache):
+the values are exactly the per-sample path's, the placed bytes never pass through the read
+buffer, a batch kept alive is never overwritten, and a corrupt member header or a layout that
+lies is the same error as on the other paths."""
+
+from __future__ import annotations
+
+import json
+import mmap
+import os
+import re
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from build_shards import build_shards
+from wdsloader import create_loader
+from wdsloader.decode.placement import restore
+from wdsloader.errors import ShardFormatError
+from wdsloader.format import Manifest, ShardInfo, iter_members
+from wdsloader.format.ustar import BLOCK
+from wdsloader.io.ranges import IOV_MAX, preadv_all, split_range
+from wdsloader.stream import reader as reader_module
+from wdsloader.stream.buffers import BufferPool
+
+N = 45  # 3 shards of 16, 16 and 13 samples; batches of 8: the last one holds 5
+BLOB = 20_000  # bytes, declared uint8: placed
+EMB = 5_000  # float32 elements (20,000 bytes after a .npy header): placed
+PLACED = {"blob", "emb"}
+
+
+def _blob(i: int) -> bytes:
+    return ((np.arange(BLOB, dtype=np.int64) * 7 + i) % 251).astype(np.uint8).tobytes()
+
+
+def _emb(i: int) -> np.ndarray:
+    return np.arange(EMB, dtype=np.float32) + i * 0.5
+
+
+@pytest.fixture(scope="module")
+def root(tmp_path_factory):
+    rows = [
+        {
+            "__key__": f"s{i:05d}",
+            "blob.bin": _blob(i),
+            "emb": _emb(i),
+            "label": i,
+            "meta": {"i": i, "pad": "x" * (i % 9)},
+        }
+        for i in range(N)
+    ]
+    out = str(tmp_path_factory.mktemp("preadv") / "ds")
+    build_shards(rows, out, schema={"blob": {"dtype": "uint8"}}, shard_max_count=16)
+    return out
+
+
+@pytest.fixture
+def seen(monkeypatch):
+    """The placed fields of every batch the loaders of the test read."""
+    got: list[set[str]] = []
+    original = reader_module.BatchReader.read
+
+    def spy(self, batches, pool=None, place=False):
+        raws = original(self, batches, pool, place)
+        got.extend(set(r.placed) for r in raws)
+        return raws
+
+    monkeypatch.setattr(reader_module.BatchReader, "read", spy)
+    return got
+
+
+def _passes(root, group=None, **kwargs):
+    loader = create_loader(root, "train", batch_size=8, seed=3, drop_last=False, **kwargs)
+    if group is not None:
+        loader.dataset_obj.readahead_batches = group
+    return loader, [b for epoch in range(2) for b in _epoch(loader, epoch)]
+
+
+def _epoch(loader, epoch):
+    loader.set_epoch(epoch)
+    return list(loader)
+
+
+def _same(a, b):
+    assert list(a) == list(b)
+    for name in a:
+        x, y = a[name], b[name]
+        if isinstance(x, torch.Tensor):
+            assert isinstance(y, torch.Tensor) and x.dtype == y.dtype and torch.equal(x, y), name
+        else:
+            assert x == y, name
+
+
+@pytest.mark.parametrize("shuffle", [True, False])
+@pytest.mark.parametrize("group", [1, 3])
+def test_placed_fields_equal_the_parsed_values(root, seen, shuffle, group):
+    """Shuffled or in order (one run of many samples), a batch or a group of batches spanning
+    shards per read, the last batch partial: the values of the per-sample path."""
+    loader, got = _passes(root, group, shuffle=shuffle)
+    assert set(loader.dataset_obj.reader.placement.targets) == PLACED
+    placed = list(seen)
+    _, want = _passes(root, shuffle=shuffle, gather=False)
+    assert [len(b["__key__"]) for b in got] == [8, 8, 8, 8, 8, 5] * 2
+    assert placed == [PLACED] * 12 and loader.stats["gathered_batches"] == 12
+    for a, b in zip(got, want, strict=True):
+        _same(a, b)
+        assert a["blob"].dtype == torch.uint8 and a["emb"].dtype == torch.float32
+        i = [int(k[1:]) for k in a["__key__"]]
+        assert [r.numpy().tobytes() for r in a["blob"]] == [_blob(k) for k in i]
+        assert np.array_equal(a["emb"].numpy(), np.stack([_emb(k) for k in i]))
+        assert a["label"].tolist() == i and [m["i"] for m in a["meta"]] == i
+    if shuffle:
+        assert [b["__key__"] for b in got[:6]] != [b["__key__"] for b in got[6:]]
+
+
+def test_placed_bytes_never_pass_through_the_read_buffer(root):
+    """The read buffer keeps its layout with holes where the placed bytes would be (a reused
+    block's old bytes stay there); restore() puts the file's bytes back."""
+    ds = create_loader(root, "train", batch_size=8).dataset_obj
+    pool = BufferPool()
+    ids = [np.array([3, 20, 1, 40, 2]), np.array([17, 0])]  # two batches, three shards
+    lent = pool.lease(2**20)
+    lent[:] = 0xAB
+    del lent  # back in the pool: the read below gets this block
+    raws = ds.reader.read(ids, pool, place=True)
+    assert pool.reused == 1 and all(set(r.placed) == PLACED for r in raws)
+    shards = Manifest.load(root).split("train").shards
+    for raw, batch in zip(raws, ids, strict=True):
+        blob, emb = raw.placed["blob"], raw.placed["emb"]
+        assert [r.tobytes() for r in blob.rows] == [_blob(int(i)) for i in batch]
+        assert np.array_equal(emb.rows.view(np.float32), np.stack([_emb(int(i)) for i in batch]))
+        for p in (blob, emb):
+            for a in p.at.tolist():
+                assert (raw.buf[a : a + p.rows.shape[1]] == 0xAB).all()
+        restore(raw.buf, raw.placed)
+        for j in range(len(batch)):
+            data = _file(root, shards[raw.shard[j]])
+            a, b = int(raw.start[j]), int(raw.stop[j])
+            assert raw.buf[a:b].tobytes() == data[a + raw.base[j] : b + raw.base[j]]
+
+
+def _file(root: str, shard: ShardInfo) -> bytes:
+    return Path(root, shard.path).read_bytes()
+
+
+def test_a_sample_twice_in_a_read_is_not_placed_and_still_right(root):
+    ds = create_loader(root, "train", batch_size=8).dataset_obj
+    (raw,) = ds.reader.read([np.array([5, 6, 5, 30])], BufferPool(), place=True)
+    assert raw.placed == {}
+    cols = ds.columnar.decode(raw, 0, None)
+    assert cols.columns["__key__"] == ["s00005", "s00006", "s00005", "s00030"]
+    assert [r.tobytes() for r in cols.columns["blob"]] == [_blob(i) for i in (5, 6, 5, 30)]
+
+
+def test_a_kept_batch_is_never_overwritten_and_dropped_ones_are_reused(root):
+    loader = create_loader(root, "train", batch_size=8, seed=1, drop_last=False)
+    loader.dataset_obj.readahead_batches = 1
+    pool = loader.dataset_obj.reader.placement.pool
+    it = iter(loader)
+    kept = next(it)
+    want = [_blob(int(k[1:])) for k in kept["__key__"]]
+    for later in it:  # each later batch dropped as the next one comes
+        assert later["blob"].shape[1] == BLOB
+    del later
+    assert [r.numpy().tobytes() for r in kept["blob"]] == want
+    assert pool.reused > 0
+    again = [b["blob"][:, :3].clone() for b in loader]  # a second pass reuses the blocks
+    assert len(again) == 6 and [r.numpy().tobytes() for r in kept["blob"]] == want
+
+
+def _corrupt(tmp_path, patch):
+    """A copy of the dataset whose first shard is ``patch(data, idx)``-ed; (root, shard)."""
+    rows = [
+        {"__key__": f"s{i:05d}", "blob.bin": _blob(i), "emb": _emb(i), "label": i}
+        for i in range(16)
+    ]
+    out = str(tmp_path / "c")
+    build_shards(rows, out, schema={"blob": {"dtype": "uint8"}})
+    shard = Manifest.load(out).split("train").shards[0]
+    path = f"{out}/{shard.path}"
+    data = bytearray(open(path, "rb").read())
+    patch(data, np.fromfile(f"{out}/{shard.idx_path}", dtype="<u8").astype(np.int64))
+    open(path, "wb").write(bytes(data))
+    return out, shard
+
+
+def _header(data, idx, i, ext):
+    (m,) = [
+        m for m in iter_members(bytes(data), int(idx[i]), int(idx[i + 1])) if m.name.endswith(ext)
+    ]
+    return m.data_offset - BLOCK
+
+
+@pytest.mark.parametrize("ext", ["blob.bin", "emb.npy"])
+def test_a_corrupt_placed_member_header_is_the_parsers_error(tmp_path, ext, seen):
+    at = {}
+
+    def flip(data, idx):
+        at["header"] = _header(data, idx, 6, ext)
+        data[at["header"] + 140] ^= 0x01  # the mtime: name, size and data intact
+
+    root, shard = _corrupt(tmp_path, flip)
+    expected = rf"{re.escape(shard.path)} at byte {at['header']}: corrupt tar header"
+    kw = {"batch_size": 16, "shuffle": False, "drop_last": False}
+    with pytest.raises(ShardFormatError, match=expected):
+        list(create_loader(root, "train", **kw))
+    assert seen == [PLACED]
+    loader = create_loader(root, "train", on_error="skip", **kw)
+    (batch,) = list(loader)  # the others decoded from the restored bytes, by the row decoder
+    keep = [i for i in range(16) if i != 6]
+    assert batch["__key__"] == [f"s{i:05d}" for i in keep]
+    assert [r.numpy().tobytes() for r in batch["blob"]] == [_blob(i) for i in keep]
+    assert np.array_equal(batch["emb"].numpy(), np.stack([_emb(i) for i in keep]))
+    assert loader.stats["skipped_samples"] == 1 and loader.stats["gathered_batches"] == 0
+
+
+def test_a_layout_that_lies_about_a_placed_field_names_shard_key_and_field(tmp_path, seen):
+    root, shard = _corrupt(tmp_path, lambda data, idx: None)
+    m = Manifest.load(root)
+    first = m.split("train").shards[0]
+    off, size = first.layout["blob.bin"]
+    first.layout["blob.bin"] = [off + BLOCK, size]  # inside the sample: placed from there
+    os.unlink(f"{root}/manifest.json")
+    m.save(root)
+    expected = (
+        rf"{re.escape(shard.path)}: sample 's00000', field 'blob': the manifest's layout puts "
+        rf"the member s00000\.blob\.bin at byte {off + BLOCK} of the sample .* the manifest "
+        "does not describe this shard"
+    )
+    loader = create_loader(root, "train", batch_size=16, shuffle=False)
+    with pytest.raises(ShardFormatError, match=expected):
+        list(loader)
+    assert seen == [PLACED]
+    (batch,) = list(create_loader(root, "train", batch_size=16, shuffle=False, gather=False))
+    assert [r.numpy().tobytes() for r in batch["blob"]] == [_blob(i) for i in range(16)]
+
+
+def test_preadv_all_fills_more_pieces_than_one_call_takes(tmp_path):
+    path = tmp_path / "f"
+    data = np.random.default_rng(0).integers(0, 256, 3 * IOV_MAX * 5, dtype=np.uint8)
+    path.write_bytes(data.tobytes())
+    sink = np.zeros(len(data) - 7, dtype=np.uint8)
+    rows = np.zeros((2 * IOV_MAX, 3), dtype=np.uint8)  # every 5 bytes: 2 to sink, 3 to a row
+    cuts = [(5 * j + 2, memoryview(rows[j])) for j in range(2 * IOV_MAX)]
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        pieces = split_range(memoryview(sink), cuts)
+        assert len(pieces) == 4 * IOV_MAX + 1
+        preadv_all(fd, pieces, 7, str(path))
+        want = data[7:]
+        assert np.array_equal(
+            rows, np.stack([want[5 * j + 2 : 5 * j + 5] for j in range(len(rows))])
+        )
+        gaps = np.ones(len(sink), dtype=bool)
+        for off, buf in cuts:
+            gaps[off : off + len(buf)] = False
+        assert np.array_equal(sink[gaps], want[gaps]) and not sink[~gaps].any()
+        with pytest.raises(
+            ShardFormatError, match=rf"{re.escape(str(path))}: truncated: .* {len(data)}"
+        ):
+            preadv_all(fd, [memoryview(bytearray(10))], len(data) - 4, str(path))
+    finally:
+        os.close(fd)
+    with pytest.raises(ValueError, match="overlaps"):
+        split_range(memoryview(sink), [(4, memoryview(rows[0])), (5, memoryview(rows[1]))])
+
+
+def test_remote_reads_fill_the_cuts_by_copying(root):
+    """Through fsspec (no local files) the cuts get the same bytes, one copy later."""
+    from wdsloader.io.fetch import ShardStore
+
+    shard = Manifest.load(root).split("train").shards[0]
+    data = _file(root, shard)
+    store = ShardStore(f"file://{root}")
+    store.is_local = False  # the remote path, over the local filesystem
+    row = np.zeros(100, dtype=np.uint8)
+    joined, pos = store.read_joined(
+        [(shard, 1000, 5000), (shard, 9000, 9100)], None, [[(50, memoryview(row))], []]
+    )
+    assert pos == [0, 4000] and bytes(joined) == data[1000:5000] + data[9000:9100]
+    assert row.tobytes() == data[1050:1150]
+    assert json.dumps(store.stats)  # counted as ever
+
+
+def test_the_pool_hands_out_the_smallest_block_that_fits_and_keeps_the_others():
+    pool = BufferPool(keep=4)
+    big, small = pool.lease(100_000), pool.lease(50_000)  # a full and a last partial batch
+    addresses = big.ctypes.data, small.ctypes.data
+    del big, small
+    again_small = pool.lease(40_000)
+    again_big = pool.lease(90_000)
+    assert (again_big.ctypes.data, again_small.ctypes.data) == addresses
+    assert (pool.allocated, pool.reused, pool.free) == (2, 2, 0)
+
+
+def test_read_buffers_with_holes_are_mapped_in_small_pages(root, tmp_path):
+    assert create_loader(root, "train", batch_size=8).dataset_obj.reader.pool.small_pages
+    plain = str(tmp_path / "plain")
+    build_shards([{"__key__": f"k{i}", "x": np.zeros(4, np.float32)} for i in range(4)], plain)
+    assert not create_loader(plain, "train", batch_size=2).dataset_obj.reader.pool.small_pages
+    pool = BufferPool()
+    pool.small_pages = True
+    block = pool.lease(8 * 2**20)
+    chain = [block]  # the array, its lease, the block, the block's buffer
+    while not isinstance(chain[-1], mmap.mmap) and len(chain) < 6:
+        last = chain[-1]
+        chain.append(
+            last.obj if isinstance(last, memoryview) else getattr(last, "base", None) or last.block
+        )
+    assert isinstance(chain[-1], mmap.mmap) and len(chain[-1]) >= 8 * 2**20

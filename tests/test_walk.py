@@ -292,3 +292,34 @@ def test_invalid_json_mid_batch_names_the_key_and_field_both_ways(tmp_path):
     _same(a, b)
     assert [m["i"] for batch in a for m in batch["meta"]] == [i for i in range(N) if i != 75]
     assert json.dumps(a[0]["meta"][0]) == '{"i": 0}'
+
+
+# -- names the row parser reads otherwise: never a key or a member of the whole-batch path ----
+
+
+def _renamed(name: bytes):
+    """One sample ``k1.a`` + ``k1.b`` whose first (or, for ``.b``-led names, second) member is
+    renamed ``name`` in place, its checksum made sound again."""
+    buf, starts, end = _tar([[("k1.a", b"x"), ("k1.b", b"y")]])
+    at = 0 if not name.startswith(b"k1.b") else 2 * BLOCK
+    field = name + b"\0" * (100 - len(name))
+    buf[at : at + 100] = np.frombuffer(field, dtype=np.uint8)
+    buf[at + 148 : at + 156] = ord(" ")
+    total = int(buf[at : at + BLOCK].astype(np.int64).sum())
+    buf[at + 148 : at + 156] = np.frombuffer(b"%06o\0 " % total, dtype=np.uint8)
+    return buf, starts, np.array([end])
+
+
+@pytest.mark.parametrize("name", [b"k\x001.a", b"__k1.a", b"k1.b/c"])
+def test_names_the_row_parser_reads_otherwise_leave_the_batch_to_it(name):
+    from wdsloader.decode.gather import key_ends
+    from wdsloader.decode.parse import parse_sample
+
+    buf, starts, stops = _renamed(name)
+    row = parse_sample(buf.tobytes(), 0, int(stops[0]))
+    if name.startswith(b"k1."):  # a directory part in the second member: skipped by rows
+        assert row[0] == "k1" and list(row[1]) == ["a"]
+        assert _walk(buf, starts, stops, ["k1"]) is None
+    else:  # the first member: the row parser skips it, its key is the second member's
+        assert row[0] == "k1" and list(row[1]) == ["b"]
+        assert key_ends(buf[:BLOCK].reshape(1, BLOCK)) is None

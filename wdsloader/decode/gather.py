@@ -39,7 +39,7 @@ from wdsloader.format.ustar import (
     plain_regular,
 )
 
-_DOT, _SLASH = ord("."), ord("/")
+_DOT, _SLASH, _UNDERSCORE = ord("."), ord("/"), ord("_")
 _NAME_BYTES = NAME.stop - NAME.start
 
 
@@ -76,21 +76,33 @@ def keys_from_headers(headers: np.ndarray) -> list[str] | None:
 
 def key_ends(headers: np.ndarray) -> np.ndarray | None:
     """Where the key ends (its dot) in the name of each of ``(n, >= 512)`` first headers; None
-    unless each is a plain ustar regular member named ``KEY.EXT`` (see :func:`sample_keys`)."""
+    unless each is a plain ustar regular member named ``KEY.EXT`` (see :func:`sample_keys`) as
+    the row parser reads it: no directory part, no NUL before the dot, not ``__``-led."""
     if not plain_regular(headers):  # a ustar prefix (or an old-style header's data), a link...
         return None
     names = name_fields(headers)
     if (names == _SLASH).any():
         return None
     dot = names == _DOT
-    if not dot.any(axis=1).all():
-        return None
     ends = dot.argmax(axis=1)
-    return None if (ends == 0).any() else ends
+    if not dot[np.arange(len(ends)), ends].all() or (ends == 0).any():
+        return None  # a name without a dot, or starting with one
+    if ((names[:, 0] == _UNDERSCORE) & (names[:, 1] == _UNDERSCORE)).any():
+        return None  # webdataset skips such members
+    nul = names == 0
+    if (nul.argmax(axis=1) < ends)[nul.any(axis=1)].any():
+        return None  # the name ends before its dot
+    return ends
 
 
 def key_strings(headers: np.ndarray, ends: np.ndarray) -> list[str]:
     """The keys named by first headers whose keys end at ``ends`` (:func:`key_ends`)."""
+    if len(ends) and ends[0] > 0 and (ends == ends[0]).all():  # one length: one decode
+        end = int(ends[0])
+        blob = np.ascontiguousarray(headers[:, :end]).tobytes()
+        if blob.isascii():
+            text = blob.decode("ascii")
+            return [text[i : i + end] for i in range(0, len(text), end)]
     names = np.ascontiguousarray(name_fields(headers))
     blob = names.tobytes()
     return [

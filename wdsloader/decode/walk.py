@@ -246,6 +246,8 @@ def _common_ext(names: np.ndarray, keys: KeyNames) -> bytes | None:
     if not first.startswith(prefix) or len(first) == len(prefix):
         return None
     ext = first[len(prefix) :]
+    if b"/" in ext:  # a directory part: the row parser reads another name
+        return None
     return ext if keys.all_named(names, ext) else None
 
 

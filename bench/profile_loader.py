@@ -4,8 +4,9 @@
 
 Reads ``--batches`` planned batches, then times (CPU time of this process, best of 5) each step
 of the columnar decode on them: the prefix gather, keys, the walk that finds the variable
-members, their decoders, each fixed-size field, collation and the whole batch; and the read
-itself. CPU time keeps the numbers comparable when other jobs share the cores; compare steps
+members (step by step, and in one pass where an earlier batch of the layout taught it where
+the headers lie), their decoders, each fixed-size field, collation and the whole batch; and
+the read itself. CPU time keeps the numbers comparable when other jobs share the cores; compare steps
 within one run.
 """
 
@@ -61,8 +62,14 @@ def main() -> None:
         keys, h = heads[id(r)]  # type: ignore[misc]
         return col._find_others(r, keys, blocks[id(r)], h)
 
+    def find_afresh(r: Any) -> Any:
+        col.walks.clear()  # no layout learned from an earlier batch: step by step
+        return find(r)
+
     found = {id(r): find(r) for r in raws}
-    print(f"walk to the variable members {per_sample(find):6.2f}")
+    print(f"walk to the variable members {per_sample(find_afresh):6.2f} (step by step)")
+    found = {id(r): find(r) for r in raws}
+    print(f"  one pass, layout learned   {per_sample(find):6.2f}")
     decode = per_sample(lambda r: col._decode_others(r, heads[id(r)][0], found[id(r)], {}))
     print(f"decode the variable members  {decode:6.2f}")
     others = col.others

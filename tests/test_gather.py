@@ -175,39 +175,6 @@ def test_sample_keys_only_for_plain_headers():
     assert sample_keys(np.frombuffer(pax.getvalue(), dtype=np.uint8), np.array([0])) is None
 
 
-def _tar(members):
-    out = io.BytesIO()
-    starts = []
-    with tarfile.open(fileobj=out, mode="w", format=tarfile.USTAR_FORMAT) as tar:
-        for name, data in members:
-            if name.endswith(".a"):
-                starts.append(tar.offset)
-            info = tarfile.TarInfo(name)
-            info.size = len(data)
-            tar.addfile(info, io.BytesIO(data))
-        end = tar.offset
-    return np.frombuffer(out.getvalue(), dtype=np.uint8), starts, end
-
-
-def test_walk_members_finds_every_member_of_every_sample():
-    from wdsloader.decode.gather import walk_members
-
-    buf, starts, end = _tar(
-        [("k1.a", b"x" * 3), ("k1.json", b"{}"), ("k2.a", b"y" * 700), ("k2.json", b"[1]")]
-    )
-    stops = np.array([starts[1], end])
-    found = walk_members(buf, np.array(starts), stops, ["k1", "k2"])
-    assert list(found) == ["a", "json"]
-    pos, sizes = found["json"]
-    assert sizes.tolist() == [2, 3]
-    assert [buf[p : p + n].tobytes() for p, n in zip(pos, sizes, strict=True)] == [b"{}", b"[1]"]
-    # a member named after another key, or a different member order: the caller must parse
-    assert walk_members(buf, np.array(starts), stops, ["k1", "k3"]) is None
-    buf2, starts2, end2 = _tar([("k1.a", b"x"), ("k1.b", b"y"), ("k2.a", b"z"), ("k2.c", b"w")])
-    stops2 = np.array([starts2[1], end2])
-    assert walk_members(buf2, np.array(starts2), stops2, ["k1", "k2"]) is None
-
-
 def test_read_buffers_are_reused_only_when_nothing_refers_to_them(ds, monkeypatch):
     from wdsloader.decode import codecs as decode
 

@@ -30,19 +30,19 @@ from wdsloader.decode.gather import (
     key_strings,
     named_members,
     prefix_end,
-    skip_pax,
-    walk_members,
 )
 from wdsloader.decode.parse import parse_sample
 from wdsloader.decode.placement import Placement, placed_values, restore
 from wdsloader.decode.registry import SampleDecoder
 from wdsloader.decode.variants import Variants
+from wdsloader.decode.walk import KeyNames, WalkSteps, skip_pax, walk_members, walk_steps
 from wdsloader.errors import ShardFormatError, WdsLoaderError
 from wdsloader.format.manifest import FieldSpec, ShardInfo
 from wdsloader.format.ustar import BLOCK, NAME, checksum_ok, checksums_ok
 from wdsloader.stream.buffers import BufferPool
 
 SMALL_BLOCK = 16 * 2**10  # sample prefixes up to this size are gathered in one piece
+MAX_WALKS = 64  # layouts whose walks are remembered
 
 
 @dataclass(slots=True, frozen=True)
@@ -106,6 +106,8 @@ class ColumnarDecoder:
             dtype=np.int64,
         )
         self.layout_id, self.block_len = self._block_plan(len(shards))
+        # per shard layout id: the headers the last walk over its variable members passed
+        self.walks: dict[int, WalkSteps] = {}
 
     def _block_plan(self, nshards: int) -> tuple[np.ndarray, int]:
         """Per shard an id of its layout (-1: none), and the bytes of each sample to gather in
@@ -346,19 +348,32 @@ class ColumnarDecoder:
         self, raw: RawBatch, keys: list[str], block: np.ndarray | None, heads: _Heads
     ) -> _Found | NotGatherable:
         """Where the members of the fields that are not gathered lie: found for the whole batch
-        at once (walking only the headers after the constant-offset prefix; the members found
-        so, their headers checked, are noted in ``heads``), else by parsing each sample."""
+        at once (checking only the headers after the constant-offset prefix, where an earlier
+        batch of the same layout found them, else walking them; the members found so, their
+        headers checked, are noted in ``heads``), else by parsing each sample."""
         assert raw.buf is not None
         parse_from = self.parse_from[raw.shard]
-        first = None
-        if block is not None:
-            at = int(parse_from[0])
-            first = block[:, at : at + BLOCK] if block.shape[1] >= at + BLOCK else None
         starts = raw.start + parse_from
-        first_checked = bool((parse_from == 0).all())
-        members = walk_members(raw.buf, starts, raw.stop, keys, first, first_checked)
+        names = KeyNames(keys, heads.names, heads.ends)
+        plan = int(self.layout_id[raw.shard[0]]) if len(raw) else -1
+        steps = self.walks.get(plan)
+        members = None
+        if steps is not None:
+            members = walk_steps(raw.buf, starts, raw.stop, names, steps)
         if members is None:
-            return self._parse_others(raw, keys)
+            first = None
+            if block is not None:
+                at = int(parse_from[0])
+                first = block[:, at : at + BLOCK] if block.shape[1] >= at + BLOCK else None
+            first_checked = bool((parse_from == 0).all())
+            walked = walk_members(raw.buf, starts, raw.stop, names, first, first_checked)
+            if walked is None:
+                return self._parse_others(raw, keys)
+            members, steps = walked
+            if not steps.offsets:  # the headers lie elsewhere in each sample: no prediction
+                self.walks.pop(plan, None)
+            elif plan in self.walks or len(self.walks) < MAX_WALKS:
+                self.walks[plan] = steps
         heads.walked.update({ext: found[0] for ext, found in members.items()})
         for field in self.others:
             ext = self.decoder.field_decoder(field)[0]

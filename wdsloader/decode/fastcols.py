@@ -3,8 +3,9 @@ call per sample, giving exactly what the per-sample decoder gives.
 
 :func:`batch_decoder` maps a field's decode function (as :meth:`SampleDecoder.field_decoder`
 returns it) to a column function ``(buf, positions, sizes) -> values | None``: ``.cls``-style
-ints (ASCII digits parsed for the whole batch at once, cast to the schema's dtype) and ``.txt``
-(one UTF-8 decode per batch) and bytes declared ``uint8`` (one copy into one buffer per
+ints (ASCII digits parsed for the whole batch at once, cast to the schema's dtype), ``.txt``
+(one UTF-8 decode per batch), ``.json`` (one tight loop over msgspec, when installed) and bytes
+declared ``uint8`` (one copy into one buffer per
 batch, the values views into it). None means "decode this column sample by sample": any member
 the vectorised form does not cover exactly (signs other than a leading ``-``, whitespace,
 underscores, more than 18 digits, a value outside the dtype, non-ASCII text) sends the whole
@@ -18,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from wdsloader.decode.codecs import decode_int, decode_text, decode_uint8
+from wdsloader.decode.codecs import decode_int, decode_json, decode_text, decode_uint8
 from wdsloader.decode.registry import ClsCast, Then
 
 ColumnFn = Callable[[np.ndarray, np.ndarray, np.ndarray], Any]
@@ -39,6 +40,8 @@ def batch_decoder(fn: Callable[[Any], Any]) -> ColumnFn | None:
         return _text_column
     if fn is decode_uint8:
         return bytes_column
+    if fn is decode_json and _MSGSPEC is not None:
+        return _json_column
     return None
 
 
@@ -106,6 +109,32 @@ def _text_column(buf: np.ndarray, positions: np.ndarray, sizes: np.ndarray) -> l
     text = joined.decode("ascii")
     bounds = np.concatenate([[0], np.cumsum(sizes)]).tolist()
     return [text[a:b] for a, b in zip(bounds[:-1], bounds[1:], strict=True)]
+
+
+def _msgspec_json() -> tuple[Callable[[Any], Any], type[Exception]] | None:
+    """msgspec's JSON decoder and its error type, when msgspec is installed."""
+    try:
+        import msgspec
+    except ImportError:
+        return None
+    return msgspec.json.Decoder().decode, msgspec.MsgspecError
+
+
+_MSGSPEC = _msgspec_json()
+
+
+def _json_column(buf: np.ndarray, positions: np.ndarray, sizes: np.ndarray) -> list[Any] | None:
+    """JSON members, each decoded by msgspec in one loop (what :func:`decode_json` returns:
+    it tries msgspec first); None when msgspec refuses one (a NaN, a BOM...), so that the
+    column goes sample by sample, through the stdlib where msgspec refuses."""
+    assert _MSGSPEC is not None
+    decode, refused = _MSGSPEC
+    view = memoryview(buf)  # type: ignore[arg-type]
+    ends = (positions + sizes).tolist()
+    try:
+        return [decode(view[p:e]) for p, e in zip(positions.tolist(), ends, strict=True)]
+    except refused:
+        return None
 
 
 def bytes_column(buf: np.ndarray, positions: np.ndarray, sizes: np.ndarray) -> Any:

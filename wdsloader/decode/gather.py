@@ -33,15 +33,13 @@ from wdsloader.format.ustar import (
     PREFIX,
     SIZE,
     TYPEFLAG,
-    checksums_ok,
-    header_sizes,
     name_fields,
     octal_field,
     padded,
     plain_regular,
 )
 
-_DOT, _SLASH = ord("."), ord("/")
+_DOT, _SLASH, _UNDERSCORE = ord("."), ord("/"), ord("_")
 _NAME_BYTES = NAME.stop - NAME.start
 
 
@@ -78,21 +76,33 @@ def keys_from_headers(headers: np.ndarray) -> list[str] | None:
 
 def key_ends(headers: np.ndarray) -> np.ndarray | None:
     """Where the key ends (its dot) in the name of each of ``(n, >= 512)`` first headers; None
-    unless each is a plain ustar regular member named ``KEY.EXT`` (see :func:`sample_keys`)."""
+    unless each is a plain ustar regular member named ``KEY.EXT`` (see :func:`sample_keys`) as
+    the row parser reads it: no directory part, no NUL before the dot, not ``__``-led."""
     if not plain_regular(headers):  # a ustar prefix (or an old-style header's data), a link...
         return None
     names = name_fields(headers)
     if (names == _SLASH).any():
         return None
     dot = names == _DOT
-    if not dot.any(axis=1).all():
-        return None
     ends = dot.argmax(axis=1)
-    return None if (ends == 0).any() else ends
+    if not dot[np.arange(len(ends)), ends].all() or (ends == 0).any():
+        return None  # a name without a dot, or starting with one
+    if ((names[:, 0] == _UNDERSCORE) & (names[:, 1] == _UNDERSCORE)).any():
+        return None  # webdataset skips such members
+    nul = names == 0
+    if (nul.argmax(axis=1) < ends)[nul.any(axis=1)].any():
+        return None  # the name ends before its dot
+    return ends
 
 
 def key_strings(headers: np.ndarray, ends: np.ndarray) -> list[str]:
     """The keys named by first headers whose keys end at ``ends`` (:func:`key_ends`)."""
+    if len(ends) and ends[0] > 0 and (ends == ends[0]).all():  # one length: one decode
+        end = int(ends[0])
+        blob = np.ascontiguousarray(headers[:, :end]).tobytes()
+        if blob.isascii():
+            text = blob.decode("ascii")
+            return [text[i : i + end] for i in range(0, len(text), end)]
     names = np.ascontiguousarray(name_fields(headers))
     blob = names.tobytes()
     return [
@@ -149,141 +159,6 @@ def _constant_part(end: int, ext: str, size: int) -> tuple[np.ndarray, np.ndarra
     elif end >= 0:  # a name that fills the field: leave it to the parser
         cols, const = [0], [256]
     return np.array(cols, dtype=np.intp), np.array(const, dtype=np.int16)
-
-
-MAX_MEMBERS = 64
-_PAX = ord("x")
-_PAX_OVERRIDES = (b"path=", b"size=")  # the PAX records that change a member's name or size
-
-
-def skip_pax(
-    buf: np.ndarray, pos: np.ndarray, headers: np.ndarray
-) -> tuple[np.ndarray, np.ndarray] | None:
-    """Past the PAX extended headers at ``pos`` (``headers``: the ``(n, 512)`` headers there),
-    when every one is a PAX header with a sound checksum whose records change neither the name
-    nor the size of the member that follows (webdataset's ``ShardWriter`` writes one with the
-    mtime before every member): ``(positions after them, the headers there)``. Unchanged when
-    none is a PAX header; None when only some are, or a record names a path or a size (the
-    caller then parses sample by sample)."""
-    flags = headers[:, TYPEFLAG.start]
-    is_pax = flags == _PAX
-    if not is_pax.any():
-        return pos, headers
-    if not is_pax.all() or not checksums_ok(headers).all():
-        return None
-    sizes = header_sizes(headers)
-    if sizes is None or int(sizes.max()) > BLOCK:
-        return None
-    data = gather_rows(buf, pos + BLOCK, int(sizes.max()))
-    if data is None:
-        return None
-    blob = data.tobytes()  # bytes past a record's end may hold a match too: only a false alarm
-    if any(word in blob for word in _PAX_OVERRIDES):
-        return None
-    after = pos + BLOCK + (sizes + BLOCK - 1) // BLOCK * BLOCK
-    found = gather_rows(buf, after, BLOCK)
-    return None if found is None else (after, found)
-
-
-def walk_members(
-    buf: np.ndarray,
-    starts: np.ndarray,
-    stops: np.ndarray,
-    keys: Sequence[str],
-    first_headers: np.ndarray | None = None,
-    first_checked: bool = False,
-) -> dict[str, tuple[np.ndarray, np.ndarray]] | None:
-    """The members lying in ``buf[starts[j]:stops[j]]`` for every sample ``j`` at once:
-    ``{ext: (data positions, sizes)}``. ``first_headers`` may hold the ``(n, 512)`` headers at
-    ``starts`` when the caller has them already (``first_checked``: and their checksums).
-
-    Every sample must hold the same extensions in the same order, in plain ustar headers named
-    ``KEY.EXT`` with the sample's own key and sound checksums; otherwise None (the caller parses
-    sample by sample).
-    """
-    out: dict[str, tuple[np.ndarray, np.ndarray]] = {}
-    pos = np.asarray(starts, dtype=np.int64).copy()
-    encoded = [k.encode("utf-8", "surrogateescape") + b"." for k in keys]
-    key_rows = _key_rows(encoded)
-    for _ in range(MAX_MEMBERS):
-        active = pos < stops
-        if not active.any():
-            return out
-        if not active.all():
-            return None  # samples with different numbers of members
-        checked = False
-        headers: np.ndarray | None
-        if first_headers is not None:
-            headers, first_headers, checked = first_headers, None, first_checked
-        else:
-            headers = gather_rows(buf, pos, BLOCK)
-        if headers is None:
-            return None
-        skipped = skip_pax(buf, pos, headers)
-        if skipped is None:
-            return None
-        if skipped[0] is not pos:
-            pos, headers = skipped
-            checked = False
-        if not (checked or checksums_ok(headers).all()):
-            return None
-        if not plain_regular(headers):
-            return None
-        sizes = header_sizes(headers)
-        if sizes is None:
-            return None
-        ext = _common_ext(name_fields(headers), encoded, key_rows)
-        if ext is None or ext in out:
-            return None
-        data = pos + BLOCK
-        out[ext] = (data, sizes)
-        pos = data + (sizes + BLOCK - 1) // BLOCK * BLOCK
-        if (pos > stops).any():
-            return None
-    return None
-
-
-def _key_rows(prefixes: Sequence[bytes]) -> np.ndarray | None:
-    """The samples' ``KEY.`` as one ``(n, L)`` uint8 array when they are all ``L`` bytes long
-    (the usual case), else None."""
-    if not prefixes:
-        return None
-    width = len(prefixes[0])
-    joined = b"".join(prefixes)
-    if len(joined) != width * len(prefixes) or any(len(p) != width for p in prefixes):
-        return None
-    return np.frombuffer(joined, dtype=np.uint8).reshape(len(prefixes), width)
-
-
-def _common_ext(
-    names: np.ndarray, prefixes: Sequence[bytes], key_rows: np.ndarray | None = None
-) -> str | None:
-    """The extension shared by ``names`` (rows of ustar name fields), each of which must be its
-    sample's ``KEY.`` followed by it; else None. ``key_rows``: the prefixes as one array, when
-    they have one length (:func:`_key_rows`): then the check is one array comparison."""
-    width = names.shape[1]
-    first = names[0].tobytes().split(b"\0", 1)[0]
-    if not first.startswith(prefixes[0]):
-        return None
-    ext_bytes = first[len(prefixes[0]) :]
-    if not ext_bytes:
-        return None
-    if key_rows is not None:
-        tail = np.frombuffer(ext_bytes + b"\0", dtype=np.uint8)[: width - key_rows.shape[1]]
-        end = key_rows.shape[1] + len(tail)
-        if not (
-            np.array_equal(names[:, : key_rows.shape[1]], key_rows)
-            and (names[:, key_rows.shape[1] : end] == tail).all()
-        ):
-            return None
-        return ext_bytes.decode("utf-8", "surrogateescape").lower()
-    blob = names.tobytes()
-    for i, prefix in enumerate(prefixes):
-        name = prefix + ext_bytes
-        at = i * width
-        if blob[at : at + len(name)] != name or (len(name) < width and blob[at + len(name)]):
-            return None
-    return ext_bytes.decode("utf-8", "surrogateescape").lower()
 
 
 def prefix_end(layout: Mapping[str, Sequence[int]] | None) -> int:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import mmap
 import os
+import pickle
 import re
 from pathlib import Path
 
@@ -310,3 +311,19 @@ def test_read_buffers_with_holes_are_mapped_in_small_pages(root, tmp_path):
             last.obj if isinstance(last, memoryview) else getattr(last, "base", None) or last.block
         )
     assert isinstance(chain[-1], mmap.mmap) and len(chain[-1]) >= 8 * 2**20
+
+
+def test_worker_processes_place_fields_too(root):
+    """The dataset sent to DataLoader workers keeps its placement (and an empty pool)."""
+    kw = {"batch_size": 8, "seed": 5, "drop_last": False, "num_workers": 2}
+    loader = create_loader(root, "train", **kw)
+    got = list(loader)
+    assert sorted(k for b in got for k in b["__key__"]) == [f"s{i:05d}" for i in range(N)]
+    for a in got:
+        i = [int(k[1:]) for k in a["__key__"]]
+        assert [r.numpy().tobytes() for r in a["blob"]] == [_blob(k) for k in i]
+        assert np.array_equal(a["emb"].numpy(), np.stack([_emb(k) for k in i]))
+    assert loader.stats["gathered_batches"] == len(got) == 6
+    copy = pickle.loads(pickle.dumps(loader.dataset_obj))
+    assert set(copy.reader.placement.targets) == PLACED and copy.reader.pool.small_pages
+    assert copy.reader.placement.pool is copy.columnar.out_pool and copy.reader.pool.free == 0

@@ -112,8 +112,7 @@ class ColumnarDecoder:
     def _block_plan(self, nshards: int) -> tuple[np.ndarray, int]:
         """Per shard an id of its layout (-1: none), and the bytes of each sample to gather in
         one piece (0: gather field by field). Worth it when those bytes are few
-        (``SMALL_BLOCK``) or the requested fields (and the first variable header) fill at least
-        half of them."""
+        (``SMALL_BLOCK``) or the requested fields fill at least half of them."""
         ids = np.full(nshards, -1, dtype=np.int64)
         if not self.tables:
             return ids, 0
@@ -133,10 +132,7 @@ class ColumnarDecoder:
             end = int(table.offsets[s0]) + table.nbytes
             length = max(length, end)
             needed += table.nbytes
-        if self.others:
-            end = int(self.parse_from[s0]) + BLOCK
-            length = max(length, end)
-            needed += BLOCK
+        # (not the first variable header: the walk finds it, in one pass after the first batch)
         # one gather beats several when the rows are short or mostly wanted
         return ids, (length if length <= SMALL_BLOCK or 2 * needed >= length else 0)
 

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from wdsloader.errors import ShardFormatError
 
-_SPACE, _NEWLINE, _EQUALS = 0x20, 0x0A, b"="
-_MAX_DIGITS = 20  # a record length longer than this many digits is malformed
+_NEWLINE, _EQUALS = 0x0A, b"="
+_MAX_DIGITS = 20  # the space after a record's length lies within this many bytes of its start
 
 
 def pax_path_size(data: bytes, source: str, at: int) -> tuple[bytes | None, bytes | None]:

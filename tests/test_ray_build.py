@@ -33,9 +33,12 @@ OPTS = dict(
 N = 400  # 8 blocks
 
 
-@pytest.fixture(scope="module", autouse=True)
+@pytest.fixture(autouse=True)
 def ray_cluster():
-    """One local Ray of 2 CPUs for the whole module."""
+    """A local Ray of 2 CPUs for each test. Not one per module: a task cancelled by one test
+    (a data error, a stopped driver) may still answer later, and Ray 2.60's driver then aborts
+    the whole process ("Check failed: ... Tried to complete task that was not pending", seen
+    under load in the test after such a test); ``shutdown`` ends those tasks with the test."""
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
     yield
     ray.shutdown()

@@ -323,3 +323,35 @@ def test_names_the_row_parser_reads_otherwise_leave_the_batch_to_it(name):
     else:  # the first member: the row parser skips it, its key is the second member's
         assert row[0] == "k1" and list(row[1]) == ["b"]
         assert key_ends(buf[:BLOCK].reshape(1, BLOCK)) is None
+
+
+def _pax_shard(path, truncate: int | None = None) -> None:
+    """A webdataset-style shard (a PAX header before each member) of ``N`` samples: emb.npy
+    f32[2, 3], label.cls, meta.json; sample ``truncate``'s emb.npy 8 bytes short (its
+    padded size, so every sample's offset, stays the same)."""
+    with tarfile.open(path, "w", format=tarfile.PAX_FORMAT) as tar:
+        for i in range(N):
+            arr = io.BytesIO()
+            np.save(arr, np.full((2, 3), i, dtype=np.float32))
+            emb = arr.getvalue()[:-8] if i == truncate else arr.getvalue()
+            members = {"label.cls": b"%d" % (i % 7), "meta.json": b'{"i":%d}' % i, "emb.npy": emb}
+            for ext, data in members.items():
+                info = tarfile.TarInfo(f"{i:06d}.{ext}")
+                info.size, info.mtime = len(data), 1_700_000_000.5
+                tar.addfile(info, io.BytesIO(data))
+
+
+def test_a_walked_member_of_another_size_than_the_layout_is_an_error_never_values(tmp_path):
+    from build_shards.adopt import adopt
+
+    root = tmp_path / "ds"
+    (root / "train").mkdir(parents=True)
+    _pax_shard(root / "train" / "a.tar")
+    adopt(str(root))
+    _, good = _read(str(root))
+    assert good[1]["emb"][8].tolist() == [[40.0] * 3] * 2
+    _pax_shard(root / "train" / "a.tar", truncate=40)  # the same offsets: the idx still holds
+    with pytest.raises(DecodeError, match=r"sample '000040', field 'emb'.*truncated"):
+        _read(str(root), gather=False)
+    with pytest.raises(ShardFormatError, match=r"sample '000040', field 'emb': the manifest's"):
+        _read(str(root))

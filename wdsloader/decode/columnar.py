@@ -370,7 +370,16 @@ class ColumnarDecoder:
                 self.walks.pop(plan, None)
             elif plan in self.walks or len(self.walks) < MAX_WALKS:
                 self.walks[plan] = steps
-        heads.walked.update({ext: found[0] for ext, found in members.items()})
+        # a gathered field's members were found by the walk: ``_gather`` need not check their
+        # headers again, unless one's size is not the layout's (then its check words the error)
+        sizes = {table.ext: table.nbytes for table in self.tables.values()}
+        heads.walked.update(
+            {
+                ext: pos
+                for ext, (pos, size) in members.items()
+                if ext not in sizes or bool((size == sizes[ext]).all())
+            }
+        )
         for field in self.others:
             ext = self.decoder.field_decoder(field)[0]
             if ext not in members:

@@ -10,6 +10,7 @@ import numpy as np
 
 from wdsloader.format import Manifest, ShardInfo
 from wdsloader.io.fetch import ShardStore
+from wdsloader.io.ranges import Cut
 from wdsloader.mix.source import Source, mix_names
 from wdsloader.mix.spec import MixSpec, merge_manifests
 
@@ -100,13 +101,16 @@ class MixStore:
         return out
 
     def read_joined(
-        self, requests: Sequence[Request], out: np.ndarray | None = None
+        self,
+        requests: Sequence[Request],
+        out: np.ndarray | None = None,
+        cuts: Sequence[Sequence[Cut]] | None = None,
     ) -> tuple[bytes | np.ndarray, list[int]]:
         """The ranges in one buffer (grouped by source) and where each starts; the start of
-        ``out`` when it is large enough."""
+        ``out`` when it is large enough (``cuts``: see :meth:`ShardStore.read_joined`)."""
         groups = self._groups(requests)
         if len(groups) == 1:
-            return self._store(requests[0][0]).read_joined(requests, out)
+            return self._store(requests[0][0]).read_joined(requests, out, cuts)
         total = sum(int(stop) - int(start) for _, start, stop in requests)
         if out is not None and out.dtype == np.uint8 and out.ndim == 1 and len(out) >= total:
             buf = out[:total]
@@ -118,7 +122,8 @@ class MixStore:
             store = self._store(requests[members[0]][0])
             part = [requests[k] for k in members]
             size = sum(int(stop) - int(start) for _, start, stop in part)
-            data, pos = store.read_joined(part, buf[at : at + size])
+            part_cuts = None if cuts is None else [cuts[k] for k in members]
+            data, pos = store.read_joined(part, buf[at : at + size], part_cuts)
             if not (isinstance(data, np.ndarray) and np.shares_memory(data, buf)):
                 buf[at : at + size] = np.frombuffer(data, dtype=np.uint8)
             for k, p in zip(members, pos, strict=True):

@@ -107,7 +107,7 @@ class MixStore:
         cuts: Sequence[Sequence[Cut]] | None = None,
     ) -> tuple[bytes | np.ndarray, list[int]]:
         """The ranges in one buffer (grouped by source) and where each starts; the start of
-        ``out`` when it is large enough (``cuts``: see :meth:`ShardStore.read_joined`)."""
+        ``out`` when it is large enough; ``cuts`` as in :meth:`ShardStore.read_joined`."""
         groups = self._groups(requests)
         if len(groups) == 1:
             return self._store(requests[0][0]).read_joined(requests, out, cuts)
@@ -122,7 +122,7 @@ class MixStore:
             store = self._store(requests[members[0]][0])
             part = [requests[k] for k in members]
             size = sum(int(stop) - int(start) for _, start, stop in part)
-            part_cuts = None if cuts is None else [cuts[k] for k in members]
+            part_cuts = [cuts[k] for k in members] if cuts is not None else None
             data, pos = store.read_joined(part, buf[at : at + size], part_cuts)
             if not (isinstance(data, np.ndarray) and np.shares_memory(data, buf)):
                 buf[at : at + size] = np.frombuffer(data, dtype=np.uint8)

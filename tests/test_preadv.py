@@ -327,3 +327,26 @@ def test_worker_processes_place_fields_too(root):
     copy = pickle.loads(pickle.dumps(loader.dataset_obj))
     assert set(copy.reader.placement.targets) == PLACED and copy.reader.pool.small_pages
     assert copy.reader.placement.pool is copy.columnar.out_pool and copy.reader.pool.free == 0
+
+
+def test_a_mix_of_sources_places_fields_too(root, tmp_path, seen):
+    from wdsloader.mix import Source
+
+    other = str(tmp_path / "other")
+    rows = [
+        {"__key__": f"t{i:05d}", "blob.bin": _blob(1000 + i), "emb": _emb(1000 + i), "label": i}
+        for i in range(20)
+    ]
+    build_shards(rows, other, schema={"blob": {"dtype": "uint8"}}, shard_max_count=8)
+    sources = [Source(root, weight=1.0), Source(other, weight=1.0)]
+    loader = create_loader(
+        sources, "train", 8, seed=2, fields=["blob", "emb", "label"], source_field="src"
+    )
+    batches = list(loader)
+    # a source smaller than its quota repeats samples: a read with a sample twice is not placed
+    assert batches and PLACED in seen and all(s in (PLACED, set()) for s in seen)
+    for b in batches:
+        ids = [int(k[1:]) + (1000 if k[0] == "t" else 0) for k in b["__key__"]]
+        assert [r.numpy().tobytes() for r in b["blob"]] == [_blob(i) for i in ids]
+        assert np.array_equal(b["emb"].numpy(), np.stack([_emb(i) for i in ids]))
+        assert b["src"].tolist() == [int(k[0] == "t") for k in b["__key__"]]

@@ -14,6 +14,7 @@ import torch
 
 from build_shards import build_shards
 from tests.dataset_factory import write_dataset
+from tests.shard_edit import header_of, patch_shard
 from wdsloader import create_loader
 from wdsloader.decode.gather import gather_rows, prefix_end, sample_keys
 from wdsloader.errors import DecodeError, ShardFormatError
@@ -220,27 +221,6 @@ def _one_batch(root, **kwargs):
     return loader, passes(loader)
 
 
-def _patch_shard(root, patch):
-    """Apply ``patch(data, idx)`` to the bytes of the only shard; returns its relative path."""
-    shard = Manifest.load(root).split("train").shards[0]
-    path = f"{root}/{shard.path}"
-    data = bytearray(open(path, "rb").read())
-    patch(data, np.fromfile(f"{root}/{shard.idx_path}", dtype="<u8").astype(np.int64))
-    with open(path, "wb") as f:
-        f.write(bytes(data))
-    return shard.path
-
-
-def _header_of(data, idx, i, ext):
-    """Offset of the header of sample ``i``'s member ``ext``."""
-    from wdsloader.format import iter_members
-
-    (m,) = [
-        m for m in iter_members(bytes(data), int(idx[i]), int(idx[i + 1])) if m.name.endswith(ext)
-    ]
-    return m.data_offset - BLOCK
-
-
 @pytest.mark.parametrize("fields", [None, ["emb", "neg"], ["emb"]])
 @pytest.mark.parametrize("gather", [True, False])
 def test_a_flipped_byte_in_a_first_header_is_an_error_never_a_wrong_key(tmp_path, gather, fields):
@@ -252,7 +232,7 @@ def test_a_flipped_byte_in_a_first_header_is_an_error_never_a_wrong_key(tmp_path
         assert data[at["header"] : at["header"] + 7] == b"s00005."
         data[at["header"] + 5] ^= 0x01  # s00005 -> s00004, a key of another sample
 
-    rel = _patch_shard(root, flip)
+    rel = patch_shard(root, flip)
     expected = rf"{re.escape(rel)} at byte {at['header']}: corrupt tar header \(checksum mismatch\)"
     with pytest.raises(ShardFormatError, match=expected):
         _one_batch(root, gather=gather, fields=fields)
@@ -271,10 +251,10 @@ def test_a_corrupt_member_header_is_an_error_on_the_gathered_path_too(tmp_path, 
     at = {}
 
     def flip(data, idx):
-        at["header"] = _header_of(data, idx, 7, ext)
+        at["header"] = header_of(data, idx, 7, ext)
         data[at["header"] + 140] ^= 0x01  # mtime: the name, size and data stay intact
 
-    rel = _patch_shard(root, flip)
+    rel = patch_shard(root, flip)
     expected = rf"{re.escape(rel)} at byte {at['header']}: corrupt tar header \(checksum mismatch\)"
     for gather in (True, False):
         with pytest.raises(ShardFormatError, match=expected):

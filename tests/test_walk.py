@@ -17,11 +17,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from build_shards import build_shards
+from tests.shard_edit import header_of, patch_shard
 from wdsloader import create_loader
 from wdsloader.decode import columnar
 from wdsloader.decode.walk import KeyNames, walk_members, walk_steps
 from wdsloader.errors import DecodeError, ShardFormatError
-from wdsloader.format import BLOCK, Manifest, iter_members
+from wdsloader.format import BLOCK
 
 
 def _tar(samples, pax: bool = False):
@@ -231,23 +232,6 @@ def test_a_json_member_msgspec_refuses_reads_as_json_loads_reads_it(tmp_path):
     assert value["i"] == 40 and math.isnan(value["x"]) and value["big"] == 10**30 + 40
 
 
-def _patch(root, patch) -> str:
-    shard = Manifest.load(root).split("train").shards[0]
-    path = f"{root}/{shard.path}"
-    data = bytearray(open(path, "rb").read())
-    patch(data, np.fromfile(f"{root}/{shard.idx_path}", dtype="<u8").astype(np.int64))
-    with open(path, "wb") as f:
-        f.write(bytes(data))
-    return shard.path
-
-
-def _header_of(data, idx, i, ext):
-    (m,) = [
-        m for m in iter_members(bytes(data), int(idx[i]), int(idx[i + 1])) if m.name.endswith(ext)
-    ]
-    return m.data_offset - BLOCK
-
-
 @pytest.mark.parametrize("ext", ["label.cls", "meta.json", "text.txt"])
 def test_a_corrupt_header_in_a_later_batch_is_the_row_paths_error(tmp_path, ext):
     """Batch 3's sample 70: a flipped mtime bit in the header of a walked member, after two
@@ -256,10 +240,10 @@ def test_a_corrupt_header_in_a_later_batch_is_the_row_paths_error(tmp_path, ext)
     at = {}
 
     def flip(data, idx):
-        at["header"] = _header_of(data, idx, 70, ext)
+        at["header"] = header_of(data, idx, 70, ext)
         data[at["header"] + 140] ^= 0x01
 
-    rel = _patch(root, flip)
+    rel = patch_shard(root, flip)
     expected = rf"{re.escape(rel)} at byte {at['header']}: corrupt tar header \(checksum mismatch\)"
     for gather in (True, False):
         with pytest.raises(ShardFormatError, match=expected):
@@ -278,11 +262,11 @@ def test_invalid_json_mid_batch_names_the_key_and_field_both_ways(tmp_path):
     root = _built(tmp_path, meta)
 
     def spoil(data, idx):
-        data_at = _header_of(data, idx, 75, "meta.json") + BLOCK
+        data_at = header_of(data, idx, 75, "meta.json") + BLOCK
         assert bytes(data[data_at : data_at + 8]) == b'{"i":75}'
         data[data_at + 7] = ord(",")  # {"i":75, : same size, invalid
 
-    rel = _patch(root, spoil)
+    rel = patch_shard(root, spoil)
     expected = rf"{re.escape(rel)}: sample 's00075', field 'meta' \(member s00075\.meta\.json\)"
     for gather in (True, False):
         with pytest.raises(DecodeError, match=expected):

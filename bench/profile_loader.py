@@ -6,8 +6,15 @@ Reads ``--batches`` planned batches, then times (CPU time of this process, best 
 of the columnar decode on them: the prefix gather, keys, the walk that finds the variable
 members (step by step, and in one pass where an earlier batch of the layout taught it where
 the headers lie), their decoders, each fixed-size field, collation and the whole batch; and
-the read itself. CPU time keeps the numbers comparable when other jobs share the cores; compare steps
-within one run.
+the read itself. Each step's result is dropped before the next batch's step, as the loader
+drops a batch (kept, every result would be new memory and the steps would time page faults).
+CPU time keeps the numbers comparable when other jobs share the cores; compare steps within
+one run.
+
+Then (``--loop``, default on) whole epochs through the loader (``num_workers=0``) at batch
+sizes 256 and 1024: wall samples/s, the CPU per sample of the main thread (the decode) and of
+the other threads (the read-ahead thread), and from the two batch sizes the decode's cost per
+batch (numpy and Python calls whose cost does not depend on the batch size) and per sample.
 """
 
 from __future__ import annotations
@@ -36,6 +43,7 @@ def main() -> None:
     parser.add_argument("--split", default="train")
     parser.add_argument("--batches", type=int, default=20)
     parser.add_argument("--fields", default=None, help="comma-separated fields (default: all)")
+    parser.add_argument("--no-loop", dest="loop", action="store_false", help="skip the epochs")
     args = parser.parse_args()
     fields = args.fields.split(",") if args.fields else None
     ds = create_loader(args.dataset, args.split, batch_size=256, seed=0, fields=fields).dataset_obj
@@ -49,7 +57,11 @@ def main() -> None:
         return
 
     def per_sample(step: Callable[[Any], Any]) -> float:
-        return best_of(5, lambda: [step(r) for r in raws]) / n * 1e6
+        def each() -> None:
+            for r in raws:
+                step(r)
+
+        return best_of(5, each) / n * 1e6
 
     blocks = {id(r): col._block(r) for r in raws}
     heads = {id(r): col._heads(r, blocks[id(r)]) for r in raws}
@@ -87,6 +99,41 @@ def main() -> None:
     print(f"collate                      {collate:6.2f}")
     print(
         f"whole batch (_make_batch)    {per_sample(lambda r: ds._make_batch(r, 0, 0, None)):6.2f}"
+    )
+    if args.loop:
+        loop_costs(args.dataset, args.split, fields)
+
+
+def epoch_costs(loader: Any) -> tuple[float, float, float]:
+    """One epoch (after an untimed one): samples/s, and CPU us per sample of the main thread
+    and of the other threads."""
+    for _ in loader:
+        pass
+    wall, cpu, main_cpu = time.perf_counter(), time.process_time(), time.thread_time()
+    n = sum(len(b["__key__"]) for b in loader)
+    main_cpu = time.thread_time() - main_cpu
+    cpu, wall = time.process_time() - cpu, time.perf_counter() - wall
+    return n / wall, main_cpu / n * 1e6, (cpu - main_cpu) / n * 1e6
+
+
+def loop_costs(dataset: str, split: str, fields: list[str] | None, repeats: int = 3) -> None:
+    """Whole epochs at batch sizes 256 and 1024 (best of ``repeats`` by main-thread CPU), and
+    the decode's cost split into per batch and per sample."""
+    print("\nwhole epochs, num_workers=0 (best of 3 by main-thread CPU):")
+    main_us = {}
+    for size in (256, 1024):
+        loader = create_loader(dataset, split, batch_size=size, seed=0, fields=fields)
+        rate, main, other = min((epoch_costs(loader) for _ in range(repeats)), key=lambda r: r[1])
+        main_us[size] = main
+        print(
+            f"  batch {size:4d}: {rate:9,.0f} samples/s; CPU us/sample: main thread {main:6.2f}, "
+            f"other threads {other:6.2f}"
+        )
+    per_batch = (main_us[256] - main_us[1024]) / (1 / 256 - 1 / 1024)
+    per_sample = main_us[1024] - per_batch / 1024
+    print(
+        f"  main thread = {per_batch:,.0f} us per batch + {per_sample:.2f} us per sample "
+        f"(at batch 256: {per_batch / 256:.2f} us/sample of per-batch cost)"
     )
 
 

@@ -180,13 +180,16 @@ def select_systems(only: str | None) -> tuple[list[str], dict[str, str]]:
     for name in (only or "ours,ours_adopted,webdataset,mosaic,litdata,hf,raw").split(","):
         name = name.strip()
         if name == "raw":
-            wanted += ["raw_read", "raw_batches", "raw_tarfile"]
+            names = ["raw_read", "raw_batches", "raw_tarfile"]
         elif name == "litdata":
-            wanted += ["litdata", "litdata_bd0"]
+            names = ["litdata", "litdata_bd0"]
         elif name in ALL_SYSTEMS:
-            wanted.append(name)
+            names = [name]
         elif name:
             raise SystemExit(f"unknown system {name!r}: choose from {', '.join(ALL_SYSTEMS)}, raw")
+        else:
+            names = []
+        wanted += [n for n in names if n not in wanted]  # "litdata,litdata_bd0": each once
     missing = {}
     if "ours_adopted" in wanted and importlib.util.find_spec("webdataset") is None:
         missing["ours_adopted"] = "its shards are written by webdataset, which is not installed"

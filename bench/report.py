@@ -29,7 +29,7 @@ SETTINGS = {
     "memory of its own)",
     "raw_tarfile": 'tarfile.open(shard, "r|"): read every member of our shards (no decoding)',
     "writers": "shards/chunks of 64 MiB (--quick: 4 MiB), no compression; ours: "
-    "build_shards(torch map-style Dataset, block_size = one shard); webdataset: ShardWriter "
+    "build_shards(torch map-style Dataset, default block size); webdataset: ShardWriter "
     "(.npy/.bin/.jpg + .cls + .json); mosaic: MDSWriter (ndarray/bytes columns + int + json); "
     "litdata: optimize(fn, range(n), num_workers=W) (arrays, bytes, int, JSON text)",
     "batch": "every system ends with the same batch: a stacked tensor per payload field (blobs "

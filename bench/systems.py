@@ -225,8 +225,7 @@ def write_ours(workload: str, n: int, out: str, workers: int, shard_bytes: int) 
         schema=ours_schema(workload),
         shard_max_count=count,
         shard_max_bytes=shard_bytes,
-        block_size=count,  # one shard per block: blocks are what workers share out
-        workers=workers,
+        workers=workers,  # the default block size: the same shards for any worker count
     )
 
 

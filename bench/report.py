@@ -308,7 +308,8 @@ def markdown(doc: dict[str, Any]) -> str:
         f"{m['date']} · {m['cpu']}, {m['cores']} cores, {m['ram_gib']} GiB RAM · "
         f"Python {m['python']}, torch {v.get('torch')}, numpy {v.get('numpy')} · "
         f"{'quick mode, ' if cfg['quick'] else ''}median of {cfg['repeats']} interleaved runs, "
-        f"each in a fresh process, warm page cache, batch {cfg['batch_size']}, "
+        f"each in a fresh process, warm page cache (each run's files read once just before it), "
+        f"batch {cfg['batch_size']}, "
         f"reads stopped after {cfg['max_seconds']:g} s (partial epochs are marked).",
         "",
         "Peers: "

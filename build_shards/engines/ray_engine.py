@@ -101,14 +101,12 @@ class RayEngine:
             max_retries=MAX_RETRIES, retry_exceptions=RETRY_EXCEPTIONS
         )
         refs = [scan.remote(src.kind, path) for path in src.files]
-        try:
-            scans = [
-                _get(ray, ref, f"the scan of {path}")
-                for ref, path in zip(refs, src.files, strict=True)
-            ]
-        except BaseException:
-            _cancel(ray, refs)
-            raise
+        # a failed scan leaves the others running, never cancelled: they only read, and Ray
+        # 2.60 aborts the driver process when a task it cancelled completes at that moment
+        # ("Tried to complete task that was not pending"; seen with these short scans)
+        scans = [
+            _get(ray, ref, f"the scan of {path}") for ref, path in zip(refs, src.files, strict=True)
+        ]
         return RangedFileSource(src, scans)
 
     def run(
@@ -169,10 +167,12 @@ def _get(ray: Any, ref: Any, what: str) -> Any:
 
 
 def _cancel(ray: Any, refs: list[Any]) -> None:
-    """Cancel ``refs`` and wait (a while) until they stopped, so that no task of this build
-    still writes once the driver returned."""
+    """Cancel those of ``refs`` still running and wait (a while) until they stopped, so that no
+    task of this build still writes once the driver returned. Finished tasks are not cancelled:
+    Ray 2.60 aborts the driver when a task completes just as it is cancelled."""
     if not refs:
         return
-    for ref in refs:
+    _, running = ray.wait(refs, num_returns=len(refs), timeout=0)
+    for ref in running:
         ray.cancel(ref)
     ray.wait(refs, num_returns=len(refs), timeout=CANCEL_WAIT_S)

@@ -9,6 +9,9 @@ summing to each size; span (unless ``--span``) and window are what create_loader
 
 - ``first batch``: from the per-shard counts to the first batch's sample ids of DataLoader worker 0
   (PlanConfig, epoch order, geometry, one window): what each worker process pays before reading.
+- ``read``: the same first batch as the loader's read-ahead hands it to the reader (which
+  computes one group of batches ahead; the read itself stubbed out), for ``--workers 1`` and
+  ``--world 1``: one worker's whole epoch is the split.
 - ``rank epoch``: every batch of all the rank's workers, computed a slice of 64 batches at a time.
 - ``elastic``: the first batch after resuming a state saved mid-epoch by ``--world`` ranks on 3/4
   of them (the consumed samples are taken out of the order: the elastic re-plan).
@@ -29,6 +32,7 @@ import subprocess
 import sys
 import time
 import tracemalloc
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -46,6 +50,29 @@ def shard_counts(total: int, shards: int, seed: int = 0) -> list[int]:
 
 def _rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def _first_read(batches: Sequence[np.ndarray]) -> list[np.ndarray]:
+    """The first group of ``batches`` the loader's read-ahead hands its reader (a local
+    store's: the first batch alone), the read itself stubbed out."""
+    from wdsloader.stream.reader import BatchReader
+
+    class Store:
+        reads_locally = True
+
+        def close(self) -> None:
+            pass
+
+    reader = BatchReader.__new__(BatchReader)  # no shards: only the read-ahead runs
+    reader.store, reader.pool = Store(), None  # type: ignore[assignment]
+    reader.read = lambda group, pool=None, place=False: list(group)  # type: ignore[method-assign]
+    ahead = reader.read_ahead(batches, 4)
+    try:
+        group = ahead.next_group()
+    finally:
+        ahead.close()
+    assert group is not None
+    return group  # type: ignore[return-value]
 
 
 def measure(what: str, total: int, args: argparse.Namespace) -> dict[str, float]:
@@ -72,6 +99,8 @@ def measure(what: str, total: int, args: argparse.Namespace) -> dict[str, float]
     ids = 0
     if what == "first":
         ids = len(plan.worker_batches(cfg, 0, rank, 0)[0])
+    elif what == "read":
+        ids = len(_first_read(plan.worker_batches(cfg, 0, rank, 0))[0])
     elif what == "epoch":
         for w in range(args.workers):
             batches = plan.worker_batches(cfg, 0, rank, w)

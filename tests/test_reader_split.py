@@ -5,6 +5,7 @@ that raises on the columnar path being an error, never a silent re-read by the r
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 
 import numpy as np
 import pytest
@@ -138,6 +139,41 @@ def test_buffers_are_reused_when_batches_are_copies(ds, monkeypatch):
     assert pool.allocated == 2 and pool.reused == len(batches) - 2
     expected = np.arange(sum(COUNTS) * 10, dtype=np.float32).reshape(-1, 10)[:, :4]
     assert np.array_equal(np.concatenate([b.numpy() for b in batches]), expected)
+
+
+class PlannedBatches(Sequence):
+    """``n`` one-sample batches that record which ones were asked for (as a plan computes a
+    batch only when indexed)."""
+
+    def __init__(self, n: int) -> None:
+        self.n, self.asked = n, []
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, index):
+        if isinstance(index, slice):
+            return [self[i] for i in range(self.n)[index]]
+        self.asked.append(index)
+        return np.array([index], dtype=np.int64)
+
+
+def test_the_read_ahead_asks_the_plan_for_one_group_ahead_only(ds):
+    reader = create_loader(ds, "train", batch_size=1).dataset_obj.reader
+    reader.read = lambda group, pool=None, place=False: [int(b[0]) for b in group]
+    batches = PlannedBatches(10**5)
+    ahead = reader.read_ahead(batches, 4)
+    try:
+        assert ahead.next_group() == [0]  # locally the first batch comes on its own
+        assert sorted(batches.asked) == list(range(5))  # and the next group is being read
+        assert ahead.next_group() == [1, 2, 3, 4]
+        assert sorted(batches.asked) == list(range(9))
+    finally:
+        ahead.close()
+    ahead = reader.read_ahead(PlannedBatches(6), 4)
+    groups = [ahead.next_group() for _ in range(4)]
+    ahead.close()
+    assert groups == [[0], [1, 2, 3, 4], [5], None]
 
 
 # -- the columnar decoder ---------------------------------------------------------------------

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import logging
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
@@ -183,33 +183,39 @@ class BatchReader:
         # time; remotely its samples would each be a request (the window shuffle scatters them
         # over the window's spans), so the first window is read whole, a few requests per span
         head = 1 if self.store.reads_locally else group
-        groups = [batches[:head]] + [
-            batches[i : i + group] for i in range(head, len(batches), group)
-        ]
-        return ReadAhead(self, groups)
+        return ReadAhead(self, _groups(batches, head, group))
+
+
+def _groups(batches: Sequence[np.ndarray], head: int, group: int) -> Iterator[list[np.ndarray]]:
+    """``batches`` in groups, the first of ``head`` batches, then of ``group``: each computed
+    only when asked for (a plan's sequence computes its batches when sliced), so nothing of
+    the epoch is held beyond the group read and the group ahead."""
+    n = len(batches)
+    start, size = 0, head
+    while start < n:
+        yield list(batches[start : start + size])
+        start, size = start + size, group
 
 
 class ReadAhead:
-    """The reads of ``groups`` of batches on a thread, each submitted when the previous group
-    is handed out (:meth:`next_group`); the buffers come from the reader's :class:`BufferPool`
-    (kept from pass to pass), so a group's buffer is reused once the caller dropped that
+    """The reads of ``groups`` of batches on a thread, each taken from the iterator (so
+    computed) and submitted when the previous group is handed out (:meth:`next_group`); the
+    buffers come from the reader's :class:`BufferPool` (kept from pass to pass), so a group's buffer is reused once the caller dropped that
     group's batches and nothing it yielded refers to them. :meth:`close` (always call it) closes the store's files once the
     read under way is over."""
 
-    def __init__(self, reader: BatchReader, groups: list[Sequence[np.ndarray]]) -> None:
+    def __init__(self, reader: BatchReader, groups: Iterator[Sequence[np.ndarray]]) -> None:
         self.reader = reader
         self.pool = reader.pool
         self._groups = groups
-        self._next = 0
         self._closer = _StoreCloser(reader.store)  # bound now: close may run at interpreter exit
         self._threads = ThreadPoolExecutor(max_workers=1, thread_name_prefix="wdsloader-read")
         self._pending: Future[list[RawBatch]] | None = self._submit()
 
     def _submit(self) -> Future[list[RawBatch]] | None:
-        if self._next >= len(self._groups):
+        group = next(self._groups, None)
+        if group is None:
             return None
-        group = self._groups[self._next]
-        self._next += 1
         return self._threads.submit(self.reader.read, group, self.pool, True)
 
     def next_group(self) -> list[RawBatch] | None:

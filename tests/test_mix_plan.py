@@ -4,6 +4,7 @@ repeats no sample before its source is used up, the two batchings, every rank eq
 from __future__ import annotations
 
 import math
+import pickle
 from collections import Counter
 from fractions import Fraction
 
@@ -12,8 +13,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from wdsloader.curriculum import linear, steps
-from wdsloader.mix import Source, mix_epoch, mix_quotas_for
+from wdsloader.curriculum import cosine, fixed, from_callable, linear, steps
+from wdsloader.mix import MixSpec, Source, mix_epoch, mix_quotas_for
+from wdsloader.mix import source as source_module
+from wdsloader.mix.source import epoch_offsets_for
 from wdsloader.plan import Resume
 from wdsloader.plan.mix import (
     MixEpoch,
@@ -138,6 +141,115 @@ def test_a_weight_schedule_gives_each_epoch_its_quotas_and_streams_continue():
         )
         cycle = source_ids(n, 1, keys, np.arange(n))
         assert played.tolist() == [cycle[t % n] for t in range(played.size)]
+
+
+# ------------------------------------------------------------------- offsets at far epochs
+
+
+def reference_offsets(sources, sizes, epochs: int, **kw) -> list[tuple[int, ...]]:
+    """The streams' positions at epochs ``0 .. epochs - 1``: every earlier epoch's quotas summed
+    (what mix_epoch once did at every epoch)."""
+    out, sums = [], (0,) * len(sources)
+    for e in range(epochs):
+        out.append(sums)
+        sums = tuple(
+            a + b for a, b in zip(sums, mix_quotas_for(sources, sizes, e, **kw), strict=True)
+        )
+    return out
+
+
+def weights_by_epoch(epoch: int) -> dict[str, float]:
+    """A schedule from a function, different at every epoch (module level: picklable)."""
+    a = (1 + (epoch * 7) % 5) / 8
+    return {"a": a, "b": 1 - a}
+
+
+SCHEDULES = {
+    "constant": None,  # the sources' own weights
+    "fixed": fixed({"a": 0.3, "b": 0.7}),
+    "linear": linear({"a": 0.9, "b": 0.1}, {"a": 0.2, "b": 0.8}, epochs=17),
+    "cosine": cosine({"a": 0.6, "b": 0.4}, {"a": 0.1, "b": 0.9}, epochs=30),
+    "steps": steps({0: {"a": 0.5, "b": 0.5}, 5: {"a": 0.2, "b": 0.8}, 23: {"a": 1.0, "b": 0.0}}),
+    "callable": from_callable(weights_by_epoch),
+}
+
+
+def schedule_mix(kind: str) -> list[Source]:
+    if SCHEDULES[kind] is None:
+        return [Source("a", weight=1.0), Source("b", weight=2.3), Source("c", samples=5)]
+    return [Source("a"), Source("b"), Source("c", repeat=1.5)]
+
+
+@settings(max_examples=30, deadline=None)
+@given(
+    kind=st.sampled_from(sorted(SCHEDULES)),
+    sizes=st.lists(st.integers(1, 40), min_size=3, max_size=3),
+    epoch_samples=st.one_of(st.none(), st.integers(90, 200)),
+    every=st.integers(1, 8),
+    order=st.permutations(range(51)),
+)
+def test_offsets_equal_the_sum_of_every_earlier_epochs_quotas(
+    kind, sizes, epoch_samples, every, order
+):
+    sources, kw = schedule_mix(kind), {"weights": SCHEDULES[kind], "epoch_samples": epoch_samples}
+    expected = reference_offsets(sources, sizes, 51, **kw)
+    offsets = epoch_offsets_for(sources, sizes, **kw)
+    offsets.every = every  # sums kept every few epochs: reached from both sides below
+    for e in order:  # in any order: a run goes forward, a resume anywhere
+        me = mix_epoch(sources, sizes, e, seed=3, offsets=offsets, **kw)
+        assert me.offsets == expected[e], e
+        assert me.quotas == mix_quotas_for(sources, sizes, e, **kw)
+        if e % 10 == 0:  # without kept sums: the same
+            assert me == mix_epoch(sources, sizes, e, seed=3, **kw)
+
+
+@pytest.fixture
+def quota_calls(monkeypatch) -> list[int]:
+    """Counts the quota computations of every epoch (one per mix_quotas_for call)."""
+    calls: list[int] = []
+    real = source_module.mix_quotas
+
+    def counted(*args):
+        calls.append(1)
+        return real(*args)
+
+    monkeypatch.setattr(source_module, "mix_quotas", counted)
+    return calls
+
+
+def test_a_far_epoch_costs_a_few_quota_computations(quota_calls):
+    far = 10**6  # the sum over every earlier epoch took 30 s at 10^5
+    sizes = [100, 37, 5]
+    sources = schedule_mix("constant")
+    spec = MixSpec(sources=tuple(sources), sizes=tuple(sizes), shards=(1, 1, 1))
+    quota_calls.clear()
+    me = spec.epoch(far, seed=3, block=4)
+    first = mix_worker_batches(me, MixTopology(batch_size=8, num_workers=2), 0, 0)[0]
+    assert len(quota_calls) <= 3 and first[0].size == 8
+    assert me.offsets == tuple(far * q for q in mix_quotas_for(sources, sizes, 0))
+    # a schedule: the epochs before its end summed, then its last quotas times the rest
+    sources, sched = schedule_mix("linear"), SCHEDULES["linear"]
+    quota_calls.clear()
+    me = mix_epoch(sources, sizes, far, weights=sched)
+    assert len(quota_calls) <= 17 + 3
+    before_end = reference_offsets(sources, sizes, 18, weights=sched)[17]
+    last = mix_quotas_for(sources, sizes, 17, weights=sched)
+    assert me.offsets == tuple(a + (far - 17) * q for a, q in zip(before_end, last, strict=True))
+
+
+def test_a_run_of_epochs_adds_one_epochs_quotas_at_a_time(quota_calls):
+    # a schedule from a function never settles: the mix keeps its sums from epoch to epoch
+    # (and sends them to spawned workers) instead of summing every earlier epoch again
+    sources, sched = schedule_mix("callable"), SCHEDULES["callable"]
+    spec = MixSpec(sources=tuple(sources), sizes=(30, 20, 10), shards=(1, 1, 1), weights=sched)
+    quota_calls.clear()
+    plans = [spec.epoch(e) for e in range(300)]
+    assert len(quota_calls) <= 2 * 300  # the epoch's own quotas, and one more epoch summed
+    expected = reference_offsets(sources, (30, 20, 10), 300, weights=sched)
+    assert [p.offsets for p in plans] == expected
+    sent = pickle.loads(pickle.dumps(spec))
+    quota_calls.clear()
+    assert sent.epoch(299) == plans[299] and len(quota_calls) <= 2
 
 
 # -------------------------------------------------------------------------------- selection

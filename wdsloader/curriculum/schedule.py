@@ -65,6 +65,11 @@ class Schedule:
         there at construction, so bad input fails early."""
         return (0,)
 
+    def steady_from(self) -> int | None:
+        """The epoch from which the probabilities never change again (None: not known, as for
+        a function's); a mix sums the quotas of the epochs before it only."""
+        return None
+
 
 @dataclass(frozen=True)
 class FixedSchedule(Schedule):
@@ -78,6 +83,9 @@ class FixedSchedule(Schedule):
 
     def to_dict(self) -> dict[str, Any]:
         return {"kind": "fixed", "probs": thaw(self.probs)}
+
+    def steady_from(self) -> int | None:
+        return 0
 
 
 @dataclass(frozen=True)
@@ -109,6 +117,9 @@ class _Interpolated(Schedule):
 
     def key_epochs(self) -> tuple[int, ...]:
         return (0, self.epochs)
+
+    def steady_from(self) -> int | None:
+        return self.epochs  # min(epoch / epochs, 1) is 1 from there
 
 
 @dataclass(frozen=True)
@@ -152,6 +163,9 @@ class StepsSchedule(Schedule):
     def key_epochs(self) -> tuple[int, ...]:
         return tuple(e for e, _ in self.table)
 
+    def steady_from(self) -> int | None:
+        return max(e for e, _ in self.table)
+
 
 @dataclass(frozen=True)
 class ZeroDecaySchedule(Schedule):
@@ -194,6 +208,9 @@ class ZeroDecaySchedule(Schedule):
 
     def key_epochs(self) -> tuple[int, ...]:
         return (0, self.epochs)
+
+    def steady_from(self) -> int | None:
+        return self.epochs  # min(epoch / epochs, 1) is 1 from there
 
 
 @dataclass(frozen=True)

@@ -16,6 +16,7 @@ keyed by source name), for the sources without ``samples``/``repeat``.
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 from collections.abc import Sequence
@@ -24,10 +25,11 @@ from fractions import Fraction
 
 from wdsloader.curriculum.schedule import Schedule
 from wdsloader.format.checks import as_int
+from wdsloader.mix.offsets import EpochOffsets
 from wdsloader.plan.mix import MixEpoch
 from wdsloader.plan.quotas import mix_quotas
 
-__all__ = ["Source", "mix_epoch", "mix_names", "mix_quotas_for"]
+__all__ = ["Source", "epoch_offsets_for", "mix_epoch", "mix_names", "mix_quotas_for"]
 
 
 @dataclass(frozen=True)
@@ -135,6 +137,21 @@ def mix_quotas_for(
     return tuple(int(v) for v in mix_quotas(sizes, w, fixed, epoch_samples))
 
 
+def epoch_offsets_for(
+    sources: Sequence[Source],
+    sizes: Sequence[int],
+    *,
+    weights: Schedule | None = None,
+    epoch_samples: int | None = None,
+) -> EpochOffsets:
+    """Where each source's stream stands at an epoch's start (its earlier quotas summed): O(1)
+    once the weights stop changing (at once for constant weights), kept sums before that."""
+    quotas = functools.partial(
+        mix_quotas_for, tuple(sources), tuple(sizes), weights=weights, epoch_samples=epoch_samples
+    )
+    return EpochOffsets(quotas, 0 if weights is None else weights.steady_from())
+
+
 def mix_epoch(
     sources: Sequence[Source],
     sizes: Sequence[int],
@@ -144,17 +161,18 @@ def mix_epoch(
     block: int = 1,
     weights: Schedule | None = None,
     epoch_samples: int | None = None,
+    offsets: EpochOffsets | None = None,
 ) -> MixEpoch:
     """The plan input of ``epoch``: its quotas, and the stream positions the earlier epochs
     consumed (their quotas summed), so a resume after a weight change neither replays nor skips.
-    Costs O(epoch * sources)."""
+    ``offsets`` (:func:`epoch_offsets_for` of the same arguments) keeps its sums from one call
+    to the next; without it, an epoch past the schedule's end (or any, with constant weights)
+    still costs O(sources), and one before it O(epoch * sources)."""
     epoch = as_int(epoch, "epoch", 0)
-    offsets = [0] * len(sources)
-    for e in range(epoch):
-        q = mix_quotas_for(sources, sizes, e, weights=weights, epoch_samples=epoch_samples)
-        offsets = [a + b for a, b in zip(offsets, q, strict=True)]
+    if offsets is None:
+        offsets = epoch_offsets_for(sources, sizes, weights=weights, epoch_samples=epoch_samples)
     quotas = mix_quotas_for(sources, sizes, epoch, weights=weights, epoch_samples=epoch_samples)
     return MixEpoch(
-        sizes=tuple(int(n) for n in sizes), quotas=quotas, offsets=tuple(offsets),
+        sizes=tuple(int(n) for n in sizes), quotas=quotas, offsets=offsets(epoch),
         seed=seed, epoch=epoch, block=block,
     )  # fmt: skip

@@ -4,6 +4,7 @@ and the mix options), and the one manifest the loader reads the sources through
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 from collections.abc import Sequence
@@ -15,7 +16,8 @@ import numpy as np
 from wdsloader.curriculum.schedule import CallableSchedule, Schedule
 from wdsloader.format import FieldSpec, Manifest, ShardInfo, SplitInfo
 from wdsloader.format.checks import as_int
-from wdsloader.mix.source import Source, mix_epoch, mix_names
+from wdsloader.mix.offsets import EpochOffsets
+from wdsloader.mix.source import Source, epoch_offsets_for, mix_epoch, mix_names
 from wdsloader.plan.mix import MixEpoch
 
 __all__ = ["MIX_ALGORITHM", "BATCHINGS", "MixSpec", "merge_manifests"]
@@ -41,6 +43,10 @@ class MixSpec:
     epoch_samples: int | None = None
     batching: str = "mixed"
     source_field: str | None = None
+    # the streams' positions at each epoch's start, kept from one epoch to the next
+    _offsets: EpochOffsets | None = dataclasses.field(
+        default=None, init=False, repr=False, compare=False
+    )
 
     def __post_init__(self) -> None:
         mix_names(self.sources)
@@ -62,6 +68,10 @@ class MixSpec:
             not isinstance(self.source_field, str) or not self.source_field
         ):
             raise ValueError(f"source_field must be a non-empty string, got {self.source_field!r}")
+        offsets = epoch_offsets_for(
+            self.sources, self.sizes, weights=self.weights, epoch_samples=self.epoch_samples
+        )
+        object.__setattr__(self, "_offsets", offsets)
         self.epoch(0)  # the options' errors (weights, quotas) at create_loader
 
     @property
@@ -83,7 +93,7 @@ class MixSpec:
         """The mix plan's input for ``epoch`` (see :func:`~wdsloader.mix.mix_epoch`)."""
         return mix_epoch(
             self.sources, self.sizes, epoch, seed=seed, block=block, weights=self.weights,
-            epoch_samples=self.epoch_samples,
+            epoch_samples=self.epoch_samples, offsets=self._offsets,
         )  # fmt: skip
 
     def fingerprint(self) -> str:

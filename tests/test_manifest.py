@@ -92,6 +92,11 @@ MALFORMED = [
     (lambda d: d["splits"]["train"]["shards"].__setitem__(0, None),
      r"splits\.train\.shards\[0\]: expected an object, got None"),
     (lambda d: d["splits"]["train"].pop("shards"), r"splits\.train: missing 'shards'"),
+    (lambda d: [_shard(d, i).update(num_samples=2**62) for i in (0, 1)],  # each fits int64
+     r"splits\.train: its shards' num_samples sum to 9223372036854775808, more than an int64 "
+     r"holds \(9223372036854775807\)$"),
+    (lambda d: [_shard(d, i).update(num_bytes=2**63 - 1) for i in (0, 1)],
+     r"splits\.train: its shards' num_bytes sum to 18446744073709551614, more than an int64"),
     (lambda d: d["splits"]["train"].update(num_samples="7"), r"splits\.train\.num_samples: "),
     (lambda d: d.update(splits=[]), r"splits: expected an object, got \[\]"),
     (lambda d: d["splits"].update(val=3), r"splits\.val: expected an object, got 3"),

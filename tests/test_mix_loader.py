@@ -206,6 +206,17 @@ def test_a_field_missing_from_a_source_is_an_error(data, tmp_path):
         create_loader(srcs, "train", 4)
 
 
+def test_a_weighted_source_without_samples_in_the_split_is_named_with_the_split(data, tmp_path):
+    write_dataset(str(tmp_path / "evalonly"), {"train": [], "val": [6]})
+    srcs = [Source(data / "small", weight=1), Source(tmp_path / "evalonly", weight=5)]
+    with pytest.raises(
+        ValueError,
+        match=r"^sources \['evalonly'\] have no samples in split 'train' but a quota of \[200\] "
+        r"samples per epoch: leave them out of this split's mix$",
+    ):
+        create_loader(srcs, "train", 4, epoch_samples=240)
+
+
 def test_a_state_from_another_mix_is_refused_naming_the_mix(data):
     first = _play(_loader(data), 1, stop=(0, 3))["state"]
     srcs = _sources(data)

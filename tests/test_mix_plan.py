@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 import pickle
 from collections import Counter
+from dataclasses import replace
 from fractions import Fraction
 
 import numpy as np
@@ -17,7 +18,7 @@ from wdsloader.curriculum import cosine, fixed, from_callable, linear, steps
 from wdsloader.mix import MixSpec, Source, mix_epoch, mix_quotas_for
 from wdsloader.mix import source as source_module
 from wdsloader.mix.source import epoch_offsets_for
-from wdsloader.plan import Resume
+from wdsloader.plan import PlanConfig, Resume
 from wdsloader.plan.mix import (
     MixEpoch,
     MixTopology,
@@ -121,8 +122,57 @@ def test_source_forms_and_their_quotas():
         mix_quotas_for([web, tiny], sizes[:2], 0)
     with pytest.raises(ValueError, match=r"sources \['web'\] have a weight= and the mix a weights"):
         mix_quotas_for([web, code], sizes[:2], 0, weights=steps({0: {"web": 1.0}}))
-    with pytest.raises(ValueError, match=r"sources \[1\] have no samples but a quota of \[3\]"):
+    with pytest.raises(ValueError, match=r"sources \['b'\] have no samples but a quota of \[3\]"):
         mix_quotas_for([Source("a", weight=1), Source("b", samples=3)], [4, 0], 0)
+    with pytest.raises(
+        ValueError,
+        match=r"^sources \['b', 'c'\] have no samples in split 'val' but a quota of \[2, 5\] "
+        r"samples per epoch: leave them out of this split's mix$",
+    ):
+        sources = [Source("a", weight=1), Source("b", weight=1), Source("c", samples=5)]
+        mix_quotas_for(sources, [4, 0, 0], 0, split="val")
+
+
+def test_counts_past_int64_name_the_source_or_the_split():
+    with pytest.raises(ValueError, match=r"^Source 'x/a': samples must be <= 9223372036854775807"):
+        Source("x/a", samples=2**63)
+    half = 2**62  # each fits int64, two of them do not
+    with pytest.raises(
+        ValueError,
+        match=r"^the epoch of split 'train' would hold 9223372036854775808 samples, more than an "
+        r"int64 holds \(9223372036854775807\): samples per source \{'a': 4611686018427387904, "
+        r"'b': 4611686018427387904\}$",
+    ):
+        mix_quotas_for(
+            [Source("a", samples=half), Source("b", samples=half)], [1, 1], 0, split="train"
+        )
+    with pytest.raises(ValueError, match=r"epoch would hold 9223372036854775808 samples.*'a': 46"):
+        mix_quotas_for([Source("a", weight=1.0), Source("b", repeat=1)], [half, half], 0)
+    with pytest.raises(ValueError, match=r"^epoch_samples must be <= 9223372036854775807"):
+        mix_quotas_for([Source("a", weight=1.0)], [5], 0, epoch_samples=2**63)
+    with pytest.raises(
+        ValueError,
+        match=r"^the sources hold 9223372036854775808 samples in split 'train', more than an int64 "
+        r"holds \(9223372036854775807\): \{'a': 4611686018427387904, 'b': 4611686018427387904\}$",
+    ):
+        sources = (Source("a", weight=1.0), Source("b", weight=1.0))
+        MixSpec(sources=sources, sizes=(half, half), shards=(1, 1), epoch_samples=10, split="train")
+    with pytest.raises(ValueError, match=r"^counts sum to 9223372036854775808 samples, more than"):
+        PlanConfig(counts=(half, half), batch_size=1)
+
+
+def test_a_mix_at_an_epoch_near_the_int64_limit_plans_its_batches():
+    # the streams' positions pass int64 there; a stream cycles through its source, so only
+    # the position modulo the source's size matters
+    sources, sizes = schedule_mix("constant"), (100, 37, 5)
+    far = mix_epoch(sources, sizes, 2**62, seed=3, block=4)
+    assert far.offsets[0] > 2**63
+    near = replace(far, offsets=tuple(o % n for o, n in zip(far.offsets, sizes, strict=True)))
+    topo = MixTopology(batch_size=8, num_workers=2)
+    got, expected = mix_rank_batches(far, topo, 0), mix_rank_batches(near, topo, 0)
+    assert len(got) == len(expected) > 0
+    for (s1, i1), (s2, i2) in zip(got, expected, strict=True):
+        assert s1.tolist() == s2.tolist() and i1.tolist() == i2.tolist()
 
 
 def test_a_weight_schedule_gives_each_epoch_its_quotas_and_streams_continue():
@@ -209,9 +259,9 @@ def quota_calls(monkeypatch) -> list[int]:
     calls: list[int] = []
     real = source_module.mix_quotas
 
-    def counted(*args):
+    def counted(*args, **kwargs):
         calls.append(1)
-        return real(*args)
+        return real(*args, **kwargs)
 
     monkeypatch.setattr(source_module, "mix_quotas", counted)
     return calls

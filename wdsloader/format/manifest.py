@@ -225,6 +225,13 @@ class Manifest:
             splits[name] = SplitInfo(
                 shards=[_shard_info(s, where, i) for i, s in enumerate(shards)]
             )
+            for key in ("num_samples", "num_bytes"):  # read as int64 sample ids and offsets
+                total = getattr(splits[name], key)
+                if total > MAX_INT:
+                    raise InvalidField(
+                        f"{where}: its shards' {key} sum to {total}, more than an int64 holds "
+                        f"({MAX_INT})"
+                    )
         build = check_obj(data.get("build", {}), "build")
         check_depth(build, "build")
         defaults = check_obj(data.get("loader_defaults", {}), "loader_defaults")

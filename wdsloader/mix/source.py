@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from fractions import Fraction
 
 from wdsloader.curriculum.schedule import Schedule
-from wdsloader.format.checks import as_int
+from wdsloader.format.checks import MAX_INT, as_int
 from wdsloader.mix.offsets import EpochOffsets
 from wdsloader.plan.mix import MixEpoch
 from wdsloader.plan.quotas import mix_quotas
@@ -62,7 +62,7 @@ class Source:
                 object.__setattr__(self, key, v)
         if self.samples is not None:
             object.__setattr__(
-                self, "samples", as_int(self.samples, f"Source {self.url!r}: samples", 0)
+                self, "samples", as_int(self.samples, f"Source {self.url!r}: samples", 0, MAX_INT)
             )
         if self.name is None:
             base = str(self.url).rstrip("/").rsplit("/", 1)[-1]
@@ -121,8 +121,10 @@ def mix_quotas_for(
     *,
     weights: Schedule | None = None,
     epoch_samples: int | None = None,
+    split: str | None = None,
 ) -> tuple[int, ...]:
-    """Each source's samples in ``epoch`` (sizes: the sources' samples in the split)."""
+    """Each source's samples in ``epoch`` (sizes: the sources' samples in the split, named
+    ``split`` in errors)."""
     names = mix_names(sources)
     if len(sizes) != len(sources):
         raise ValueError(f"{len(sizes)} sizes for {len(sources)} sources")
@@ -134,7 +136,8 @@ def mix_quotas_for(
     else:
         w = _weights(sources, names, weights, epoch)
         fixed = [s.fixed_quota(int(n)) for s, n in zip(sources, sizes, strict=True)]
-    return tuple(int(v) for v in mix_quotas(sizes, w, fixed, epoch_samples))
+    quotas = mix_quotas(sizes, w, fixed, epoch_samples, names=names, split=split)
+    return tuple(int(v) for v in quotas)
 
 
 def epoch_offsets_for(
@@ -143,12 +146,14 @@ def epoch_offsets_for(
     *,
     weights: Schedule | None = None,
     epoch_samples: int | None = None,
+    split: str | None = None,
 ) -> EpochOffsets:
     """Where each source's stream stands at an epoch's start (its earlier quotas summed): O(1)
     once the weights stop changing (at once for constant weights), kept sums before that."""
     quotas = functools.partial(
-        mix_quotas_for, tuple(sources), tuple(sizes), weights=weights, epoch_samples=epoch_samples
-    )
+        mix_quotas_for, tuple(sources), tuple(sizes), weights=weights,
+        epoch_samples=epoch_samples, split=split,
+    )  # fmt: skip
     return EpochOffsets(quotas, 0 if weights is None else weights.steady_from())
 
 
@@ -162,16 +167,22 @@ def mix_epoch(
     weights: Schedule | None = None,
     epoch_samples: int | None = None,
     offsets: EpochOffsets | None = None,
+    split: str | None = None,
 ) -> MixEpoch:
     """The plan input of ``epoch``: its quotas, and the stream positions the earlier epochs
     consumed (their quotas summed), so a resume after a weight change neither replays nor skips.
     ``offsets`` (:func:`epoch_offsets_for` of the same arguments) keeps its sums from one call
     to the next; without it, an epoch past the schedule's end (or any, with constant weights)
-    still costs O(sources), and one before it O(epoch * sources)."""
+    still costs O(sources), and one before it O(epoch * sources). ``split`` names the sizes'
+    split in errors."""
     epoch = as_int(epoch, "epoch", 0)
     if offsets is None:
-        offsets = epoch_offsets_for(sources, sizes, weights=weights, epoch_samples=epoch_samples)
-    quotas = mix_quotas_for(sources, sizes, epoch, weights=weights, epoch_samples=epoch_samples)
+        offsets = epoch_offsets_for(
+            sources, sizes, weights=weights, epoch_samples=epoch_samples, split=split
+        )
+    quotas = mix_quotas_for(
+        sources, sizes, epoch, weights=weights, epoch_samples=epoch_samples, split=split
+    )
     return MixEpoch(
         sizes=tuple(int(n) for n in sizes), quotas=quotas, offsets=offsets(epoch),
         seed=seed, epoch=epoch, block=block,

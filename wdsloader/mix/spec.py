@@ -15,7 +15,7 @@ import numpy as np
 
 from wdsloader.curriculum.schedule import CallableSchedule, Schedule
 from wdsloader.format import FieldSpec, Manifest, ShardInfo, SplitInfo
-from wdsloader.format.checks import as_int
+from wdsloader.format.checks import MAX_INT, as_int
 from wdsloader.mix.offsets import EpochOffsets
 from wdsloader.mix.source import Source, epoch_offsets_for, mix_epoch, mix_names
 from wdsloader.plan.mix import MixEpoch
@@ -43,6 +43,7 @@ class MixSpec:
     epoch_samples: int | None = None
     batching: str = "mixed"
     source_field: str | None = None
+    split: str | None = None  # the split the sizes count (named in errors)
     # the streams' positions at each epoch's start, kept from one epoch to the next
     _offsets: EpochOffsets | None = dataclasses.field(
         default=None, init=False, repr=False, compare=False
@@ -68,9 +69,16 @@ class MixSpec:
             not isinstance(self.source_field, str) or not self.source_field
         ):
             raise ValueError(f"source_field must be a non-empty string, got {self.source_field!r}")
+        if sum(self.sizes) > MAX_INT:  # split-wide sample ids are int64
+            where = "" if self.split is None else f" in split {self.split!r}"
+            raise ValueError(
+                f"the sources hold {sum(self.sizes)} samples{where}, more than an int64 holds "
+                f"({MAX_INT}): {dict(zip(self.names, self.sizes, strict=True))}"
+            )
         offsets = epoch_offsets_for(
-            self.sources, self.sizes, weights=self.weights, epoch_samples=self.epoch_samples
-        )
+            self.sources, self.sizes, weights=self.weights, epoch_samples=self.epoch_samples,
+            split=self.split,
+        )  # fmt: skip
         object.__setattr__(self, "_offsets", offsets)
         self.epoch(0)  # the options' errors (weights, quotas) at create_loader
 
@@ -93,7 +101,7 @@ class MixSpec:
         """The mix plan's input for ``epoch`` (see :func:`~wdsloader.mix.mix_epoch`)."""
         return mix_epoch(
             self.sources, self.sizes, epoch, seed=seed, block=block, weights=self.weights,
-            epoch_samples=self.epoch_samples, offsets=self._offsets,
+            epoch_samples=self.epoch_samples, offsets=self._offsets, split=self.split,
         )  # fmt: skip
 
     def fingerprint(self) -> str:

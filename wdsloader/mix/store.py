@@ -151,6 +151,6 @@ def open_mix(
     store = MixStore([st for st, _ in opened], merged.split(split).shards, store_of)
     spec = MixSpec(
         sources=tuple(sources), sizes=tuple(m.split(split).num_samples for m in manifests),
-        shards=tuple(counts), **mix_options,
+        shards=tuple(counts), split=split, **mix_options,
     )  # fmt: skip
     return store, merged, spec

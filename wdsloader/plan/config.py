@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from wdsloader.format.checks import as_int
+from wdsloader.format.checks import MAX_INT, as_int
 
 __all__ = ["PLAN_ALGORITHM", "PlanConfig"]
 
@@ -61,6 +61,10 @@ class PlanConfig:
             if not isinstance(getattr(self, name), (bool, np.bool_)):
                 raise ValueError(f"{name} must be a bool, got {getattr(self, name)!r}")
             object.__setattr__(self, name, bool(getattr(self, name)))
+        if self.num_samples > MAX_INT:  # sample ids and positions are int64
+            raise ValueError(
+                f"counts sum to {self.num_samples} samples, more than an int64 holds ({MAX_INT})"
+            )
 
     @property
     def num_samples(self) -> int:

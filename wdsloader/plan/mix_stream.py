@@ -120,7 +120,12 @@ def _to_ids(me: MixEpoch, src: np.ndarray, k: np.ndarray) -> np.ndarray:
     for s in np.unique(src).tolist():
         sel = src == s
         keys = _key(me.seed, s, _SOURCE_TAG)
-        ids[sel] = source_ids(me.sizes[s], me.block, keys, me.offsets[s] + k[sel])
+        # the stream cycles every ``size`` positions: its position mod size, summed in uint64
+        # (an offset or a quota near the int64 limit would overflow the sum)
+        size = me.sizes[s]
+        start = np.uint64(me.offsets[s] % size)
+        stream = ((k[sel] % size).astype(np.uint64) + start) % np.uint64(size)
+        ids[sel] = source_ids(size, me.block, keys, stream.astype(np.int64))
     return ids
 
 

@@ -9,7 +9,7 @@ from fractions import Fraction
 
 import numpy as np
 
-from wdsloader.format.checks import as_int
+from wdsloader.format.checks import MAX_INT, as_int
 
 __all__ = ["even_interleave", "largest_remainder", "mix_quotas"]
 
@@ -70,12 +70,16 @@ def mix_quotas(
     weights: Sequence[float | None],
     fixed: Sequence[int | None],
     epoch_samples: int | None = None,
+    *,
+    names: Sequence[str] | None = None,
+    split: str | None = None,
 ) -> np.ndarray:
     """Samples each source contributes to one epoch (int64).
 
     Source ``i`` takes ``fixed[i]`` samples when that is not None, else a share of what the fixed
     sources leave of ``epoch_samples`` by largest remainder over the ``weights`` of the weighted
     sources. ``epoch_samples=None`` is the fixed quotas plus the sizes of the weighted sources.
+    Errors name the sources by ``names`` (default: their indices) and the ``split``, if given.
     """
     n = len(sizes)
     if not (len(weights) == len(fixed) == n) or n == 0:
@@ -83,19 +87,25 @@ def mix_quotas(
             f"sizes, weights and fixed must have one entry per source, got {n}, "
             f"{len(weights)} and {len(fixed)}"
         )
+    label = list(range(n)) if names is None else list(names)
     size = [as_int(s, f"sizes[{i}]", 0) for i, s in enumerate(sizes)]
     quotas = np.zeros(n, dtype=np.int64)
     weighted = [i for i in range(n) if fixed[i] is None]
+    given = {i: as_int(f, f"fixed[{i}]", 0) for i, f in enumerate(fixed) if f is not None}
+    # the epoch's samples by source (a weighted one's: its size, unless epoch_samples is given)
+    parts = given if epoch_samples is not None else {**given, **{i: size[i] for i in weighted}}
+    _check_int64(parts, label, split)
     for i in range(n):
-        f = fixed[i]
-        if f is not None:
-            quotas[i] = as_int(f, f"fixed[{i}]", 0)
+        if i in given:
+            quotas[i] = given[i]
         elif weights[i] is None:
-            raise ValueError(f"source {i} has neither a weight nor a fixed number of samples")
+            raise ValueError(
+                f"source {label[i]!r} has neither a weight nor a fixed number of samples"
+            )
     left = (
         sum(size[i] for i in weighted)
         if epoch_samples is None
-        else as_int(epoch_samples, "epoch_samples", 0) - int(quotas.sum())
+        else as_int(epoch_samples, "epoch_samples", 0, MAX_INT) - int(quotas.sum())
     )
     if weighted:
         if left < 0:
@@ -112,5 +122,23 @@ def mix_quotas(
         )
     empty = [i for i in range(n) if size[i] == 0 and quotas[i] > 0]
     if empty:
-        raise ValueError(f"sources {empty} have no samples but a quota of {quotas[empty].tolist()}")
+        where = "" if split is None else f" in split {split!r}"
+        raise ValueError(
+            f"sources {[label[i] for i in empty]} have no samples{where} but a quota of "
+            f"{quotas[empty].tolist()} samples per epoch: leave them out of this split's mix"
+        )
     return quotas
+
+
+def _check_int64(parts: dict[int, int], label: Sequence[object], split: str | None) -> None:
+    """ValueError naming the sources when the epoch's samples (``parts``: by source) pass what
+    an int64 holds."""
+    total = sum(parts.values())
+    if total <= MAX_INT:
+        return
+    where = "" if split is None else f" of split {split!r}"
+    shown = {label[i]: q for i, q in sorted(parts.items())}
+    raise ValueError(
+        f"the epoch{where} would hold {total} samples, more than an int64 holds ({MAX_INT}): "
+        f"samples per source {shown}"
+    )

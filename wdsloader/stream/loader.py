@@ -30,7 +30,7 @@ from wdsloader.stream.config import (
 from wdsloader.stream.dataset import ShardStreamDataset
 from wdsloader.stream.prefetch import DevicePrefetcher
 from wdsloader.stream.start_method import check_sendable
-from wdsloader.stream.state import LoaderState, stage_fingerprint
+from wdsloader.stream.state import LoaderState, epoch_fingerprint, stage_fingerprint
 from wdsloader.stream.workers import WorkerWatch
 
 if TYPE_CHECKING:
@@ -132,7 +132,7 @@ class WdsDataLoader(DataLoader):
             config=ds.config,
             resume=resume,
             shards=ds.shards_digest,
-            fingerprint=self.fingerprint,
+            fingerprint={**self.fingerprint, **epoch_fingerprint(ds, epoch)},
         )
 
     def state_dict(self) -> dict[str, Any]:
@@ -145,14 +145,14 @@ class WdsDataLoader(DataLoader):
         A different world size, worker count, batch size, drop_last or shuffle window re-plans
         the samples not yet consumed in that epoch over the new topology (each delivered once).
         A state taken on other data, with another seed, shuffle, span, fields, decoder options,
-        curriculum, collator or plan version is a
+        curriculum, collator or plan version, or whose mix weights or curriculum schedule function
+        returns other values at its epoch, is a
         :class:`~wdsloader.errors.StateMismatchError` naming what differs.
         """
         ds = self.dataset_obj
-        loaded = state if isinstance(state, LoaderState) else LoaderState.from_dict(state)
-        loaded.check(
-            split=ds.split, config=ds.config, shards=ds.shards_digest, fingerprint=self.fingerprint
-        )
+        loaded = LoaderState.from_dict(state.to_dict() if isinstance(state, LoaderState) else state)
+        now = {**self.fingerprint, **epoch_fingerprint(ds, loaded.epoch)}
+        loaded.check(split=ds.split, config=ds.config, shards=ds.shards_digest, fingerprint=now)
         resume = loaded.plan_resume(ds.config, ds.num_batches)
         ds.set_epoch(loaded.epoch)
         trivial = resume.batches_done == 0 and resume.prior is None

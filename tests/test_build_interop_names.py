@@ -167,7 +167,7 @@ def test_adopt_never_overwrites_another_tools_index(tmp_path):
     datasets = pytest.importorskip("datasets")
     root = tmp_path / "foreign"
     expected = write_foreign(root, FOREIGN)
-    theirs = {p: p.read_bytes() for p in ()}
+    theirs: dict[Path, bytes] = {}
     for rel in FOREIGN:
         other = root / f"{rel}.idx"
         other.write_bytes(np.array([0, 1536, 3072], "<u8").tobytes() + b"energon")
@@ -176,6 +176,9 @@ def test_adopt_never_overwrites_another_tools_index(tmp_path):
     assert {p: p.read_bytes() for p in theirs} == theirs
     assert loader_keys(root, "train") == expected["train"]
     assert hf_keys(datasets, tmp_path, str(root), streaming=False) == expected
+    for path in theirs:  # the other tool indexes again after adopt: our index is not its file
+        path.write_bytes(b"rewritten by energon prepare")
+    assert loader_keys(root, "train") == expected["train"]
 
 
 # -- the dataset card ---------------------------------------------------------------------------
@@ -185,6 +188,32 @@ def test_card_names_each_splits_shards(built):
     assert text.startswith("---\nconfigs:\n- config_name: default\n  data_files:\n")
     assert '  - split: train\n    path:\n    - "train/*.tar"\n' in text
     assert '  - split: val\n    path:\n    - "val/*.tar"\n' in text
+
+
+def test_card_of_splits_sharing_a_folder_lists_their_shards(tmp_path):
+    """Splits found by a pattern in one folder: a glob would give each split the other's
+    shards, so the card names the files."""
+    datasets = pytest.importorskip("datasets")
+    root = tmp_path / "flat"
+    write_foreign(root, {"data/train-0.tar": ["a0", "a1"], "data/test-0.tar": ["b0"]})
+    adopt(root, splits=r"(?P<split>train|test)-\d+\.tar")
+    text = (root / "README.md").read_text()
+    assert '    - "data/train-0.tar"\n' in text and '    - "data/test-0.tar"\n' in text
+    expected = {"train": ["a0", "a1"], "test": ["b0"]}
+    assert hf_keys(datasets, tmp_path, str(root), streaming=False) == expected
+
+
+def test_card_renames_a_split_hf_refuses(tmp_path):
+    datasets = pytest.importorskip("datasets")
+    root = tmp_path / "ds"
+    manifest = build_shards(make_items(), root, splits={"train": 0.5, "hold-out": 0.5})
+    assert (
+        '  - split: hold_out\n    path:\n    - "hold-out/*.tar"\n'
+        in (root / "README.md").read_text()
+    )
+    expected = split_keys(root, manifest)
+    got = hf_keys(datasets, tmp_path, str(root), streaming=True)
+    assert got == {"train": expected["train"], "hold_out": expected["hold-out"]}
 
 
 def test_card_never_replaces_a_users_readme(tmp_path, caplog):

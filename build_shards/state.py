@@ -33,7 +33,7 @@ from build_shards.paths import (
 )
 from build_shards.records import BlockRecord, RecordError
 from wdsloader.errors import WdsLoaderError
-from wdsloader.format import MANIFEST_NAME, Manifest
+from wdsloader.format import INDEX_SUFFIX, MANIFEST_NAME, Manifest
 from wdsloader.io.storage import is_local, join, write_atomic
 from wdsloader.redact import redact, secrets_of
 
@@ -43,7 +43,7 @@ log = logging.getLogger("build_shards")
 # temporary files; the stem is checked against the folder's split by :func:`_name_stem`
 _OURS = re.compile(
     r"^(?P<hidden>\.)?(?P<stem>.+?)-\d{5,}-\d{3,}\.tar(\.gz)?"
-    r"(?(hidden)\.wdsidx|(?P<legacy_idx>\.idx)?)(\.tmp-[0-9a-f]+)?$"
+    rf"(?(hidden){re.escape(INDEX_SUFFIX)}|(?P<legacy_idx>\.idx)?)(\.tmp-[0-9a-f]+)?$"
 )
 
 

@@ -4,8 +4,8 @@ then the offset where the last sample ends (the start of the end-of-archive bloc
 The index of ``DIR/X.tar`` is the hidden file ``DIR/.X.tar.wdsidx`` (:func:`index_path`): a name
 no other tool writes or reads. Hugging Face ``datasets`` takes every visible file with a ``.tar``
 part in its name for an archive and ignores hidden ones, and Megatron-Energon keeps its own,
-different index at ``X.tar.idx``. Datasets written before this name (``X.tar.idx``, see
-:data:`LEGACY_INDEX_SUFFIX`) still read: readers take the index path the manifest records.
+different index at ``X.tar.idx``. Datasets written by earlier versions (index ``X.tar.idx``)
+still read: readers take the index path the manifest records, never a name derived here.
 """
 
 from __future__ import annotations
@@ -20,8 +20,6 @@ from wdsloader.format.ustar import iter_members
 
 INDEX_PREFIX = "."
 INDEX_SUFFIX = ".wdsidx"
-LEGACY_INDEX_SUFFIX = ".idx"
-"""The index name earlier versions wrote (``X.tar.idx``): still read, never written."""
 INDEX_DTYPE = np.dtype("<u8")
 
 

@@ -1,5 +1,7 @@
-"""Adopt WebDataset shards written by other tools: scan each tar once, write ``X.tar.idx`` beside
-it and a ``manifest.json`` at the root. The tars themselves are only read, never modified.
+"""Adopt WebDataset shards written by other tools: scan each tar once, write its index beside it
+(the hidden ``.X.tar.wdsidx``), a ``manifest.json`` and a dataset card at the root. The tars
+themselves are only read, never modified, and so is any other tool's file (Energon's
+``X.tar.idx``, a user's ``README.md``).
 
 Sample offsets follow the WebDataset grouping rule (consecutive members with the same key form a
 sample). A sample's offset is where its *header chain* starts: the PAX (``x``) or GNU long-name
@@ -21,6 +23,7 @@ from typing import Any, NoReturn
 import numpy as np
 
 from build_shards.adopt_scan import NpyInfo, ShardScan, key_hash, merge_info, open_buffer, scan_all
+from build_shards.card import write_card
 from wdsloader.errors import ManifestError, ShardFormatError
 from wdsloader.format import (
     MANIFEST_NAME,
@@ -215,7 +218,8 @@ def adopt(
     """Index the WebDataset tars under ``root`` (a folder or fsspec URL) and write a manifest.
 
     Every ``*.tar`` under ``root`` (recursively; names starting with ``.`` are skipped) is
-    scanned once; ``X.tar.idx`` is written atomically beside it, then ``manifest.json`` last.
+    scanned once; its index ``.X.tar.wdsidx`` is written atomically beside it, then
+    ``manifest.json``, then the dataset card ``README.md`` (see :mod:`build_shards.card`).
     Splits: ``splits`` is a regex with a named group ``split`` searched in each shard's path
     relative to ``root`` (e.g. ``r"(?P<split>train|val|test)-\\d+\\.tar"``); without it the
     first folder under ``root`` names the split and shards at the root are ``"train"``. Shards
@@ -267,6 +271,7 @@ def adopt(
     except ManifestError as exc:  # a shard path the manifest cannot hold (e.g. '..')
         raise ShardFormatError(str(exc)) from None
     manifest.save(root, storage_options)
+    write_card(fs, base, display, manifest, {rel: split for split, _, rel in jobs})
     logger.info(
         "adopted %d shards, %d samples under %s", total - len(empty), manifest.num_samples, display
     )
@@ -331,7 +336,7 @@ def _refuse_heterogeneous(
 
 
 def _write_indexes(fs: Any, base: str, group: list[ShardScan]) -> SplitInfo:
-    """Write each shard's ``.tar.idx``; the split's entry in the manifest."""
+    """Write each shard's index; the split's entry in the manifest."""
     info = SplitInfo()
     for scan in group:
         rel_idx = index_path(scan.path)

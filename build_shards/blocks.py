@@ -45,7 +45,7 @@ class BlockJob:
     shard_max_count: int
     shard_max_bytes: int
     fingerprint: str
-    prefix: str = "shard"  # of the shard file names (see SHARD_PREFIXES)
+    prefix: str = "{split}"  # of the shard file names (see SHARD_PREFIXES)
     compression: str | None = None  # of the shards (wdsloader.format.deflate)
 
 

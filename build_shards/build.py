@@ -70,7 +70,7 @@ def build_shards(
     compression: str | None = None,
     group_small_fields: bool = False,
 ) -> Manifest:
-    """Write ``source`` as WebDataset tar shards with ``.tar.idx`` files and ``manifest.json``.
+    """Write ``source`` as WebDataset tar shards with their indexes and ``manifest.json``.
 
     ``source``: a ``datasets`` Dataset/DatasetDict (its splits kept)/IterableDataset, a torch
     map-style or iterable Dataset, a list/tuple/iterator of dicts, or paths (a path, a glob or a
@@ -93,7 +93,7 @@ def build_shards(
     4 full shards, judged by the first sample's size, and at least 16 blocks when the source's
     length is known, a block keeping >= 4 MiB or one full shard: see
     :func:`build_shards.params.default_block_size`); each block writes
-    ``{split}/shard-BBBBB-PPP.tar`` bounded by
+    ``{split}/{split}-BBBBB-PPP.tar`` bounded by
     ``shard_max_count`` samples and ``shard_max_bytes`` file bytes (a bigger sample gets a shard
     of its own). The layout depends on the data and these options only, never on ``workers``
     (local processes; indexable sources are read by the workers, sequential ones by this

@@ -4,7 +4,7 @@ visible on a background thread while the next one is encoded.
 
 A shard is written under a temporary name (local: in its own folder; remote: in a local temp
 folder) and becomes visible complete: ``os.replace`` locally, one ``put_file`` on object stores,
-then its ``.tar.idx``.
+then its index.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, BinaryIO
 
-from build_shards.paths import TMP_MARK, remove_quietly, shard_name
+from build_shards.paths import SHARD_PREFIXES, TMP_MARK, remove_quietly, shard_name
 from wdsloader.format import ShardInfo, TarStreamWriter, index_path
 from wdsloader.io.storage import is_local, join, write_atomic
 
@@ -76,7 +76,7 @@ class ShardSink:
         max_bytes: int,
         tmpdir: str | None,
         committer: Committer | None = None,
-        prefix: str = "shard",
+        prefix: str = SHARD_PREFIXES[0],
         compression: str | None = None,
     ) -> None:
         self.fs, self.root, self.split, self.block = fs, root, split, block
@@ -120,7 +120,9 @@ class ShardSink:
         return w.offset - before
 
     def _open(self) -> TarStreamWriter:
-        name = shard_name(self.block, len(self.infos), self.prefix, self.compression)
+        name = shard_name(
+            self.block, len(self.infos), self.prefix, self.compression, split=self.split
+        )
         if self.local:
             self._tmp = join(self.root, self.split, f"{name}{TMP_MARK}{uuid.uuid4().hex[:12]}")
         else:
@@ -138,7 +140,9 @@ class ShardSink:
         idx, sha = w.close()
         f.flush()
         self._writer = self._file = self._tmp = None
-        name = shard_name(self.block, len(self.infos), self.prefix, self.compression)
+        name = shard_name(
+            self.block, len(self.infos), self.prefix, self.compression, split=self.split
+        )
         rel = f"{self.split}/{name}"
         self.infos.append(
             ShardInfo(

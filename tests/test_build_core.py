@@ -511,8 +511,8 @@ def test_shards_respect_count_and_real_byte_bounds(tmp_path, caplog):
     counts = [s.num_samples for s in m2.splits["train"].shards]
     assert counts == [7, 7, 7, 7, 2, 7, 7, 7, 7, 2, 7, 7, 6]
     assert [Path(s.path).name for s in m2.splits["train"].shards][4:6] == [
-        "shard-00000-004.tar",
-        "shard-00001-000.tar",
+        "train-00000-004.tar",
+        "train-00001-000.tar",
     ]
 
 
@@ -530,14 +530,20 @@ def test_existing_dataset_needs_overwrite_which_replaces_it(tmp_path):
     files = sorted(str(p.relative_to(out)) for p in out.rglob("*") if p.is_file())
     # written beside the old shards under the other prefix; the old ones went after the switch
     assert files == [
+        "README.md",
         "manifest.json",
-        "train/shard-r-00000-000.tar",
-        "train/shard-r-00000-000.tar.idx",
+        "train/.train-r-00000-000.tar.wdsidx",
+        "train/train-r-00000-000.tar",
     ]
-    assert sorted(p.name for p in out.iterdir()) == ["manifest.json", "train"]
+    assert sorted(p.name for p in out.iterdir()) == ["README.md", "manifest.json", "train"]
     build_shards(list(gen_samples(4)), out, overwrite=True)  # and back
     files = sorted(str(p.relative_to(out)) for p in out.rglob("*") if p.is_file())
-    assert files == ["manifest.json", "train/shard-00000-000.tar", "train/shard-00000-000.tar.idx"]
+    assert files == [
+        "README.md",
+        "manifest.json",
+        "train/.train-00000-000.tar.wdsidx",
+        "train/train-00000-000.tar",
+    ]
 
 
 def _files(root: Path) -> dict[str, bytes]:
@@ -589,10 +595,10 @@ def test_a_failed_overwrite_leaves_the_old_dataset_whole_and_a_good_one_replaces
     _, data = read_dataset(out)
     assert m.num_samples == 120
     assert {k for split in data.values() for k in split} == {f"s{i:06d}" for i in range(1000, 1120)}
-    assert not set(old) & set(_files(out)) - {"manifest.json"}  # no file of the old dataset
-    assert sorted(p.name for p in out.iterdir()) == ["a", "b", "manifest.json"]
+    assert not set(old) & set(_files(out)) - {"manifest.json", "README.md"}  # none of the old
+    assert sorted(p.name for p in out.iterdir()) == ["README.md", "a", "b", "manifest.json"]
     # a good overwrite straight away: the new one is complete, nothing of the replaced one stays
-    replaced = set(_files(out)) - {"manifest.json"}
+    replaced = set(_files(out)) - {"manifest.json", "README.md"}
     m = build_shards(list(gen_samples(50, start=5000)), out, overwrite=True, shard_max_count=20)
     _, data = read_dataset(out)
     assert m.num_samples == 50 and sorted(data["train"]) == [f"s{i:06d}" for i in range(5000, 5050)]

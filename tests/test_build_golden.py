@@ -1,12 +1,16 @@
 """Golden bytes of a small build: every file of its output, and the ``_build/`` state of a build
 that stopped on an I/O error, hashed and compared with digests recorded from the code before the
 write side was split into modules (shards, indexes, manifest and resume records must not move by
-a byte; a rerun must read the records an earlier version wrote)."""
+a byte; a rerun must read the records an earlier version wrote). The digests were recorded again
+when shards were named after their split and indexes hidden (``train/train-00000-000.tar`` and
+``train/.train-00000-000.tar.wdsidx``): every shard and index kept its bytes, the manifest and
+records changed only in those paths; :data:`LEGACY_STATE` is the earlier version's state."""
 
 from __future__ import annotations
 
 import hashlib
 import json
+import re
 from pathlib import Path
 
 import numpy as np
@@ -57,64 +61,116 @@ def digests(root: Path) -> dict[str, str]:
 
 
 GOLDEN_BUILD: dict[str, str] = {
-    "manifest.json": "002bea46bd3014ec",
-    "test/shard-00000-000.tar": "767ccb2ea5d87b10",
-    "test/shard-00000-000.tar.idx": "10996ace3ec45499",
-    "test/shard-00000-001.tar": "1c2354fc702a303e",
-    "test/shard-00000-001.tar.idx": "10996ace3ec45499",
-    "test/shard-00000-002.tar": "3ec6d94ddcd7db5f",
-    "test/shard-00000-002.tar.idx": "a0e6a709ec7216fa",
-    "test/shard-00001-000.tar": "78d269b750e1ae24",
-    "test/shard-00001-000.tar.idx": "eb846ab9a5072bec",
-    "test/shard-00002-000.tar": "0fc92d6a78c47d63",
-    "test/shard-00002-000.tar.idx": "10996ace3ec45499",
-    "test/shard-00002-001.tar": "b7ac0d238dbfab55",
-    "test/shard-00002-001.tar.idx": "10996ace3ec45499",
-    "test/shard-00002-002.tar": "53ac5c8ee47d6aef",
-    "test/shard-00002-002.tar.idx": "d3d9f8a2b441464d",
-    "test/shard-00003-000.tar": "6b48b91843c1dfb2",
-    "test/shard-00003-000.tar.idx": "16ac1da15287dad8",
-    "train/shard-00000-000.tar": "fe50036f07f3e6da",
-    "train/shard-00000-000.tar.idx": "734097f1c4bee32f",
-    "train/shard-00000-001.tar": "97dffa2cdd526fee",
-    "train/shard-00000-001.tar.idx": "10996ace3ec45499",
-    "train/shard-00000-002.tar": "d32428e3df8bb10c",
-    "train/shard-00000-002.tar.idx": "10996ace3ec45499",
-    "train/shard-00000-003.tar": "46b2f5fe9999ad53",
-    "train/shard-00000-003.tar.idx": "5d37c96118d7fdcc",
-    "train/shard-00001-000.tar": "34a81a485cb0c061",
-    "train/shard-00001-000.tar.idx": "10996ace3ec45499",
-    "train/shard-00001-001.tar": "67caf5b52309c90a",
-    "train/shard-00001-001.tar.idx": "10996ace3ec45499",
-    "train/shard-00001-002.tar": "b3fa1b39b03e6496",
-    "train/shard-00001-002.tar.idx": "10996ace3ec45499",
-    "train/shard-00001-003.tar": "3d71af68fd9886a4",
-    "train/shard-00001-003.tar.idx": "10996ace3ec45499",
-    "train/shard-00001-004.tar": "4a37c213392cbdaf",
-    "train/shard-00001-004.tar.idx": "a2e09659f60a857e",
-    "train/shard-00002-000.tar": "bb904f79fd5a43ea",
-    "train/shard-00002-000.tar.idx": "10996ace3ec45499",
-    "train/shard-00002-001.tar": "b846ee6f4551ba78",
-    "train/shard-00002-001.tar.idx": "10996ace3ec45499",
-    "train/shard-00002-002.tar": "20fcf46993a95fc9",
-    "train/shard-00002-002.tar.idx": "dcf88022137efc1d",
-    "train/shard-00002-003.tar": "252af2c42cc6ec0f",
-    "train/shard-00002-003.tar.idx": "a0e6a709ec7216fa",
-    "train/shard-00003-000.tar": "79f17d5526806586",
-    "train/shard-00003-000.tar.idx": "10996ace3ec45499",
-    "train/shard-00003-001.tar": "ef8f03fd2cec32c9",
-    "train/shard-00003-001.tar.idx": "10996ace3ec45499",
-    "train/shard-00003-002.tar": "2296e0b8893a647c",
-    "train/shard-00003-002.tar.idx": "10996ace3ec45499",
-    "train/shard-00003-003.tar": "416f0cf4e817667e",
-    "train/shard-00003-003.tar.idx": "c6f4d53e20cb5818",
-    "val/shard-00001-000.tar": "2b66bc3cc8020018",
-    "val/shard-00001-000.tar.idx": "16ac1da15287dad8",
-    "val/shard-00003-000.tar": "bfc8e7f9ae609bab",
-    "val/shard-00003-000.tar.idx": "16ac1da15287dad8",
+    "README.md": "d914252564d51999",
+    "manifest.json": "0c4ac8cc31d78caa",
+    "test/.test-00000-000.tar.wdsidx": "10996ace3ec45499",
+    "test/.test-00000-001.tar.wdsidx": "10996ace3ec45499",
+    "test/.test-00000-002.tar.wdsidx": "a0e6a709ec7216fa",
+    "test/.test-00001-000.tar.wdsidx": "eb846ab9a5072bec",
+    "test/.test-00002-000.tar.wdsidx": "10996ace3ec45499",
+    "test/.test-00002-001.tar.wdsidx": "10996ace3ec45499",
+    "test/.test-00002-002.tar.wdsidx": "d3d9f8a2b441464d",
+    "test/.test-00003-000.tar.wdsidx": "16ac1da15287dad8",
+    "test/test-00000-000.tar": "767ccb2ea5d87b10",
+    "test/test-00000-001.tar": "1c2354fc702a303e",
+    "test/test-00000-002.tar": "3ec6d94ddcd7db5f",
+    "test/test-00001-000.tar": "78d269b750e1ae24",
+    "test/test-00002-000.tar": "0fc92d6a78c47d63",
+    "test/test-00002-001.tar": "b7ac0d238dbfab55",
+    "test/test-00002-002.tar": "53ac5c8ee47d6aef",
+    "test/test-00003-000.tar": "6b48b91843c1dfb2",
+    "train/.train-00000-000.tar.wdsidx": "734097f1c4bee32f",
+    "train/.train-00000-001.tar.wdsidx": "10996ace3ec45499",
+    "train/.train-00000-002.tar.wdsidx": "10996ace3ec45499",
+    "train/.train-00000-003.tar.wdsidx": "5d37c96118d7fdcc",
+    "train/.train-00001-000.tar.wdsidx": "10996ace3ec45499",
+    "train/.train-00001-001.tar.wdsidx": "10996ace3ec45499",
+    "train/.train-00001-002.tar.wdsidx": "10996ace3ec45499",
+    "train/.train-00001-003.tar.wdsidx": "10996ace3ec45499",
+    "train/.train-00001-004.tar.wdsidx": "a2e09659f60a857e",
+    "train/.train-00002-000.tar.wdsidx": "10996ace3ec45499",
+    "train/.train-00002-001.tar.wdsidx": "10996ace3ec45499",
+    "train/.train-00002-002.tar.wdsidx": "dcf88022137efc1d",
+    "train/.train-00002-003.tar.wdsidx": "a0e6a709ec7216fa",
+    "train/.train-00003-000.tar.wdsidx": "10996ace3ec45499",
+    "train/.train-00003-001.tar.wdsidx": "10996ace3ec45499",
+    "train/.train-00003-002.tar.wdsidx": "10996ace3ec45499",
+    "train/.train-00003-003.tar.wdsidx": "c6f4d53e20cb5818",
+    "train/train-00000-000.tar": "fe50036f07f3e6da",
+    "train/train-00000-001.tar": "97dffa2cdd526fee",
+    "train/train-00000-002.tar": "d32428e3df8bb10c",
+    "train/train-00000-003.tar": "46b2f5fe9999ad53",
+    "train/train-00001-000.tar": "34a81a485cb0c061",
+    "train/train-00001-001.tar": "67caf5b52309c90a",
+    "train/train-00001-002.tar": "b3fa1b39b03e6496",
+    "train/train-00001-003.tar": "3d71af68fd9886a4",
+    "train/train-00001-004.tar": "4a37c213392cbdaf",
+    "train/train-00002-000.tar": "bb904f79fd5a43ea",
+    "train/train-00002-001.tar": "b846ee6f4551ba78",
+    "train/train-00002-002.tar": "20fcf46993a95fc9",
+    "train/train-00002-003.tar": "252af2c42cc6ec0f",
+    "train/train-00003-000.tar": "79f17d5526806586",
+    "train/train-00003-001.tar": "ef8f03fd2cec32c9",
+    "train/train-00003-002.tar": "2296e0b8893a647c",
+    "train/train-00003-003.tar": "416f0cf4e817667e",
+    "val/.val-00001-000.tar.wdsidx": "16ac1da15287dad8",
+    "val/.val-00003-000.tar.wdsidx": "16ac1da15287dad8",
+    "val/val-00001-000.tar": "2b66bc3cc8020018",
+    "val/val-00003-000.tar": "bfc8e7f9ae609bab",
 }
 
 GOLDEN_STATE: dict[str, str] = {
+    "_build/block-00000.json": "bb340d0d1d37b1d3",
+    "_build/block-00001.json": "6b9a0b93bbfd73f2",
+    "_build/block-00002.json": "843b27959e744cc0",
+    "_build/build.json": "4c6631a2edc352aa",
+    "test/.test-00000-000.tar.wdsidx": "10996ace3ec45499",
+    "test/.test-00000-001.tar.wdsidx": "10996ace3ec45499",
+    "test/.test-00000-002.tar.wdsidx": "a0e6a709ec7216fa",
+    "test/.test-00001-000.tar.wdsidx": "eb846ab9a5072bec",
+    "test/.test-00002-000.tar.wdsidx": "10996ace3ec45499",
+    "test/.test-00002-001.tar.wdsidx": "10996ace3ec45499",
+    "test/.test-00002-002.tar.wdsidx": "d3d9f8a2b441464d",
+    "test/test-00000-000.tar": "767ccb2ea5d87b10",
+    "test/test-00000-001.tar": "1c2354fc702a303e",
+    "test/test-00000-002.tar": "3ec6d94ddcd7db5f",
+    "test/test-00001-000.tar": "78d269b750e1ae24",
+    "test/test-00002-000.tar": "0fc92d6a78c47d63",
+    "test/test-00002-001.tar": "b7ac0d238dbfab55",
+    "test/test-00002-002.tar": "53ac5c8ee47d6aef",
+    "train/.train-00000-000.tar.wdsidx": "734097f1c4bee32f",
+    "train/.train-00000-001.tar.wdsidx": "10996ace3ec45499",
+    "train/.train-00000-002.tar.wdsidx": "10996ace3ec45499",
+    "train/.train-00000-003.tar.wdsidx": "5d37c96118d7fdcc",
+    "train/.train-00001-000.tar.wdsidx": "10996ace3ec45499",
+    "train/.train-00001-001.tar.wdsidx": "10996ace3ec45499",
+    "train/.train-00001-002.tar.wdsidx": "10996ace3ec45499",
+    "train/.train-00001-003.tar.wdsidx": "10996ace3ec45499",
+    "train/.train-00001-004.tar.wdsidx": "a2e09659f60a857e",
+    "train/.train-00002-000.tar.wdsidx": "10996ace3ec45499",
+    "train/.train-00002-001.tar.wdsidx": "10996ace3ec45499",
+    "train/.train-00002-002.tar.wdsidx": "dcf88022137efc1d",
+    "train/.train-00002-003.tar.wdsidx": "a0e6a709ec7216fa",
+    "train/train-00000-000.tar": "fe50036f07f3e6da",
+    "train/train-00000-001.tar": "97dffa2cdd526fee",
+    "train/train-00000-002.tar": "d32428e3df8bb10c",
+    "train/train-00000-003.tar": "46b2f5fe9999ad53",
+    "train/train-00001-000.tar": "34a81a485cb0c061",
+    "train/train-00001-001.tar": "67caf5b52309c90a",
+    "train/train-00001-002.tar": "b3fa1b39b03e6496",
+    "train/train-00001-003.tar": "3d71af68fd9886a4",
+    "train/train-00001-004.tar": "4a37c213392cbdaf",
+    "train/train-00002-000.tar": "bb904f79fd5a43ea",
+    "train/train-00002-001.tar": "b846ee6f4551ba78",
+    "train/train-00002-002.tar": "20fcf46993a95fc9",
+    "train/train-00002-003.tar": "252af2c42cc6ec0f",
+    "val/.val-00001-000.tar.wdsidx": "16ac1da15287dad8",
+    "val/val-00001-000.tar": "2b66bc3cc8020018",
+}
+
+# the state the same stopped build left before shards were named after their split and indexes
+# hidden (``train/shard-00000-000.tar`` + ``.tar.idx``, prefix ``shard``): a rerun resumes it
+LEGACY_STATE: dict[str, str] = {
     "_build/block-00000.json": "07d02e4600276363",
     "_build/block-00001.json": "a41412865463ce48",
     "_build/block-00002.json": "445754174012c758",
@@ -179,3 +235,42 @@ def test_a_stopped_build_leaves_the_same_records_and_a_rerun_resumes_from_them(t
     ref = tmp_path / "ref"
     build_shards(samples(150), ref, **OPTS)
     assert got == digests(ref)
+
+
+def to_legacy_state(root: Path) -> None:
+    """Rename a stopped build's files and records as the version before split-named shards and
+    hidden indexes wrote them."""
+    shard = re.compile(r"(\w+)/(?:\.)?\1-(\d{5}-\d{3})\.tar(\.wdsidx)?")
+
+    def legacy(m: re.Match[str]) -> str:
+        return f"{m[1]}/shard-{m[2]}.tar" + (".idx" if m[3] else "")
+
+    for p in sorted(root.rglob("*")):
+        rel = str(p.relative_to(root))
+        if p.is_file() and shard.fullmatch(rel):
+            p.rename(root / shard.sub(legacy, rel))
+    for p in (root / "_build").iterdir():
+        text = shard.sub(legacy, p.read_text())
+        p.write_text(text.replace('"prefix": "{split}"', '"prefix": "shard"'))
+
+
+def test_a_build_stopped_by_the_earlier_version_resumes_with_its_names(tmp_path):
+    out = tmp_path / "ds"
+    with pytest.raises(OSError, match="went away at item 130"):
+        build_shards(samples(150, fail_at=130), out, **OPTS)
+    to_legacy_state(out)
+    assert digests(out) == LEGACY_STATE  # exactly what the earlier version left
+    manifest = build_shards(samples(150), out, **OPTS)
+    paths = [s.path for split in manifest.splits.values() for s in split.shards]
+    assert all(re.fullmatch(r"(train|val|test)/shard-\d{5}-\d{3}\.tar", p) for p in paths)
+    ref = build_shards(samples(150), tmp_path / "ref", **OPTS)
+    for name, split in manifest.splits.items():
+        got = [(s.num_samples, s.sha256) for s in split.shards]
+        assert got == [(s.num_samples, s.sha256) for s in ref.splits[name].shards]
+    assert sorted(p.name for p in out.iterdir()) == [
+        "README.md",
+        "manifest.json",
+        "test",
+        "train",
+        "val",
+    ]

@@ -146,7 +146,7 @@ def test_crash_of_a_sequential_source_resumes_and_keeps_finished_shards(tmp_path
     assert sorted(finished) == [f"block-{b:05d}.json" for b in range(3)]
     kept = [p for paths in finished.values() for p in paths]
     before = _stats(out, kept)
-    stray = out / "train" / "shard-00003-000.tar.tmp-0123456789ab"
+    stray = out / "train" / "train-00003-000.tar.tmp-0123456789ab"
     stray.write_bytes(b"half a shard")
     # a finished block whose shard went missing is redone
     redo = finished["block-00002.json"][0]
@@ -170,8 +170,8 @@ def test_other_options_restart_with_overwrite(tmp_path):
     assert (out / "_build" / "build.json").exists()
     m = build_shards(stream(100), out, overwrite=True, **{**OPTS, "block_size": 25})
     assert m.build["block_size"] == 25 and m.num_samples == 100
-    names = {p.name for p in out.rglob("shard-*.tar")}
-    assert "shard-00003-000.tar" in names  # four blocks of 25
+    names = {p.name for p in out.rglob("train-*.tar")}
+    assert "train-00003-000.tar" in names  # four blocks of 25
 
 
 @pytest.mark.slow
@@ -200,7 +200,7 @@ def test_sigkill_half_way_then_rerun_equals_an_uninterrupted_build(tmp_path):
     assert "block-00010.json" not in finished
     kept = [p for paths in finished.values() for p in paths]
     before = _stats(out, kept)
-    assert list(out.glob("*/shard-00010-*.tar.tmp-*"))  # block 10 died half-written
+    assert list(out.glob("*/*-00010-*.tar.tmp-*"))  # block 10 died half-written
 
     build_shards(items(600), out, map=KillAt(-1), workers=2, **OPTS)
     build_shards(items(600), ref, map=KillAt(-1), workers=1, **OPTS)

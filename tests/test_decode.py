@@ -73,7 +73,7 @@ def _tar(members: list[tuple[str, bytes]], fmt: int) -> tuple[bytes, dict[str, i
 def test_parse_sample_on_a_factory_shard(tmp_path):
     write_dataset(str(tmp_path), {"train": [4, 3]})
     data = (tmp_path / "train/shard-000001.tar").read_bytes()
-    offsets = decode_index((tmp_path / "train/shard-000001.tar.idx").read_bytes()).tolist()
+    offsets = decode_index((tmp_path / "train/.shard-000001.tar.wdsidx").read_bytes()).tolist()
     assert len(offsets) == 4
     for j in range(3):
         i = 4 + j

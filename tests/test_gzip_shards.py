@@ -16,7 +16,7 @@ import pytest
 from build_shards import build_shards
 from wdsloader import create_loader
 from wdsloader.errors import ManifestError, ShardFormatError
-from wdsloader.format import Manifest, decode_index
+from wdsloader.format import Manifest, decode_index, index_path
 from wdsloader.format.deflate import inflate_sample
 
 N = 60
@@ -68,7 +68,7 @@ def test_each_gzip_shard_is_the_plain_tar_compressed_and_the_index_finds_each_sa
         gz.splits["train"].shards,
         strict=True,
     ):
-        assert g.name.endswith(".tar.gz") and gs.idx_path == gs.path + ".idx"
+        assert g.name.endswith(".tar.gz") and gs.idx_path == index_path(gs.path)
         data = g.read_bytes()
         assert gzip.decompress(data) == p.read_bytes()  # one gzip stream: the plain tar
         assert (gs.num_bytes, gs.sha256) == (len(data), hashlib.sha256(data).hexdigest())

@@ -197,7 +197,7 @@ def test_corrupt_shard_raises_with_location_or_is_skipped(tmp_path):
     write_dataset(str(root), {"train": [6, 6]})
     shard = root / "train" / "shard-000001.tar"
     data = bytearray(shard.read_bytes())
-    offsets = np.fromfile(str(shard) + ".idx", dtype="<u8")
+    offsets = np.fromfile(str(shard.parent / f".{shard.name}.wdsidx"), dtype="<u8")
     data[int(offsets[2]) + 5] ^= 0xFF  # the header of the third sample's first member
     shard.write_bytes(bytes(data))
     loader = create_loader(str(root), "train", batch_size=4, shuffle=False, drop_last=False)

@@ -2,7 +2,7 @@
 
 Our writer puts fixed-size fields first and records, per shard, where each member's data sits
 relative to the sample's first header (:attr:`wdsloader.format.ShardInfo.layout`). With the
-sample starts from the ``.tar.idx``, a field of a whole batch is then one numpy gather over
+sample starts from the shard's index, a field of a whole batch is then one numpy gather over
 the buffer holding the read bytes, instead of a header parse and a decode per sample.
 
 Everything here is a pure function of numpy arrays. Anything unexpected (a header that is not

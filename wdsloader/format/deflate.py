@@ -5,7 +5,7 @@ mtime 0, OS "unknown"), one deflate stream, the CRC-32 and size of the whole tar
 stream is cut with a *full flush* after every sample: the compressor empties its output to a
 byte boundary (an empty stored block, the bytes ``00 00 ff ff``) and forgets what came before,
 so the compressed bytes of each sample inflate on their own with a raw inflater. The
-``.tar.idx`` holds those compressed offsets: sample ``i`` is the compressed bytes
+index (``.X.tar.gz.wdsidx``) holds those compressed offsets: sample ``i`` is the compressed bytes
 ``[idx[i], idx[i + 1])``; ``idx[n]`` is where the end-of-archive blocks start, compressed last
 with the gzip trailer.
 

@@ -1,5 +1,12 @@
-"""The ``.tar.idx`` sidecar: little-endian uint64[n + 1], each sample's first header offset, then
-the offset where the last sample ends (the start of the end-of-archive blocks)."""
+"""The index sidecar of a shard: little-endian uint64[n + 1], each sample's first header offset,
+then the offset where the last sample ends (the start of the end-of-archive blocks).
+
+The index of ``DIR/X.tar`` is the hidden file ``DIR/.X.tar.wdsidx`` (:func:`index_path`): a name
+no other tool writes or reads. Hugging Face ``datasets`` takes every visible file with a ``.tar``
+part in its name for an archive and ignores hidden ones, and Megatron-Energon keeps its own,
+different index at ``X.tar.idx``. Datasets written by earlier versions (index ``X.tar.idx``)
+still read: readers take the index path the manifest records, never a name derived here.
+"""
 
 from __future__ import annotations
 
@@ -11,13 +18,15 @@ from wdsloader.errors import ShardFormatError
 from wdsloader.format.keys import split_name
 from wdsloader.format.ustar import iter_members
 
-INDEX_SUFFIX = ".idx"
+INDEX_PREFIX = "."
+INDEX_SUFFIX = ".wdsidx"
 INDEX_DTYPE = np.dtype("<u8")
 
 
 def index_path(shard_path: str) -> str:
-    """Path of the index beside a shard."""
-    return shard_path + INDEX_SUFFIX
+    """Path of the index beside a shard: ``a/b/X.tar`` -> ``a/b/.X.tar.wdsidx``."""
+    head, sep, name = shard_path.rpartition("/")
+    return f"{head}{sep}{INDEX_PREFIX}{name}{INDEX_SUFFIX}"
 
 
 def encode_index(offsets: np.ndarray | list[int]) -> bytes:

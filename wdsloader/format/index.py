@@ -9,7 +9,7 @@ import numpy as np
 
 from wdsloader.errors import ShardFormatError
 from wdsloader.format.keys import split_name
-from wdsloader.format.ustar import iter_members
+from wdsloader.format.members import iter_members
 
 INDEX_SUFFIX = ".idx"
 INDEX_DTYPE = np.dtype("<u8")

@@ -3,7 +3,7 @@ the offset where the last sample ends (the start of the end-of-archive blocks)."
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import numpy as np
 
@@ -39,12 +39,17 @@ def decode_index(data: bytes, *, source: str = "<index>") -> np.ndarray:
 
 
 def iter_samples(
-    buf: bytes | memoryview, *, source: str = "<shard>"
+    buf: bytes | memoryview,
+    *,
+    source: str = "<shard>",
+    on_skip: Callable[[str, int], None] | None = None,
 ) -> Iterator[tuple[str, int, dict[str, tuple[int, int]]]]:
     """Samples of a whole tar in ``buf``: ``(key, first_header_offset, {ext: (data_off, size)})``.
 
     Consecutive members with the same key form a sample (the webdataset rule); a repeated
-    extension within a sample is an error naming the shard and key.
+    extension within a sample is an error naming the shard and key. Regular members that are no
+    sample member (:func:`~wdsloader.format.keys.split_name`) are skipped, each reported to
+    ``on_skip(name, header_offset)`` when given.
     """
     key: str | None = None
     start = 0
@@ -52,6 +57,8 @@ def iter_samples(
     for member in iter_members(buf, source=source):
         parts = split_name(member.name)
         if parts is None:
+            if on_skip is not None:
+                on_skip(member.name, member.header_offset)
             continue
         mkey, ext = parts
         if mkey != key:

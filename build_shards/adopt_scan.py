@@ -107,7 +107,7 @@ def _scan_view(view: memoryview, *, path: str, source: str) -> ShardScan:
             scan.skipped.append((name, skip_reason(name)))
 
     # a sample starts at its first member's header chain (PAX / GNU long name included)
-    for key, start, fields in iter_samples(view, source=source, on_skip=skipped):
+    for key, start, fields in iter_samples(view, source=source, on_skip=skipped, refuse_links=True):
         if key in first_at:
             raise ShardFormatError(
                 f"{source}: sample key {key!r} appears twice (samples at bytes {first_at[key]} "

@@ -5,6 +5,10 @@ and what the loader then reads."""
 from __future__ import annotations
 
 import io
+import os
+import re
+import shutil
+import subprocess
 import tarfile
 
 import numpy as np
@@ -13,6 +17,7 @@ import pytest
 from build_shards.adopt import adopt
 from build_shards.cli import main as build_cli
 from wdsloader import create_loader
+from wdsloader.decode import parse_sample
 from wdsloader.errors import ShardFormatError
 
 wds = pytest.importorskip("webdataset")
@@ -105,3 +110,96 @@ def test_object_arrays_are_refused_at_adopt_naming_shard_and_member(tmp_path):
     assert "allow_pickle=True" in message
     assert sorted(p.name for p in (tmp_path / "ds" / "train").iterdir()) == ["s.tar"]
     assert not (tmp_path / "ds" / "manifest.json").exists()
+
+
+# -- links -----------------------------------------------------------------------------------------
+def test_links_are_refused_at_adopt_naming_the_member(tmp_path):
+    """GNU tar stores a second name of a file as a hard link, and a symlink as a link: readers
+    skip both, so the field would vanish. A link outside the samples ("latest") is harmless."""
+    src = tmp_path / "src"
+    src.mkdir()
+    for i in range(3):
+        (src / f"k{i}.cls").write_text(str(i))
+    (src / "k0.txt").write_text("zero")
+    os.link(src / "k0.txt", src / "k1.txt")
+    os.symlink("k0.txt", src / "k2.txt")
+    os.symlink("k0.txt", src / "latest")
+    names = ["k0.cls", "k0.txt", "k1.cls", "k1.txt", "k2.cls", "k2.txt", "latest"]
+    (tmp_path / "ds").mkdir()
+    shard = tmp_path / "ds" / "s.tar"
+    subprocess.run(["tar", "--format=gnu", "-cf", str(shard), *names], cwd=src, check=True)
+    with pytest.raises(ShardFormatError) as err:
+        adopt(tmp_path / "ds")
+    assert re.match(
+        rf"{re.escape(str(shard))} at byte \d+: member 'k1.txt' is a hard link \(to 'k0.txt'\); "
+        "WebDataset samples need regular files",
+        str(err.value),
+    )
+    names.remove("k1.txt")
+    subprocess.run(["tar", "--format=gnu", "-cf", str(shard), *names], cwd=src, check=True)
+    with pytest.raises(ShardFormatError, match=r"member 'k2.txt' is a symlink \(to 'k0.txt'\)"):
+        adopt(tmp_path / "ds")
+    names = ["k0.cls", "k0.txt", "latest"]
+    subprocess.run(["tar", "--format=gnu", "-cf", str(shard), *names], cwd=src, check=True)
+    assert adopt(tmp_path / "ds").num_samples == 1  # "latest" is no sample member: left alone
+
+
+# -- sparse members --------------------------------------------------------------------------------
+def _file_with_holes(path) -> None:
+    """1 MiB of which only the first 4 KiB and the last 100 bytes are written."""
+    with open(path, "wb") as f:
+        f.truncate(1 << 20)
+        f.write(b"A" * 4096)
+        f.seek((1 << 20) - 100)
+        f.write(b"B" * 100)
+
+
+_SPARSE_TOOLS = {
+    "gnu_tar_posix": ["tar", "--format=posix", "-S", "-cf"],
+    "gnu_tar_gnu": ["tar", "--format=gnu", "-S", "-cf"],
+    "bsdtar": ["bsdtar", "-cf"],  # bsdtar writes files with holes as sparse by default
+}
+
+
+@pytest.mark.parametrize("tool", _SPARSE_TOOLS)
+def test_sparse_members_are_refused_at_adopt_and_at_read(tmp_path, tool):
+    """A file with holes tarred by GNU tar -S or bsdtar is a sparse member: its data in the tar
+    are a map and the compacted extents. Refused, naming shard, member and the way out."""
+    command = _SPARSE_TOOLS[tool]
+    if shutil.which(command[0]) is None:
+        pytest.skip(f"{command[0]} is not installed")
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "0000.txt").write_text("hello")
+    _file_with_holes(src / "0000.bin")
+    (tmp_path / "ds").mkdir()
+    shard = tmp_path / "ds" / "s.tar"
+    subprocess.run([*command, str(shard), "0000.txt", "0000.bin"], cwd=src, check=True)
+    with tarfile.open(shard) as tf:  # a sparse member indeed (tarfile expands it)
+        member = tf.getmember("0000.bin")
+        assert member.issparse() and tf.extractfile(member).read()[-100:] == b"B" * 100
+    expected = (
+        rf"^{re.escape(str(shard))} at byte \d+: member '0000.bin' is written as a sparse "
+        r"member \(GNU tar -S/--sparse, bsdtar\).* re-create the tar without --sparse "
+        r"\(bsdtar: --no-read-sparse\)$"
+    )
+    with pytest.raises(ShardFormatError, match=expected):
+        adopt(tmp_path / "ds")
+    assert sorted(p.name for p in (tmp_path / "ds").iterdir()) == ["s.tar"]
+    data = shard.read_bytes()  # the read side parses sample ranges with the same walk
+    with pytest.raises(ShardFormatError, match=expected):
+        parse_sample(data, 0, len(data) - 1024, source=str(shard))
+
+
+def test_a_gzip_stream_named_tar_is_called_gzip(tmp_path):
+    (tmp_path / "ds").mkdir()
+    with tarfile.open(tmp_path / "ds" / "s.tar", "w:gz") as tf:
+        info = tarfile.TarInfo("k.txt")
+        info.size = 2
+        tf.addfile(info, io.BytesIO(b"hi"))
+    with pytest.raises(ShardFormatError) as err:
+        adopt(tmp_path / "ds")
+    assert str(err.value) == (
+        f"{tmp_path / 'ds' / 's.tar'} at byte 0: gzip data (magic bytes 1f 8b), not a tar "
+        "header: a gzip-compressed tar named .tar? decompress it first (gzip -dc)"
+    )

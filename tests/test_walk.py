@@ -294,7 +294,7 @@ def _renamed(name: bytes):
     return buf, starts, np.array([end])
 
 
-@pytest.mark.parametrize("name", [b"k\x001.a", b"__k1.a", b"k1.b/c"])
+@pytest.mark.parametrize("name", [b"k\x001.a", b"__k1.a__", b"k1.b/c"])  # __NAME__: metadata
 def test_names_the_row_parser_reads_otherwise_leave_the_batch_to_it(name):
     from wdsloader.decode.gather import key_ends
     from wdsloader.decode.parse import parse_sample

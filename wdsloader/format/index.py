@@ -43,18 +43,20 @@ def iter_samples(
     *,
     source: str = "<shard>",
     on_skip: Callable[[str, int], None] | None = None,
+    refuse_links: bool = False,
 ) -> Iterator[tuple[str, int, dict[str, tuple[int, int]]]]:
     """Samples of a whole tar in ``buf``: ``(key, first_header_offset, {ext: (data_off, size)})``.
 
     Consecutive members with the same key form a sample (the webdataset rule); a repeated
     extension within a sample is an error naming the shard and key. Regular members that are no
     sample member (:func:`~wdsloader.format.keys.split_name`) are skipped, each reported to
-    ``on_skip(name, header_offset)`` when given.
+    ``on_skip(name, header_offset)`` when given. ``refuse_links``: a hard link or symlink
+    named as a sample member is an error naming it (see :func:`iter_members`).
     """
     key: str | None = None
     start = 0
     fields: dict[str, tuple[int, int]] = {}
-    for member in iter_members(buf, source=source):
+    for member in iter_members(buf, source=source, refuse_links=refuse_links):
         parts = split_name(member.name)
         if parts is None:
             if on_skip is not None:

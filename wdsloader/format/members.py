@@ -15,10 +15,12 @@ from collections.abc import Iterator
 from typing import NamedTuple
 
 from wdsloader.errors import ShardFormatError
+from wdsloader.format.keys import split_name
 from wdsloader.format.pax import gnu_long_name, pax_path_size, pax_size, pax_text
 from wdsloader.format.ustar import (
     BLOCK,
     CHECKSUM,
+    LINKNAME,
     MAGIC,
     MAX_EXTENSION_BYTES,
     NAME,
@@ -35,6 +37,7 @@ _TYPE_AT = TYPEFLAG.start
 _PREFIX_AT = PREFIX.start
 _MAGIC5 = slice(MAGIC.start, MAGIC.start + len(USTAR_MAGIC))
 _OCTAL_DIGITS = b"01234567"
+_GZIP_MAGIC = b"\x1f\x8b"
 
 
 class _Where:
@@ -76,12 +79,30 @@ def _sliceable(buf: object, view: memoryview) -> bytes | mmap.mmap | None:
     return obj
 
 
+def _gzip_data(where: str) -> ShardFormatError:
+    return ShardFormatError(
+        f"{where}: gzip data (magic bytes 1f 8b), not a tar header: a gzip-compressed tar "
+        "named .tar? decompress it first (gzip -dc)"
+    )
+
+
+def _truncated(head: bytes, where: str) -> ShardFormatError:
+    """The error for less than a header's bytes left (``head``: their first two)."""
+    return (
+        _gzip_data(where)
+        if head == _GZIP_MAGIC
+        else ShardFormatError(f"{where}: truncated tar header")
+    )
+
+
 def _checked_size(header: bytes, source: str, at: int) -> int:
     """The size field of a header in any form, after the checksum; -1 at the end-of-archive
     marker. Raises :class:`ShardFormatError` on a bad checksum or size field."""
     if header[0] == 0 and not header.strip(b"\0"):
         return -1
     if not checksum_ok(header):
+        if header[:2] == _GZIP_MAGIC:
+            raise _gzip_data(f"{source} at byte {at}")
         raise ShardFormatError(f"{source} at byte {at}: corrupt tar header (checksum mismatch)")
     size = parse_octal(header[SIZE])
     if size is None:
@@ -152,6 +173,49 @@ def _plain_name(header: bytes) -> str:
     return name
 
 
+def _member_size(size: int, pax_raw: bytes | None, data_at: int, total: int, where: _Where) -> int:
+    """A regular member's size: its PAX ``size`` record's when it has one, else its header's;
+    refused when its data (from ``data_at``) would run past ``total``."""
+    what = "member data" if pax_raw is None else "PAX size"
+    size = size if pax_raw is None else pax_size(pax_raw, where)
+    if data_at + size > total:
+        raise _past_end(where, what, size)
+    return size
+
+
+def _chain_name(header: bytes, pax_path: bytes | None, long_name: str | None) -> str:
+    """A member's name: its PAX ``path``, else its GNU long name, else its header's."""
+    if pax_path is not None:
+        return pax_text(pax_path)
+    return long_name if long_name is not None else _plain_name(header)
+
+
+def sparse_member_error(where: object, name: str) -> ShardFormatError:
+    """The error for a sparse member (GNU typeflag ``S``, or PAX ``GNU.sparse.*`` records)."""
+    return ShardFormatError(
+        f"{where}: member {name!r} is written as a sparse member (GNU tar -S/--sparse, "
+        "bsdtar): its data are a map of holes and the compacted extents, not the file; "
+        "re-create the tar without --sparse (bsdtar: --no-read-sparse)"
+    )
+
+
+def _refuse_member(header: bytes, name: str, where: _Where) -> None:
+    """Raise for a GNU sparse (``S``) member, and for a hard link or symlink that would be a
+    sample member (``KEY.EXT``: readers skip links, so a field would vanish)."""
+    flag = header[_TYPE_AT]
+    if flag == 0x53:
+        raise sparse_member_error(where, name)
+    if split_name(name) is None:
+        return
+    kind = "a hard link" if flag == 0x31 else "a symlink"
+    target = field_text(header[LINKNAME])
+    raise ShardFormatError(
+        f"{where}: member {name!r} is {kind} (to {target!r}); WebDataset samples need regular "
+        "files (readers skip links, so the field would vanish): re-create the tar with the "
+        "files themselves (GNU tar: --dereference --hard-dereference; bsdtar: -L)"
+    )
+
+
 _new_member = tuple.__new__  # Member(...) without the Python-level __new__ of a NamedTuple
 
 
@@ -162,26 +226,27 @@ def iter_members(
     *,
     base_offset: int = 0,
     source: str = "<buffer>",
+    refuse_links: bool = False,
 ) -> Iterator[Member]:
-    """Regular members whose headers lie in ``buf[start:end]``.
+    """Regular members whose headers lie in ``buf[start:end]``, at ``base_offset`` plus their
+    position in ``buf`` (a caller that read a byte range of a shard gets shard offsets).
 
-    Offsets in the yielded members are ``base_offset`` plus the position in ``buf``, so a caller
-    that read a byte range of a shard gets shard offsets. Stops at the end-of-archive marker or at
-    ``end``. Raises :class:`ShardFormatError` naming ``source`` and the byte offset on a corrupt
-    header (checksum, size field, PAX record, GNU long name), a truncated header, or data that
-    runs past the buffer (extension headers: past ``end``). Every step moves forward by at
-    least one block, so any input ends in time linear in its length.
+    Stops at the end-of-archive marker or at ``end``. Raises :class:`ShardFormatError` naming
+    ``source`` and the byte offset on a corrupt header (checksum, size field, PAX record, GNU
+    long name), a truncated header, data that run past the buffer (extension headers: past
+    ``end``), a sparse member and, with ``refuse_links``, a link named as a sample member.
+    Every step moves forward by at least one block: linear time on any input.
     """
     view = memoryview(buf)
     total = len(view)
     src = _sliceable(buf, view)
     limit = total if end is None else end
     stop = min(limit, total)
-    pos = start
     long_name: str | None = None
     pax_path: bytes | None = None
     pax_size_raw: bytes | None = None
-    first = -1  # where the extension headers of the next member start; -1: none
+    sparse: bytes | None = None  # from GNU.sparse.* PAX records: the member is sparse
+    pos, first = start, -1  # first: where the next member's extension headers start; -1: none
     adler32, sizes, sums = zlib.adler32, _USUAL_SIZES, _USUAL_SUMS
     checksum_at, size_at, type_at = CHECKSUM, SIZE, _TYPE_AT
     while pos + BLOCK <= stop:
@@ -202,15 +267,12 @@ def iter_members(
         if flag == 0x30 or flag == 0 or flag == 0x37:  # a regular member
             if pax_size_raw is not None or data_offset + size > total:
                 chain = _Where(source, base_offset + (pos if first < 0 else first))
-                what = "member data" if pax_size_raw is None else "PAX size"
-                size = size if pax_size_raw is None else pax_size(pax_size_raw, chain)
-                if data_offset + size > total:
-                    raise _past_end(chain, what, size)
-            if pax_path is not None:
-                name = pax_text(pax_path)
-            else:
-                name = long_name if long_name is not None else _plain_name(header)
+                size = _member_size(size, pax_size_raw, data_offset, total, chain)
+            plain = pax_path is None and long_name is None
+            name = _plain_name(header) if plain else _chain_name(header, pax_path, long_name)
             at = base_offset + (pos if first < 0 else first)
+            if sparse is not None:
+                raise sparse_member_error(_Where(source, at), pax_text(sparse) or name)
             yield _new_member(Member, (name, at, base_offset + data_offset, size))
             long_name = pax_path = pax_size_raw = None
             first = -1
@@ -221,15 +283,18 @@ def iter_members(
             else:
                 data = src[data_offset : data_offset + size]
             if flag == 0x78:
-                pax_path, pax_size_raw = pax_path_size(data, source, at)
+                pax_path, pax_size_raw, sparse = pax_path_size(data, source, at)
             else:
                 long_name = gnu_long_name(data, _Where(source, at))
             first = pos if first < 0 else first
         else:  # links, devices, directories, fifos, global PAX headers: skipped
             if data_offset + size > total:
                 raise _past_end(_Where(source, base_offset + pos), "member data", size)
-            long_name = pax_path = pax_size_raw = None
+            if flag == 0x53 or (refuse_links and (flag == 0x31 or flag == 0x32)):
+                at = base_offset + (pos if first < 0 else first)
+                _refuse_member(header, _chain_name(header, pax_path, long_name), _Where(source, at))
+            long_name = pax_path = pax_size_raw = sparse = None
             first = -1
         pos = data_offset + (size + BLOCK - 1) // BLOCK * BLOCK
     if pos < limit:
-        raise ShardFormatError(f"{source} at byte {base_offset + pos}: truncated tar header")
+        raise _truncated(view[pos : pos + 2].tobytes(), f"{source} at byte {base_offset + pos}")

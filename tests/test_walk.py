@@ -309,6 +309,22 @@ def test_names_the_row_parser_reads_otherwise_leave_the_batch_to_it(name):
         assert key_ends(buf[:BLOCK].reshape(1, BLOCK)) is None
 
 
+def test_keys_led_by_two_underscores_take_the_whole_batch_path():
+    """``__k1.a`` is a member of sample ``__k1`` (webdataset's rule; a base64url hash may start
+    with ``__``): the batch path reads the keys the row parser reads, and walks the members."""
+    from wdsloader.decode.gather import sample_keys
+    from wdsloader.decode.parse import parse_sample
+
+    samples = [[(f"{k}.a", b"x"), (f"{k}.b", b"yz")] for k in ("__k1", "k2", "__k3__x")]
+    buf, starts, end = _tar(samples)
+    stops = np.array([*starts[1:], end])
+    keys = sample_keys(buf, np.array(starts))
+    rows = [parse_sample(buf.tobytes(), a, b)[0] for a, b in zip(starts, stops, strict=True)]
+    assert keys == rows == ["__k1", "k2", "__k3__x"]
+    found, _ = _walk(buf, np.array(starts), stops, keys)
+    assert list(found) == ["a", "b"] and found["b"][1].tolist() == [2, 2, 2]
+
+
 def _pax_shard(path, truncate: int | None = None) -> None:
     """A webdataset-style shard (a PAX header before each member) of ``N`` samples: emb.npy
     f32[2, 3], label.cls, meta.json; sample ``truncate``'s emb.npy 8 bytes short (its

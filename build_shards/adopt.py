@@ -228,7 +228,9 @@ def adopt(
     raise ``ShardFormatError`` (no byte offsets), and so do shards readers would misread: a
     member whose data would end past the end of its file (a corrupt size, e.g. in a PAX
     record), a key twice in one shard, a key in two shards of one split (each delivered twice
-    per epoch); the message names the files, the key or member and the byte offset. Nothing is
+    per epoch), a sparse member (GNU tar ``-S``, bsdtar), a hard link or symlink named as a
+    sample member, an object-dtype ``.npy`` member (a pickle); the message names the files, the
+    key or member and the byte offset. Nothing is
     written before every shard passed. Members that are no sample member (webdataset's
     metadata names ``__NAME__``, names without an extension, hidden names) are skipped and
     listed in ``manifest.build["skipped_members"]``. An existing manifest without ``overwrite``

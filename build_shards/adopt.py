@@ -230,11 +230,10 @@ def adopt(
     record), a key twice in one shard, a key in two shards of one split (each delivered twice
     per epoch), a sparse member (GNU tar ``-S``, bsdtar), a hard link or symlink named as a
     sample member, an object-dtype ``.npy`` member (a pickle); the message names the files, the
-    key or member and the byte offset. Nothing is
-    written before every shard passed. Members that are no sample member (webdataset's
-    metadata names ``__NAME__``, names without an extension, hidden names) are skipped and
-    listed in ``manifest.build["skipped_members"]``. An existing manifest without ``overwrite``
-    raises ``FileExistsError``. ``workers > 1`` scans local shards in processes (threads for
+    key or member and the byte offset. Nothing is written before every shard passed. Members
+    that are no sample member (webdataset's metadata names ``__NAME__``, names without an
+    extension, hidden names) are skipped and listed in ``manifest.build["skipped_members"]``.
+    An existing manifest without ``overwrite`` raises ``FileExistsError``. ``workers > 1`` scans local shards in processes (threads for
     remote filesystems). ``progress(done, total)`` is called after each shard.
     """
     display = os.fspath(root).rstrip("/")

@@ -233,8 +233,9 @@ def adopt(
     key or member and the byte offset. Nothing is written before every shard passed. Members
     that are no sample member (webdataset's metadata names ``__NAME__``, names without an
     extension, hidden names) are skipped and listed in ``manifest.build["skipped_members"]``.
-    An existing manifest without ``overwrite`` raises ``FileExistsError``. ``workers > 1`` scans local shards in processes (threads for
-    remote filesystems). ``progress(done, total)`` is called after each shard.
+    An existing manifest without ``overwrite`` raises ``FileExistsError``. ``workers > 1``
+    scans local shards in processes (threads for remote filesystems). ``progress(done,
+    total)`` is called after each shard.
     """
     display = os.fspath(root).rstrip("/")
     fs, base = url_to_fs(root, storage_options)

@@ -171,6 +171,11 @@ def _adopt_command(args: argparse.Namespace) -> int:
     het = manifest.build.get("heterogeneous")
     if het:
         print(f"note: {het['num_samples']} samples carry other fields than the first one")
+    skipped = manifest.build.get("skipped_members")
+    if skipped:
+        print(f"note: {skipped['num_members']} tar members are no sample member, skipped:")
+        for item in skipped["examples"]:
+            print(f"  {item['shard']}: {item['member']!r}: {item['why']}")
     return 0
 
 

@@ -30,3 +30,19 @@ def test_error_classes_are_exported_and_ours():
     assert issubclass(wdsloader.BatchValidationError, AssertionError)
     assert issubclass(wdsloader.ShardReadError, OSError)
     assert wdsloader.validate.BatchValidationError is wdsloader.BatchValidationError
+
+
+def test_build_shards_adopt_is_the_function():
+    """``from build_shards import adopt`` gives the function (like ``build_shards``), and the
+    module still imports by its dotted name."""
+    code = (
+        "import inspect, sys\n"
+        "from build_shards import adopt\n"
+        "import build_shards.adopt\n"
+        "from build_shards.adopt import adopt as same\n"
+        "assert inspect.isfunction(adopt), adopt\n"
+        "assert adopt is same is sys.modules['build_shards.adopt'].adopt\n"
+        "import build_shards\n"
+        "assert build_shards.adopt is adopt and 'adopt' in build_shards.__all__\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True)

@@ -565,3 +565,31 @@ def test_http_dataset_sizes_come_from_the_store_listing(http_server):
     assert report.ok, report.problems
     assert report.shards_checked == 2
     assert [r.path for r in http_server.requests() if r.method == "HEAD"] == []
+
+
+def test_deep_validation_of_pickle_members_needs_the_explicit_opt_in(tmp_path, capsys):
+    """An adopted dataset of ``.pyd`` members (webdataset's pickles) fails ``--deep`` by default
+    (pickle is never decoded unasked) and passes with ``--allow-pickle`` / ``allow_pickle=True``."""
+    import io
+    import tarfile
+
+    from build_shards.adopt import adopt
+
+    root = tmp_path / "pyd"
+    root.mkdir()
+    with tarfile.open(root / "s.tar", "w") as tf:
+        for i in range(3):
+            for ext, data in (("pyd", pickle.dumps({"i": i})), ("txt", b"t")):
+                info = tarfile.TarInfo(f"k{i}.{ext}")
+                info.size = len(data)
+                tf.addfile(info, io.BytesIO(data))
+    adopt(root)
+    refused = validate_dataset(str(root), deep=True)
+    assert len(refused.problems) == 3
+    assert refused.problems[0].startswith("s.tar: sample 'k0', field 'pyd', rule decode: ")
+    assert "pickle members can run arbitrary code" in refused.problems[0]
+    assert validate_dataset(str(root), deep=True, allow_pickle=True).ok
+    assert main(["validate", str(root), "--deep"]) == 1
+    capsys.readouterr()
+    assert main(["validate", str(root), "--deep", "--allow-pickle"]) == 0
+    assert capsys.readouterr().out.strip() == "OK: 1 shards, 3 samples checked (deep)"

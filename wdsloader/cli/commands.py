@@ -104,6 +104,7 @@ def _validate(args: argparse.Namespace) -> int:
         deep=args.deep,
         storage_options=parse_storage_options(args.storage_option),
         progress=True,
+        allow_pickle=args.allow_pickle,
     )
     for line in report.problems:
         print(line)
@@ -173,6 +174,12 @@ def main(argv: list[str] | None = None) -> int:
                 "--deep",
                 action="store_true",
                 help="also read, decode and check every sample (dtypes, shapes, NaN/Inf, ranges)",
+            )
+            p.add_argument(
+                "--allow-pickle",
+                action="store_true",
+                help="with --deep: decode pickle members (.pyd, .pkl) and object arrays; they "
+                "can run arbitrary code: trusted data only",
             )
         elif name == "bench":
             p.add_argument("--split", default="train")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 from collections import Counter
 
 import numpy as np
@@ -12,7 +13,7 @@ import torch
 from tests.dataset_factory import write_dataset
 from tests.http_server import Faults, http_server_fixture  # noqa: F401
 from wdsloader import ReadOptions, create_loader, set_epoch
-from wdsloader.errors import ManifestError, ShardFormatError
+from wdsloader.errors import DecodeError, ManifestError, ShardFormatError
 from wdsloader.format import Manifest
 from wdsloader.stream.config import resolve_config, resolve_read_options
 
@@ -190,6 +191,27 @@ def test_missing_manifest_shard_and_split_are_reported(tmp_path, ds):
     (root / "train" / "shard-000001.tar").unlink()
     with pytest.raises((ShardFormatError, FileNotFoundError), match="shard-000001.tar"):
         create_loader(str(root), "train", batch_size=2)
+
+
+@pytest.mark.parametrize("gather", [True, False])
+def test_symbolic_dims_are_checked_against_the_data(tmp_path, gather):
+    """The manifest says ``v`` is ``["D"]`` with ``D=4`` but the data hold 3 values: an error
+    naming shard, sample key, field, expected and found (as for a literal shape), never a
+    (B, 3) batch while ``output_schema()`` says 4."""
+    from build_shards import build_shards
+
+    rows = [{"__key__": f"k{i}", "v": np.arange(3, dtype=np.float32)} for i in range(8)]
+    build_shards(rows, tmp_path, splits={"train": 1.0})
+    manifest = Manifest.load(str(tmp_path)).to_dict()
+    manifest["schema"]["v"]["shape"], manifest["dims"] = ["D"], {"D": 4}
+    (tmp_path / "manifest.json").write_text(json.dumps(manifest))
+    loader = create_loader(tmp_path, "train", batch_size=4, shuffle=False, gather=gather)
+    with pytest.raises(
+        DecodeError,
+        match=r"train/shard-\S+\.tar: sample 'k0', field 'v' \(member k0\.v\.npy\) does not "
+        r"match the schema: shape \[3\], schema says \['D'\] with D=4",
+    ):
+        next(iter(loader))
 
 
 def test_corrupt_shard_raises_with_location_or_is_skipped(tmp_path):

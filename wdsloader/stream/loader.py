@@ -301,6 +301,7 @@ def build_dataset(
             manifest.schema or None,
             None if config.fields is None else list(config.fields),
             allow_pickle=config.allow_pickle,
+            dims=manifest.dims,
         ),
         collate_fn=make_collate(config),
         on_error=config.on_error,

@@ -315,10 +315,40 @@ def test_remote_reads_whole_spans_not_one_request_per_sample(http_server):
     assert len(keys) == len(set(keys)) == len(loader) * 64
 
 
-def test_options_after_batch_size_are_keyword_only(ds):
-    with pytest.raises(TypeError, match="3 positional arguments but 4 were given"):
-        create_loader(ds, "train", 4, 2)
-    assert len(create_loader(ds, "train", 4)) == sum(COUNTS) // 4  # the seed's positional order
+def test_the_seed_000_positional_order_then_keyword_only(ds):
+    """Seed 000's ``create_loader(dataset_dir, split, batch_size, num_workers, distributed,
+    epoch, drop_last, pin_memory)`` is called by position; everything after is keyword-only."""
+    by_position = create_loader(ds, "train", 4, 2, False, 1, False, False)
+    by_name = create_loader(
+        ds, "train", batch_size=4, num_workers=2, distributed=False, epoch=1, drop_last=False,
+        pin_memory=False,
+    )  # fmt: skip
+    assert by_position.num_workers == 2 and by_position.pin_memory is False
+    assert len(by_position) == len(by_name) == -(-sum(COUNTS) // 4)  # drop_last=False
+    same_batches(run(by_position), run(by_name))  # epoch 1 of both
+    with pytest.raises(TypeError, match="from 3 to 8 positional arguments but 9 were given"):
+        create_loader(ds, "train", 4, 0, False, 0, None, True, 0)
+
+
+def test_manifest_property_gives_the_dims_validate_batch_needs(ds):
+    """The README's ``validate_batch(batch, loader.output_schema(), dims=loader.manifest.dims)``."""
+    from wdsloader import validate_batch
+
+    loader = create_loader(ds, "val", batch_size=4)
+    assert loader.manifest == Manifest.load(ds) and loader.manifest.dims == {"D": 4}
+    validate_batch(next(iter(loader)), loader.output_schema(), dims=loader.manifest.dims)
+
+
+def test_stats_are_cumulative_and_epoch_stats_count_one_epoch(ds):
+    loader = create_loader(ds, "val", batch_size=4, num_workers=1)
+    assert loader.epoch_stats["samples"] == 0
+    for epoch in (1, 2):
+        batches = run(loader)
+        assert loader.stats["samples"] == 17 * epoch and loader.stats["batches"] == 5 * epoch
+        assert loader.epoch_stats["samples"] == 17 and loader.epoch_stats["batches"] == 5
+    run(loader, 2)  # a pass stopped after 2 batches
+    assert loader.epoch_stats["samples"] >= 8 and loader.stats["samples"] >= 34 + 8
+    assert len(batches) == 5
 
 
 @pytest.mark.parametrize(

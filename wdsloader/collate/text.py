@@ -175,10 +175,9 @@ class TextCollator:
         self.task_type = task_spec.task_type if task_spec is not None else None
         self.classification = is_classification(task_spec)
         if self.classification and self.mlm:
-            assert task_spec is not None
             raise ValueError(
-                f"text: mlm=True makes token labels, but task {task_spec.name!r} is a "
-                f"classification task (task_type {task_spec.task_type!r})"
+                f"text: mlm=True makes token labels, but task {self.task_name!r} is a "
+                f"classification task (task_type {self.task_type!r})"
             )
         candidates = (target, "labels", "label") if self.classification else (target, "labels")
         named = (o["label_field"],) if o["label_field"] else candidates

@@ -69,6 +69,7 @@ def build_shards(
     ray_address: str | None = None,
     compression: str | None = None,
     group_small_fields: bool = False,
+    build_record: Callable[[], Mapping[str, Any]] | None = None,
 ) -> Manifest:
     """Write ``source`` as WebDataset tar shards with their indexes and ``manifest.json``.
 
@@ -134,6 +135,9 @@ def build_shards(
     still yields each field; see :mod:`wdsloader.format.groups`); ``compression="gzip"``
     writes ``.tar.gz`` shards whose samples the loader still reads one by one (see
     :mod:`wdsloader.format.deflate`; ``shard_max_bytes`` is then judged before compression).
+
+    ``build_record`` (for builders on top of this one, e.g. the text builder): called once the
+    source is consumed; its entries join ``manifest.build`` before the manifest is written.
     """
     refuse_reimported_main()
     _check_options(shard_max_count, shard_max_bytes, block_size, workers, key_field, lock_timeout)
@@ -169,6 +173,8 @@ def build_shards(
                     job, inp.src, stream, completed, inp.params.block_size, runner, out, bar
                 )
                 manifest = _manifest(records, inp, state, defaults)
+                if build_record is not None:
+                    manifest.build.update(build_record())
                 lock.check()
                 state.finalize(manifest)
             except (OutputLockedError, SourceChangedError, BuildWorkerError):

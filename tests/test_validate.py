@@ -6,6 +6,7 @@ import json
 import os
 import pickle
 import re
+import shutil
 import uuid
 
 import numpy as np
@@ -507,11 +508,24 @@ def test_loader_batch_passes_the_manifest_schema(factory, built):
 
 
 # -- command line --------------------------------------------------------------------------------
+def test_cli_validate_counts_in_the_singular(factory, tmp_path, capsys):
+    root = tmp_path / "ds"
+    shutil.copytree(factory, root)
+    shard = Manifest.load(str(root)).splits["val"].shards[0]
+    data = bytearray((root / shard.path).read_bytes())
+    data[-1] ^= 1  # in the end-of-archive padding: only the sha256 changes
+    (root / shard.path).write_bytes(bytes(data))
+    assert main(["validate", str(root), "--split", "val"]) == 1
+    out = capsys.readouterr().out.strip().splitlines()
+    assert len(out) == 2 and "rule sha256" in out[0]
+    assert out[-1] == f"1 problem in {root}: 1 shard, 4 samples checked"
+
+
 def test_cli_validate_exit_codes(factory, tmp_path, capsys):
     assert main(["validate", factory]) == 0
     assert capsys.readouterr().out.strip() == "OK: 6 shards, 34 samples checked"
     assert main(["validate", factory, "--split", "val", "--deep"]) == 0
-    assert capsys.readouterr().out.strip() == "OK: 1 shards, 4 samples checked (deep)"
+    assert capsys.readouterr().out.strip() == "OK: 1 shard, 4 samples checked (deep)"
 
     shard = Manifest.load(factory).splits["train"].shards[1]
     os.remove(os.path.join(factory, shard.path))

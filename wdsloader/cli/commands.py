@@ -108,13 +108,19 @@ def _validate(args: argparse.Namespace) -> int:
     )
     for line in report.problems:
         print(line)
-    checked = f"{report.shards_checked} shards, {report.samples_checked} samples checked"
+    shards, samples = report.shards_checked, report.samples_checked
+    checked = f"{_count(shards, 'shard')}, {_count(samples, 'sample')} checked"
     mode = " (deep)" if args.deep else ""
     if report.ok:
         print(f"OK: {checked}{mode}")
         return 0
-    print(f"{len(report.problems)} problems in {redact(args.dataset)}: {checked}{mode}")
+    print(f"{_count(len(report.problems), 'problem')} in {redact(args.dataset)}: {checked}{mode}")
     return 1
+
+
+def _count(n: int, noun: str) -> str:
+    """``1 shard``, ``2 shards``."""
+    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
 
 
 def _bench(args: argparse.Namespace) -> int:

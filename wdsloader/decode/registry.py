@@ -59,45 +59,71 @@ class _SchemaMismatch(ValueError):
 
 
 class _NpyCheck:
-    """Post-decode check of an ``npy`` field against the schema's dtype and all-int shape.
+    """Post-decode check of an ``npy`` field against the schema's dtype and shape (literal
+    sizes and symbolic dims bound in the manifest's ``dims``; an unbound dim takes any size).
 
     A small class rather than a closure: the decoder travels to ``spawn``/``forkserver``
     workers by pickle.
     """
 
-    __slots__ = ("dtype", "shape")
+    __slots__ = ("declared", "dtype", "shape")
 
-    def __init__(self, dtype: np.dtype, shape: tuple[int, ...]) -> None:
+    def __init__(
+        self,
+        dtype: np.dtype,
+        shape: tuple[int | None, ...],
+        declared: tuple[int | str, ...] | None = None,
+    ) -> None:
         self.dtype = dtype
         self.shape = shape
+        self.declared = declared if declared is not None else shape
 
     def __call__(self, value: Any) -> Any:
         if not isinstance(value, np.ndarray):
             raise _SchemaMismatch(f"expected an array, got {type(value).__name__}")
         if value.dtype != self.dtype:
             raise _SchemaMismatch(f"dtype {value.dtype}, schema says {self.dtype}")
-        if value.shape != self.shape:
-            raise _SchemaMismatch(f"shape {list(value.shape)}, schema says {list(self.shape)}")
+        if value.ndim != len(self.shape) or any(
+            want is not None and want != got
+            for want, got in zip(self.shape, value.shape, strict=False)
+        ):
+            raise _SchemaMismatch(f"shape {list(value.shape)}, schema says {self._says()}")
         return value
 
+    def _says(self) -> str:
+        bound = [
+            (d, n) for d, n in zip(self.declared, self.shape, strict=True) if isinstance(d, str)
+        ]
+        if not bound:
+            return str(list(self.shape))
+        sizes = ", ".join(f"{d}={n}" for d, n in bound if n is not None)
+        return f"{list(self.declared)} with {sizes} (the manifest's dims)"
+
     def __eq__(self, other: object) -> bool:
-        return isinstance(other, _NpyCheck) and (self.dtype, self.shape) == (
+        return isinstance(other, _NpyCheck) and (self.dtype, self.shape, self.declared) == (
             other.dtype,
             other.shape,
+            other.declared,
         )
 
     def __hash__(self) -> int:
-        return hash((self.dtype, self.shape))
+        return hash((self.dtype, self.shape, self.declared))
 
     def __repr__(self) -> str:
-        return f"_NpyCheck({self.dtype}, {list(self.shape)})"
+        return f"_NpyCheck({self.dtype}, {list(self.declared)})"
 
 
-def _npy_check(spec: FieldSpec) -> _NpyCheck | None:
-    """A post-decode check of dtype and shape for an ``npy`` field with an all-int shape."""
-    if spec.dtype is None or spec.shape is None or not all(isinstance(d, int) for d in spec.shape):
+def _npy_check(spec: FieldSpec, dims: Mapping[str, int]) -> _NpyCheck | None:
+    """A post-decode check of dtype and shape for an ``npy`` field with a declared dtype and
+    shape, its symbolic dims bound by ``dims``."""
+    if spec.dtype is None or spec.shape is None:
         return None
-    return _NpyCheck(np.dtype(spec.dtype), tuple(int(d) for d in spec.shape))
+    shape = tuple(int(d) if isinstance(d, int) else dims.get(d) for d in spec.shape)
+    if all(isinstance(d, int) for d in spec.shape):
+        return _NpyCheck(np.dtype(spec.dtype), shape)
+    if all(n is None for d, n in zip(spec.shape, shape, strict=True) if isinstance(d, str)):
+        return None  # no dim bound: a variable-size field, as before
+    return _NpyCheck(np.dtype(spec.dtype), shape, tuple(spec.shape))
 
 
 class ClsCast:
@@ -169,8 +195,9 @@ class SampleDecoder:
 
     With a ``schema`` (field name -> :class:`FieldSpec`, as in the manifest) a field is read from
     the member ``spec.ext`` and decoded by its ``spec.encoding``; ``cls`` values are cast to the
-    declared numpy dtype and ``npy`` arrays whose declared shape has only ints are checked
-    against the declared dtype and shape. A raw-bytes field (``bin`` and the other encodings
+    declared numpy dtype and ``npy`` arrays are checked against the declared dtype and shape
+    (its ints and the symbolic dims bound in ``dims``, the manifest's ``dims``; a field whose
+    dims are all unbound is not checked). A raw-bytes field (``bin`` and the other encodings
     without a decoder of their own) declared ``dtype: "uint8"`` is decoded to a 1-D uint8
     array instead of ``bytes`` (:func:`~wdsloader.decode.codecs.decode_uint8`). Without a schema the field of a member ``ext`` is
     ``field_of_ext(ext)[0]`` (``jpg`` -> ``jpg``, ``seg.png`` -> ``seg``).
@@ -188,12 +215,14 @@ class SampleDecoder:
         *,
         allow_pickle: bool = False,
         decoders: Mapping[str, Decoder] | None = None,
+        dims: Mapping[str, int] | None = None,
     ) -> None:
         if isinstance(fields, str):
             raise TypeError(f"fields must be a sequence of field names, not the string {fields!r}")
         self.schema = dict(schema) if schema is not None else None
         self.fields = None if fields is None else tuple(dict.fromkeys(fields))
         self.allow_pickle = allow_pickle
+        self.dims = dict(dims or {})
         table = dict(_REGISTRY)
         if allow_pickle:
             table.update(TRUSTED_DECODERS)
@@ -242,7 +271,7 @@ class SampleDecoder:
         elif fn is decode_bytes and spec.dtype == "uint8":
             fn = decode_uint8  # raw bytes declared as a uint8 vector
         if encoding == "npy":
-            post = _npy_check(spec)
+            post = _npy_check(spec, self.dims)
         elif encoding == "cls":
             post = _cls_cast(spec)
         step = self._steps[field] = (field, spec.ext.lower(), fn, post)

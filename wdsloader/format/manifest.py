@@ -25,6 +25,7 @@ from wdsloader.format.checks import (
     path_problem,
 )
 from wdsloader.format.deflate import COMPRESSIONS
+from wdsloader.format.toplevel import check_top_level
 from wdsloader.io.storage import join, url_to_fs, write_atomic
 from wdsloader.redact import redact, secrets_of
 
@@ -130,6 +131,17 @@ class Manifest:
     format: str = FORMAT_NAME
     version: str = FORMAT_VERSION
 
+    def __repr__(self) -> str:
+        """Short: format, samples and shards per split, fields, dims (``to_json()``: all)."""
+        splits = {
+            name: f"{split.num_samples:,} samples in {len(split.shards):,} shards"
+            for name, split in self.splits.items()
+        }
+        return (
+            f"Manifest(format='{self.format} {self.version}', splits={splits}, "
+            f"fields={list(self.schema)}, dims={self.dims})"
+        )
+
     # -- derived -------------------------------------------------------------------------------
     @property
     def num_samples(self) -> int:
@@ -199,6 +211,7 @@ class Manifest:
         except InvalidField as exc:
             raise ManifestError(f"{source}: {exc}") from None
         check_version(version, source=source)  # type: ignore[arg-type]
+        check_top_level(data, source)
         try:
             return cls._parse(data, version)  # type: ignore[arg-type]
         except InvalidField as exc:

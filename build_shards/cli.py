@@ -20,7 +20,7 @@ from collections.abc import Callable
 from typing import Any
 
 from build_shards.cli_parser import PROG, CliError, build_parser, fail
-from build_shards.cli_report import Progress, describe_error, format_summary
+from build_shards.cli_report import Progress, describe_error, format_summary, small_records_hint
 from wdsloader.errors import WdsLoaderError
 from wdsloader.io.storage import parse_storage_options
 
@@ -179,7 +179,34 @@ def _write_command(
         created.cleanup()
         raise
     print(format_summary(manifest, args.output, time.perf_counter() - start))
+    if args.command == "build":
+        hint = small_records_hint(
+            manifest, _input_bytes(args), args.group_small_fields, args.compression is not None
+        )
+        if hint is not None:
+            print(hint)
     return 0
+
+
+def _input_bytes(args: argparse.Namespace) -> int | None:
+    """The bytes of ``build``'s input files (of a saved HF dataset's folder); None if unknown."""
+    from build_shards.sources import resolve_files
+    from wdsloader.io.storage import url_to_fs
+
+    try:
+        if len(args.inputs) == 1 and os.path.isdir(args.inputs[0]):
+            return sum(
+                os.path.getsize(os.path.join(d, f))
+                for d, _, files in os.walk(args.inputs[0])
+                for f in files
+            )
+        total = 0
+        for path in resolve_files(args.inputs):
+            fs, p = url_to_fs(path)
+            total += int(fs.size(p) or 0)
+        return total
+    except (OSError, WdsLoaderError):  # the input changed since the build: no hint
+        return None
 
 
 def _adopt_command(args: argparse.Namespace) -> int:

@@ -189,6 +189,32 @@ def test_schema_file_declares_fields_json_and_yaml(tmp_path, capsys, monkeypatch
     assert not (tmp_path / "x").exists()
 
 
+def test_small_rows_print_the_small_record_options_once_at_the_end(tmp_path, capsys):
+    rows = [{"a": i, "b": "x", "c": 0.5} for i in range(300)]
+    (tmp_path / "s.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    input_bytes = (tmp_path / "s.jsonl").stat().st_size
+    code, out, err = run_cli(capsys, "build", tmp_path / "s.jsonl", "-o", tmp_path / "plain")
+    assert code == 0, err
+    shards = Manifest.load(tmp_path / "plain").num_bytes
+    assert shards > 40 * input_bytes
+    lines = out.splitlines()
+    assert [line for line in lines if line.startswith("hint:")] == [lines[-1]]
+    assert lines[-1].startswith(f"hint: the shards take {shards / input_bytes:.0f}x the input's")
+    assert lines[-1].endswith(
+        "--group-small-fields --compression gzip make such shards much smaller"
+    )
+    code, out, err = run_cli(
+        capsys, "build", tmp_path / "s.jsonl", "-o", tmp_path / "g", "--group-small-fields"
+    )
+    assert code == 0 and out.splitlines()[-1].endswith(
+        "--compression gzip makes such shards much smaller"
+    )
+    argv = ("--group-small-fields", "--compression", "gzip")
+    code, out, err = run_cli(capsys, "build", tmp_path / "s.jsonl", "-o", tmp_path / "gz", *argv)
+    assert code == 0 and "hint:" not in out
+    assert Manifest.load(tmp_path / "gz").num_bytes < shards / 20
+
+
 def test_bad_jsonl_line_names_file_and_line(tmp_path, capsys):
     write_jsonl(tmp_path / "bad.jsonl", 60, bad_line=41)
     out_dir = tmp_path / "ds"

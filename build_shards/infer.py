@@ -3,7 +3,7 @@ starts the build (so every worker and engine encodes with the same schema, and t
 function of the data).
 
 Up to :data:`~build_shards.schema.INFER_ROWS` samples (after ``map``; fewer when they hold over
-:data:`INFER_BYTES`) are read; per field the specs of their values are merged:
+:data:`INFER_BYTES`, or past :data:`INFER_ITEMS` source items) are read; per field the specs of their values are merged:
 
 - a field absent from some of them, or None in some (a field that is not JSON), is
   ``optional``: samples that lack it have no member for it, and the loader yields None;
@@ -34,6 +34,7 @@ from build_shards.schema import (
     declare_hint,
     finish_schema,
     infer_spec,
+    is_pil,
     parse_name,
 )
 from build_shards.sources import Source
@@ -42,6 +43,9 @@ from wdsloader.format import FieldSpec, member_ext
 
 INFER_BYTES = 64 * 2**20
 """Inference stops once the samples read hold about this many bytes (big samples)."""
+INFER_ITEMS = 16 * INFER_ROWS
+"""Inference stops after this many source items once it has a sample (a map that drops most
+items)."""
 
 Row = tuple[str, dict[str, Any]]
 
@@ -53,11 +57,13 @@ def first_rows(src: Source, job: BlockJob) -> tuple[Iterator[tuple[int, Any]] | 
     seen: list[tuple[int, Any]] = []
     rows: list[Row] = []
     nbytes = 0
-    for index, raw in it:
+    for items, (index, raw) in enumerate(it, 1):
         if not src.indexable:
             seen.append((index, raw))
         prepared = prepare(job, index, raw)
         if prepared is None:
+            if rows and items >= INFER_ITEMS:
+                break
             continue
         key, _split, sample = prepared
         rows.append((key, sample))
@@ -76,6 +82,8 @@ def first_rows(src: Source, job: BlockJob) -> tuple[Iterator[tuple[int, Any]] | 
 def _approx_bytes(value: Any) -> int:
     if isinstance(value, (str, bytes, bytearray)):
         return len(value)
+    if is_pil(value):
+        return int(value.width * value.height * len(value.getbands()))
     nbytes = getattr(value, "nbytes", None)
     return nbytes if isinstance(nbytes, int) else 16
 

@@ -106,6 +106,21 @@ def test_optional_fields_beside_gathered_arrays_read_the_same_on_every_path(tmp_
             assert (s["extra"] is None) if extra is None else s["extra"].tolist() == extra.tolist()
 
 
+def test_a_batch_whose_samples_all_lack_an_optional_field_keeps_the_batch_path(tmp_path):
+    rows = [
+        {"__key__": f"k{i:02d}", "emb": np.full(2, i, np.float32), "t": f"t{i}"} for i in range(12)
+    ]
+    for r in rows[8:]:
+        r["extra"] = {"i": r["__key__"]}
+    build_shards(rows, tmp_path / "ds")
+    for gather in (True, False):
+        got = loaded(tmp_path / "ds", gather=gather)  # batches of 4: two lack "extra" entirely
+        assert [s["extra"] for _, s in sorted(got.items())] == [None] * 8 + [
+            {"i": f"k{i:02d}"} for i in range(8, 12)
+        ]
+        assert [s["t"] for _, s in sorted(got.items())] == [f"t{i}" for i in range(12)]
+
+
 def test_conflicting_types_in_the_inferred_rows_name_both_samples(tmp_path):
     rows = [{"__key__": "a", "v": 1}, {"__key__": "b", "v": "one"}]
     with pytest.raises(SchemaError) as err:

@@ -19,9 +19,8 @@ PIL image                                       ``.png``, or the field's ``.jpg`
 A sample dict's names are field names, optionally with an explicit extension
 (``"image.jpg"`` is the field ``image`` stored as ``jpg``). The schema is inferred from the first
 samples and/or declared (:mod:`build_shards.infer`); :class:`SampleEncoder` checks every sample
-against it (field set,
-encoding, dtype, shape with symbolic dims, NaN/Inf, declared ranges) and raises
-:class:`~wdsloader.errors.SchemaError` naming the sample key and the field. A sample may lack an
+against it (field set, encoding, dtype, shape with symbolic dims, NaN/Inf, declared ranges) and
+raises :class:`~wdsloader.errors.SchemaError` naming the sample key and the field. A sample may lack an
 ``optional`` field (or hold None in it): it then has no member for it (a JSON field stores None
 as ``null``), and within grouped fields no entry.
 

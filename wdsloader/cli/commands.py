@@ -39,6 +39,7 @@ def _info(args: argparse.Namespace) -> int:
         extra = f" {spec.dtype}" if spec.dtype else ""
         extra += f" {spec.shape}" if spec.shape is not None else ""
         extra += f" range={spec.range}" if spec.range else ""
+        extra += " optional" if spec.optional else ""
         print(f"  {field:20s} .{spec.ext}{extra}")
     if m.dims:
         print("dims: " + ", ".join(f"{k}={v}" for k, v in m.dims.items()))

@@ -318,6 +318,8 @@ def field_tables(
     out: dict[str, FieldTable] = {}
     for name in fields:
         spec = schema.get(name)
+        if spec is not None and spec.optional:
+            continue  # samples may lack it: found per sample
         if name in raw and spec is not None:
             table = FieldTable(spec, None, shards, raw=True)
             if table.nbytes >= 0:

@@ -187,6 +187,24 @@ class Then:
         return f"Then({self.fn!r}, {self.post!r})"
 
 
+class NoneOr:
+    """``post(value)``, None for None: the check of an optional field (picklable)."""
+
+    __slots__ = ("post",)
+
+    def __init__(self, post: Callable[[Any], Any]) -> None:
+        self.post = post
+
+    def __call__(self, value: Any) -> Any:
+        return None if value is None else self.post(value)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, NoneOr) and self.post == other.post
+
+    def __hash__(self) -> int:
+        return hash(self.post)
+
+
 _Step = tuple[str, str, Decoder, Callable[[Any], Any] | None]  # field, ext, decoder, post
 
 
@@ -205,7 +223,8 @@ class SampleDecoder:
     ``fields`` limits decoding to those fields (default: all). ``decoders`` overrides decoders
     per encoding for this instance. ``allow_pickle=True`` (only for trusted data) unpickles
     ``pkl``/``pickle``/``pyd`` members and object arrays in ``npy``/``npz``, and loads ``pt``
-    with ``weights_only=False``. The output also holds ``"__key__"``.
+    with ``weights_only=False``. The output also holds ``"__key__"``. A field the schema marks
+    ``optional`` is None in a sample that lacks its member.
     """
 
     def __init__(
@@ -234,6 +253,7 @@ class SampleDecoder:
         self._plan: list[_Step] | None = None
         self._steps: dict[str, _Step] = {}
         self._plans_by_exts: dict[tuple[str, ...], list[_Step]] = {}
+        self._optional = frozenset(f for f, s in (self.schema or {}).items() if s.optional)
         if self.schema is not None:
             wanted = self.fields if self.fields is not None else tuple(self.schema)
             unknown = [f for f in wanted if f not in self.schema]
@@ -267,13 +287,15 @@ class SampleDecoder:
         post: Callable[[Any], Any] | None = None
         fn = self.decoder_for(encoding)
         if spec.grouped:  # a value in the sample's JSON object of small fields
-            fn = GroupedValue(field, encoding, fn)
+            fn = GroupedValue(field, encoding, fn, bool(spec.optional))
         elif fn is decode_bytes and spec.dtype == "uint8":
             fn = decode_uint8  # raw bytes declared as a uint8 vector
         if encoding == "npy":
             post = _npy_check(spec, self.dims)
         elif encoding == "cls":
             post = _cls_cast(spec)
+        if post is not None and spec.optional:
+            post = NoneOr(post)  # an optional grouped field without an entry reads as None
         step = self._steps[field] = (field, spec.ext.lower(), fn, post)
         return step
 
@@ -315,8 +337,12 @@ class SampleDecoder:
         plan = self._plan if self._plan is not None else self._plan_for(tuple(raw), key, source)
         out: dict[str, Any] = {"__key__": key}
         field = ext = ""
+        optional = self._optional
         try:
             for field, ext, fn, post in plan:
+                if optional and ext not in raw and field in optional:
+                    out[field] = None  # an optional field this sample lacks
+                    continue
                 value = fn(raw[ext])
                 out[field] = value if post is None else post(value)
         except Exception as exc:
@@ -341,6 +367,8 @@ class SampleDecoder:
             if field not in self.schema:
                 raise ValueError(f"unknown field {field!r}; the schema has: {sorted(self.schema)}")
             _, ext, fn, post = self._schema_step(field)
+            if field in self._optional and ext not in raw:
+                return None  # an optional field this sample lacks
         else:
             exts = [e for e in raw if field_of_ext(e)[0] == field]
             if len(exts) != 1:

@@ -20,11 +20,14 @@ from build_shards.blocks import BlockJob, prepare
 from build_shards.encode import SampleEncoder
 from build_shards.engines import Engine, Output, make_engine
 from build_shards.errors import BuildError, BuildWorkerError, SourceChangedError, naming_options
+from build_shards.estimate import item_seconds
 from build_shards.lock import DEFAULT_LOCK_TIMEOUT, BuildLock, OutputLockedError
+from build_shards.main_guard import refuse_unguarded_main
 from build_shards.merge import manifest_build, merge
 from build_shards.params import BuildParams, callable_name, default_block_size, sample_tar_bytes
 from build_shards.pool import refuse_reimported_main
 from build_shards.records import BlockRecord
+from build_shards.rests import Placed, pack_rests
 from build_shards.resume import check_kept
 from build_shards.run import Progress, ProgressBar, run_blocks
 from build_shards.schema import build_schema, with_small_fields_grouped
@@ -95,9 +98,14 @@ def build_shards(
     :func:`build_shards.params.default_block_size`); each block writes
     ``{split}/shard-BBBBB-PPP.tar`` bounded by
     ``shard_max_count`` samples and ``shard_max_bytes`` file bytes (a bigger sample gets a shard
-    of its own). The layout depends on the data and these options only, never on ``workers``
-    (local processes; indexable sources are read by the workers, sequential ones by this
-    process). ``manifest.json`` is written last.
+    of its own); its small last shard of a split is packed with the other blocks' at the end
+    (:mod:`build_shards.rests`), so each split has at most one small shard. The layout depends
+    on the data and these options only, never on ``workers`` (at most that many local
+    processes; a build estimated under 2 s of work runs in this process, see
+    :data:`build_shards.engines.local.SMALL_BUILD_S`; indexable sources are read by the
+    workers, sequential ones by this process). ``workers > 1`` called from a main script's top
+    level without an ``if __name__ == "__main__":`` guard is a BuildError at once (workers
+    import the script again). ``manifest.json`` is written last.
 
     Failures: finished blocks are recorded under ``OUTPUT/_build/``. A user error (BuildError,
     SchemaError) removes what the unfinished build wrote; after a crash or any other error (an
@@ -127,7 +135,8 @@ def build_shards(
     lives in this process and is refused (BuildError). Ray retries a task that raised an
     ``OSError`` or whose worker died; a block written twice is the same bytes.
 
-    ``progress``: True for a tqdm bar, or a callable ``(items_done, items_total_or_0)``.
+    ``progress``: True for a tqdm bar, or a callable ``(items_done, items_total_or_0)``; the
+    total of local uncompressed JSONL files is their number of lines (blank ones included).
 
     Small records: ``group_small_fields=True`` writes a sample's small scalar fields (ints,
     JSON scalars, strings of up to 512 bytes) as one member ``KEY.fields.json`` (the loader
@@ -137,6 +146,8 @@ def build_shards(
     """
     refuse_reimported_main()
     _check_options(shard_max_count, shard_max_bytes, block_size, workers, key_field, lock_timeout)
+    if workers > 1 and engine == "local":
+        refuse_unguarded_main(workers)
     if compression is not None and compression not in COMPRESSIONS:
         raise ValueError(f"compression must be None or one of {COMPRESSIONS}, got {compression!r}")
     with closing(make_engine(engine, workers=workers, ray_address=ray_address)) as runner:
@@ -163,14 +174,20 @@ def build_shards(
         )  # fmt: skip
         with lock:
             job, stream, completed = _resume(state, inp, overwrite)
-            bar = ProgressBar(progress, inp.src.length)
+            hint = given.count_hint()
+            bar = ProgressBar(progress, inp.src.length or hint)
+            if hint is not None:
+                left = hint - sum(rec.num_items for rec in completed.values())
+                runner.expect(max(0, left) * inp.item_seconds)
             try:
                 records = run_blocks(
                     job, inp.src, stream, completed, inp.params.block_size, runner, out, bar
                 )
-                manifest = _manifest(records, inp, state, defaults)
+                packed = pack_rests(records, job, out.fs, out.root)
+                manifest = _manifest(records, packed, inp, state, defaults)
                 lock.check()
                 state.finalize(manifest)
+                bar.complete()
             except (OutputLockedError, SourceChangedError, BuildWorkerError):
                 raise  # not this build's files to remove (or a clear refusal: keep them)
             except (BuildError, SchemaError):  # user errors: the data or options must change
@@ -193,6 +210,7 @@ class Input:
     stream: Iterator[tuple[int, Any]] | None  # a sequential source's items (None: indexable)
     params: BuildParams
     job: BlockJob  # without the shard name prefix, known once the output's state is read
+    item_seconds: float  # what an item costs, measured on a few (build_shards.estimate)
 
 
 def _check_options(
@@ -297,7 +315,8 @@ def _open_input(
         fingerprint=params.fingerprint(),
         source=src if src.indexable and not src.in_memory else None,
     )
-    return Input(src, splitter, stream, params, job)
+    cost, stream = item_seconds(job, src, stream)
+    return Input(src, splitter, stream, params, job, cost)
 
 
 def _resume(
@@ -316,12 +335,13 @@ def _resume(
 
 def _manifest(
     records: Mapping[int, BlockRecord],
+    packed: Mapping[str, list[Placed]],
     inp: Input,
     state: OutputState,
     defaults: dict[str, Any],
 ) -> Manifest:
     """The manifest of the finished build."""
-    manifest = merge(records, inp.splitter.names, state)
+    manifest = merge(records, inp.splitter.names, state, packed)
     manifest.schema = dict(inp.params.schema)
     manifest.dims = dict(inp.params.dims)
     manifest.loader_defaults = defaults

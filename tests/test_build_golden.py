@@ -1,7 +1,12 @@
 """Golden bytes of a small build: every file of its output, and the ``_build/`` state of a build
 that stopped on an I/O error, hashed and compared with digests recorded from the code before the
 write side was split into modules (shards, indexes, manifest and resume records must not move by
-a byte; a rerun must read the records an earlier version wrote)."""
+a byte; a rerun must read the records an earlier version wrote).
+
+Recorded again when blocks began to keep their small last shard of a split as a remainder
+(``_build/rest/``) packed with the other blocks' at the end (issue 21 item 6): every full shard
+kept its bytes; the remainders moved under ``_build/rest/`` byte for byte, and the packed shards
+replaced them in the finished build."""
 
 from __future__ import annotations
 
@@ -57,13 +62,13 @@ def digests(root: Path) -> dict[str, str]:
 
 
 GOLDEN_BUILD: dict[str, str] = {
-    "manifest.json": "002bea46bd3014ec",
+    "manifest.json": "bf3c2203d7b553d8",
     "test/shard-00000-000.tar": "767ccb2ea5d87b10",
     "test/shard-00000-000.tar.idx": "10996ace3ec45499",
     "test/shard-00000-001.tar": "1c2354fc702a303e",
     "test/shard-00000-001.tar.idx": "10996ace3ec45499",
-    "test/shard-00000-002.tar": "3ec6d94ddcd7db5f",
-    "test/shard-00000-002.tar.idx": "a0e6a709ec7216fa",
+    "test/shard-00000-002.tar": "ebdfce7591dd5576",
+    "test/shard-00000-002.tar.idx": "d3d9f8a2b441464d",
     "test/shard-00001-000.tar": "78d269b750e1ae24",
     "test/shard-00001-000.tar.idx": "eb846ab9a5072bec",
     "test/shard-00002-000.tar": "0fc92d6a78c47d63",
@@ -72,8 +77,6 @@ GOLDEN_BUILD: dict[str, str] = {
     "test/shard-00002-001.tar.idx": "10996ace3ec45499",
     "test/shard-00002-002.tar": "53ac5c8ee47d6aef",
     "test/shard-00002-002.tar.idx": "d3d9f8a2b441464d",
-    "test/shard-00003-000.tar": "6b48b91843c1dfb2",
-    "test/shard-00003-000.tar.idx": "16ac1da15287dad8",
     "train/shard-00000-000.tar": "fe50036f07f3e6da",
     "train/shard-00000-000.tar.idx": "734097f1c4bee32f",
     "train/shard-00000-001.tar": "97dffa2cdd526fee",
@@ -90,41 +93,41 @@ GOLDEN_BUILD: dict[str, str] = {
     "train/shard-00001-002.tar.idx": "10996ace3ec45499",
     "train/shard-00001-003.tar": "3d71af68fd9886a4",
     "train/shard-00001-003.tar.idx": "10996ace3ec45499",
-    "train/shard-00001-004.tar": "4a37c213392cbdaf",
-    "train/shard-00001-004.tar.idx": "a2e09659f60a857e",
+    "train/shard-00001-004.tar": "c9eaf7e901fd08ec",
+    "train/shard-00001-004.tar.idx": "7db82adaa2b8af48",
     "train/shard-00002-000.tar": "bb904f79fd5a43ea",
     "train/shard-00002-000.tar.idx": "10996ace3ec45499",
     "train/shard-00002-001.tar": "b846ee6f4551ba78",
     "train/shard-00002-001.tar.idx": "10996ace3ec45499",
     "train/shard-00002-002.tar": "20fcf46993a95fc9",
     "train/shard-00002-002.tar.idx": "dcf88022137efc1d",
-    "train/shard-00002-003.tar": "252af2c42cc6ec0f",
-    "train/shard-00002-003.tar.idx": "a0e6a709ec7216fa",
     "train/shard-00003-000.tar": "79f17d5526806586",
     "train/shard-00003-000.tar.idx": "10996ace3ec45499",
     "train/shard-00003-001.tar": "ef8f03fd2cec32c9",
     "train/shard-00003-001.tar.idx": "10996ace3ec45499",
     "train/shard-00003-002.tar": "2296e0b8893a647c",
     "train/shard-00003-002.tar.idx": "10996ace3ec45499",
-    "train/shard-00003-003.tar": "416f0cf4e817667e",
-    "train/shard-00003-003.tar.idx": "c6f4d53e20cb5818",
-    "val/shard-00001-000.tar": "2b66bc3cc8020018",
-    "val/shard-00001-000.tar.idx": "16ac1da15287dad8",
-    "val/shard-00003-000.tar": "bfc8e7f9ae609bab",
-    "val/shard-00003-000.tar.idx": "16ac1da15287dad8",
+    "val/shard-00001-000.tar": "484ad57fede077ea",
+    "val/shard-00001-000.tar.idx": "eb846ab9a5072bec",
 }
 
 GOLDEN_STATE: dict[str, str] = {
-    "_build/block-00000.json": "07d02e4600276363",
-    "_build/block-00001.json": "a41412865463ce48",
-    "_build/block-00002.json": "445754174012c758",
+    "_build/block-00000.json": "4cc46db6fc2afc93",
+    "_build/block-00001.json": "4f9b909c1f75af66",
+    "_build/block-00002.json": "4c837afed3b767ad",
     "_build/build.json": "55865b44a0d0c1c6",
+    "_build/rest/test/shard-00000-002.tar": "3ec6d94ddcd7db5f",
+    "_build/rest/test/shard-00000-002.tar.idx": "a0e6a709ec7216fa",
+    "_build/rest/train/shard-00001-004.tar": "4a37c213392cbdaf",
+    "_build/rest/train/shard-00001-004.tar.idx": "a2e09659f60a857e",
+    "_build/rest/train/shard-00002-003.tar": "252af2c42cc6ec0f",
+    "_build/rest/train/shard-00002-003.tar.idx": "a0e6a709ec7216fa",
+    "_build/rest/val/shard-00001-000.tar": "2b66bc3cc8020018",
+    "_build/rest/val/shard-00001-000.tar.idx": "16ac1da15287dad8",
     "test/shard-00000-000.tar": "767ccb2ea5d87b10",
     "test/shard-00000-000.tar.idx": "10996ace3ec45499",
     "test/shard-00000-001.tar": "1c2354fc702a303e",
     "test/shard-00000-001.tar.idx": "10996ace3ec45499",
-    "test/shard-00000-002.tar": "3ec6d94ddcd7db5f",
-    "test/shard-00000-002.tar.idx": "a0e6a709ec7216fa",
     "test/shard-00001-000.tar": "78d269b750e1ae24",
     "test/shard-00001-000.tar.idx": "eb846ab9a5072bec",
     "test/shard-00002-000.tar": "0fc92d6a78c47d63",
@@ -149,18 +152,12 @@ GOLDEN_STATE: dict[str, str] = {
     "train/shard-00001-002.tar.idx": "10996ace3ec45499",
     "train/shard-00001-003.tar": "3d71af68fd9886a4",
     "train/shard-00001-003.tar.idx": "10996ace3ec45499",
-    "train/shard-00001-004.tar": "4a37c213392cbdaf",
-    "train/shard-00001-004.tar.idx": "a2e09659f60a857e",
     "train/shard-00002-000.tar": "bb904f79fd5a43ea",
     "train/shard-00002-000.tar.idx": "10996ace3ec45499",
     "train/shard-00002-001.tar": "b846ee6f4551ba78",
     "train/shard-00002-001.tar.idx": "10996ace3ec45499",
     "train/shard-00002-002.tar": "20fcf46993a95fc9",
     "train/shard-00002-002.tar.idx": "dcf88022137efc1d",
-    "train/shard-00002-003.tar": "252af2c42cc6ec0f",
-    "train/shard-00002-003.tar.idx": "a0e6a709ec7216fa",
-    "val/shard-00001-000.tar": "2b66bc3cc8020018",
-    "val/shard-00001-000.tar.idx": "16ac1da15287dad8",
 }
 
 

@@ -5,8 +5,10 @@ A block ends each split with a shard that is usually not full; when it is small 
 ``_build/rest/{split}/`` as its *remainder* (see :mod:`build_shards.sink`). Without packing, a
 split that gets a small share of every block (``val`` at 10%) would be as many tiny shards as
 there are blocks. Once every block is finished, :func:`pack_rests` reads each split's remainders
-in block order and writes their samples again through the same shard sink, bounded by the same
-limits: each split then has at most one such partial shard, its last.
+in block order and copies their samples' bytes (a gzip shard's inflated and compressed again, as
+its writer does) into shards of the same sink, bounded by the same limits: each split then has
+at most one such partial shard, its last. A packed shard's ``layout`` (the fields at a constant
+offset) is what its remainders' layouts share.
 
 The packing depends only on the block records (their remainders in block order), never on the
 number of workers or the engine, so the shards stay byte-identical. A packed shard is named
@@ -22,7 +24,7 @@ written): a rerun packs again.
 from __future__ import annotations
 
 import dataclasses
-import gzip
+import itertools
 import os
 import shutil
 import tempfile
@@ -33,7 +35,7 @@ from build_shards.blocks import BlockJob
 from build_shards.paths import shard_name
 from build_shards.records import BlockRecord
 from build_shards.sink import Committer, ShardSink
-from wdsloader.format import ShardInfo, index_path, iter_samples
+from wdsloader.format import ShardInfo, decode_index, index_path, inflate_sample
 from wdsloader.io.storage import is_local, join
 
 Placed = tuple[tuple[int, int], ShardInfo]  # ((block, part), shard): where a shard sorts
@@ -81,8 +83,8 @@ def pack_rests(
             sinks.append(sink)
             for b, info in rests:
                 sink.place = (b, len(records[b].splits.get(split, ())))
-                for key, members in _samples(fs, root, info, job.compression):
-                    sink.add(key, members)
+                for sample in _samples(fs, root, info, job.compression):
+                    sink.add_raw(sample, info.layout)
             infos = sink.close()
             packed[split] = list(zip(sink.places, infos, strict=True))
         committer.wait()
@@ -98,15 +100,15 @@ def pack_rests(
     return packed
 
 
-def _samples(
-    fs: Any, root: str, info: ShardInfo, compression: str | None
-) -> Iterator[tuple[str, list[tuple[str, bytes]]]]:
-    """``(key, members)`` of every sample of a remainder, as its block encoded them."""
-    data = fs.cat_file(join(root, info.path))
-    if compression is not None:
-        data = gzip.decompress(data)
-    for key, _start, fields in iter_samples(data, source=join(root, info.path)):
-        yield key, [(ext, data[off : off + size]) for ext, (off, size) in fields.items()]
+def _samples(fs: Any, root: str, info: ShardInfo, compression: str | None) -> Iterator[bytes]:
+    """The tar bytes of every sample of a remainder, as its block's writer made them (its
+    index gives where each starts; a gzip shard's samples are inflated one by one)."""
+    path = join(root, info.path)
+    data = fs.cat_file(path)
+    offsets = decode_index(fs.cat_file(join(root, info.idx_path)), source=path).tolist()
+    for i, (start, stop) in enumerate(itertools.pairwise(offsets)):
+        span = data[start:stop]
+        yield span if compression is None else inflate_sample(span, f"{path} sample {i}")
 
 
 def _move(fs: Any, root: str, split: str, block: int, part: int, info: ShardInfo) -> Placed:

@@ -131,6 +131,19 @@ class ShardSink:
         w.write_sample(key, members)
         return w.offset - before
 
+    def add_raw(self, sample: bytes, layout: dict[str, list[int]] | None) -> None:
+        """Write one sample's tar bytes as another shard holds them (its ``layout``), under the
+        same bounds as :meth:`add`."""
+        w = self._writer
+        if w is not None and (
+            w.num_samples >= self.max_count or w.projected_raw_size(len(sample)) > self.max_bytes
+        ):
+            self._finish()
+            w = None
+        if w is None:
+            w = self._open()
+        w.write_raw(sample, layout)
+
     def next_name(self) -> str:
         """The file name of the next shard this sink opens."""
         return shard_name(self.block, len(self.infos), self.prefix, self.compression)

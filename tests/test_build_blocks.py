@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import hashlib
+import io
+import itertools
 import math
 import tarfile
 from pathlib import Path
@@ -18,6 +20,7 @@ from build_shards.params import (
     default_block_size,
     sample_tar_bytes,
 )
+from wdsloader.format import TarStreamWriter, decode_index, inflate_sample
 
 MiB = 2**20
 BLOB = 160 * 1024 + 3 * 512  # a 160 KiB blob sample with a small label and JSON member
@@ -132,3 +135,22 @@ def test_a_split_that_fills_its_block_shards_keeps_them_and_packs_only_the_small
     assert sorted(keys) == [it["__key__"] for it in items]  # each once
     # shards in the order of their first sample: block 0's 0-39, then 40-49 packed with 90-99
     assert keys[40:60] == [f"k{i:05d}" for i in [*range(40, 50), *range(90, 100)]]
+
+
+@pytest.mark.parametrize("compression", [None, "gzip"])
+def test_a_sample_copied_raw_is_the_bytes_write_sample_makes(compression):
+    # packing copies the remainders' samples as bytes: the same file, index and layout
+    samples = [(f"k{i}", [("x.npy", bytes(200 + i % 2)), ("y.cls", b"%d" % i)]) for i in range(6)]
+    direct, copied = io.BytesIO(), io.BytesIO()
+    w = TarStreamWriter(direct, compression=compression)
+    for key, members in samples:
+        w.write_sample(key, members)
+    idx, sha = w.close()
+    data, offsets = direct.getvalue(), decode_index(idx).tolist()
+    c = TarStreamWriter(copied, compression=compression)
+    for i, (start, stop) in enumerate(itertools.pairwise(offsets)):
+        raw = data[start:stop] if compression is None else inflate_sample(data[start:stop], "s")
+        assert c.projected_raw_size(len(raw)) == c.projected_size(samples[i][1])
+        c.write_raw(raw, w.layout)
+    assert c.close() == (idx, sha) and copied.getvalue() == data
+    assert c.layout == w.layout and (compression is not None or w.layout == {"y.cls": [1536, 1]})

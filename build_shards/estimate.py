@@ -20,6 +20,7 @@ from wdsloader.errors import SchemaError
 from wdsloader.format import TarStreamWriter
 
 MEASURED_ITEMS = 16  # items timed after the first (which pays one-time costs: imports, caches)
+MEASURE_BUDGET_S = 0.2  # no item is started once the measurement took this long
 
 
 class _Discard:
@@ -33,8 +34,8 @@ def item_seconds(
     job: BlockJob, src: Source, stream: Iterator[tuple[int, Any]] | None
 ) -> tuple[float, Iterator[tuple[int, Any]] | None]:
     """The seconds an item costs (read, decode, ``map``, encode, tar): the median over up to
-    :data:`MEASURED_ITEMS` items after the first (robust to a one-off pause), and the stream
-    with the items read put back.
+    :data:`MEASURED_ITEMS` items after the first (robust to a one-off pause), fewer once they
+    took :data:`MEASURE_BUDGET_S`, and the stream with the items read put back.
 
     An item that fails ends the measurement: the build raises its error where it always does.
     """
@@ -59,6 +60,8 @@ def item_seconds(
             t1 = clock()
             times.append(t1 - t0)
             t0 = t1
+            if sum(times) >= MEASURE_BUDGET_S:  # a costly map: a few items tell enough
+                break
     except (BuildError, SchemaError, ValueError):
         pass
     return (statistics.median(times) if times else 0.0), stream

@@ -14,6 +14,7 @@ import sys
 import textwrap
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -282,3 +283,28 @@ def test_the_progress_of_a_jsonl_build_has_a_total_the_lines_of_the_files(tmp_pa
     build_shards(str(path), tmp_path / "ds", progress=lambda d, t: calls.append((d, t)))
     # 252 lines (one blank) before the build ends: the total is known from the first report
     assert {t for _, t in calls} == {252} and calls[-1][0] == 251
+
+
+class _CountingMap:
+    """A ``map`` that counts its calls (the build runs in this process)."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def __call__(self, sample: dict) -> dict:
+        self.calls += 1
+        return sample
+
+
+@pytest.mark.parametrize(("tick", "measured"), [(0.15, 2), (0.001, 16)])
+def test_the_cost_of_an_item_is_measured_on_16_items_or_for_at_most_a_fifth_of_a_second(
+    tmp_path, monkeypatch, tick, measured
+):
+    # a map of a second an item must not cost 16 s in the parent before the workers start
+    now = iter(range(10**6))
+    fake = SimpleNamespace(perf_counter=lambda: next(now) * tick)
+    monkeypatch.setattr("build_shards.estimate.time", fake)
+    count = _CountingMap()
+    items = [{"__key__": f"k{i:03d}", "y": i} for i in range(100)]
+    build_shards(items, tmp_path / "ds", map=count)
+    assert count.calls == 100 + 1 + measured  # every item, the first for the schema, the timed

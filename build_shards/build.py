@@ -161,6 +161,7 @@ def build_shards(
             seed=seed, allow_nan=allow_nan, shard_max_count=shard_max_count,
             shard_max_bytes=shard_max_bytes,
             block_size=block_size, compression=compression, group_small=bool(group_small_fields),
+            measure=runner.name == "local" and not runner.single_process,
         )  # fmt: skip
         defaults = dict(loader_defaults or {})
         if curriculum is not None:
@@ -176,7 +177,7 @@ def build_shards(
             job, stream, completed = _resume(state, inp, overwrite)
             hint = given.count_hint()
             bar = ProgressBar(progress, inp.src.length or hint)
-            if hint is not None:
+            if hint is not None and inp.item_seconds:
                 left = hint - sum(rec.num_items for rec in completed.values())
                 runner.expect(max(0, left) * inp.item_seconds)
             try:
@@ -271,10 +272,12 @@ def _open_input(
     block_size: int | None,
     compression: str | None = None,
     group_small: bool = False,
+    measure: bool = False,
 ) -> Input:
-    """Infer the schema from the source's first sample and check that sample. ``length``: the
-    source's as given, before the engine prepared it (the default block size depends on it, so
-    every engine writes the same shards)."""
+    """Infer the schema from the source's first sample and check that sample (and with
+    ``measure``, time a few more). ``length``: the source's as given, before the engine
+    prepared it (the default block size depends on it, so every engine writes the same
+    shards)."""
     splitter = make_splitter(
         src, splits=splits, split_field=split_field, group_by=group_by, seed=seed
     )
@@ -315,7 +318,7 @@ def _open_input(
         fingerprint=params.fingerprint(),
         source=src if src.indexable and not src.in_memory else None,
     )
-    cost, stream = item_seconds(job, src, stream)
+    cost, stream = item_seconds(job, src, stream) if measure else (0.0, stream)
     return Input(src, splitter, stream, params, job, cost)
 
 

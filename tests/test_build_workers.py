@@ -296,15 +296,20 @@ class _CountingMap:
         return sample
 
 
-@pytest.mark.parametrize(("tick", "measured"), [(0.15, 2), (0.001, 16)])
+@pytest.mark.parametrize(("tick", "in_parent"), [(0.15, 1 + 2), (0.001, 1 + 16 + 100)])
 def test_the_cost_of_an_item_is_measured_on_16_items_or_for_at_most_a_fifth_of_a_second(
-    tmp_path, monkeypatch, tick, measured
+    tmp_path, monkeypatch, tick, in_parent
 ):
-    # a map of a second an item must not cost 16 s in the parent before the workers start
+    # a map of a second an item must not cost 16 s in the parent before the workers start:
+    # items that take 0.15 s (a fake clock) are timed twice, then 100 of them (15 s) go to the
+    # workers; items of 1 ms are timed 16 times, then the build (0.1 s) runs in this process
+    monkeypatch.setattr("build_shards.engines.local.SMALL_BUILD_S", SMALL_BUILD_S)
     now = iter(range(10**6))
     fake = SimpleNamespace(perf_counter=lambda: next(now) * tick)
     monkeypatch.setattr("build_shards.estimate.time", fake)
     count = _CountingMap()
     items = [{"__key__": f"k{i:03d}", "y": i} for i in range(100)]
-    build_shards(items, tmp_path / "ds", map=count)
-    assert count.calls == 100 + 1 + measured  # every item, the first for the schema, the timed
+    m = build_shards(items, tmp_path / "ds", map=count, workers=2, block_size=50)
+    assert m.num_samples == 100
+    # the first item for the schema, the timed ones, and every item when the build ran here
+    assert count.calls == in_parent

@@ -258,15 +258,14 @@ class OutputState:
         return out
 
     def _shards_present(self, rec: BlockRecord) -> bool:
-        for shards in rec.splits.values():
-            for s in shards:
-                try:
-                    if self.fs.size(join(self.root, s.path)) != s.num_bytes:
-                        return False
-                    if not self.fs.exists(join(self.root, s.idx_path)):
-                        return False
-                except FileNotFoundError:
+        for s in rec.all_shards():
+            try:
+                if self.fs.size(join(self.root, s.path)) != s.num_bytes:
                     return False
+                if not self.fs.exists(join(self.root, s.idx_path)):
+                    return False
+            except FileNotFoundError:
+                return False
         return True
 
     def record_keys(self, block: int) -> dict[str, list[str]]:

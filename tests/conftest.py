@@ -39,6 +39,13 @@ def new_bucket(endpoint: str, prefix: str = "test") -> tuple[str, dict]:
 
 
 @pytest.fixture()
+def build_workers(monkeypatch):
+    """A build that asks for worker processes starts them however small it is (the rule that
+    runs a small build in one process has its own tests in test_build_workers.py)."""
+    monkeypatch.setattr("build_shards.engines.local.SMALL_BUILD_S", 0.0)
+
+
+@pytest.fixture()
 def s3_bucket(s3_server):
     """``(bucket_url, storage_options)`` for a fresh bucket on the loopback S3 server."""
     return new_bucket(s3_server)

@@ -510,11 +510,14 @@ def test_shards_respect_count_and_real_byte_bounds(tmp_path, caplog):
     assert m.num_samples == 80
     m2 = build_shards(items, tmp_path / "count", shard_max_count=7, block_size=30)
     counts = [s.num_samples for s in m2.splits["train"].shards]
-    assert counts == [7, 7, 7, 7, 2, 7, 7, 7, 7, 2, 7, 7, 6]
+    # blocks of 30: 7+7+7+7+2, 7+7+7+7+2, 7+7+6; their last shards (2, 2, 6) are packed into
+    # 7 + 3, each named after the block part its first sample comes from
+    assert counts == [7] * 11 + [3]
     assert [Path(s.path).name for s in m2.splits["train"].shards][4:6] == [
         "train-00000-004.tar",
         "train-00001-000.tar",
     ]
+    assert Path(m2.splits["train"].shards[-1].path).name == "shard-00002-002.tar"
 
 
 def test_existing_dataset_needs_overwrite_which_replaces_it(tmp_path):

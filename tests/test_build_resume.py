@@ -95,6 +95,7 @@ OPTS = dict(
 
 
 @pytest.mark.slow
+@pytest.mark.usefixtures("build_workers")
 def test_workers_do_not_change_a_single_byte(tmp_path):
     build_shards(items(300), tmp_path / "w1", map=add_square, workers=1, **OPTS)
     calls: list[tuple[int, int]] = []
@@ -326,7 +327,7 @@ def test_a_block_record_reads_back_what_it_wrote(tmp_path):
         on_disk = json.loads(path.read_bytes())
         rec = BlockRecord.from_json(path.read_bytes())
         assert rec.to_dict() == on_disk and rec.to_json() == path.read_bytes()
-        assert rec.num_samples == sum(s.num_samples for ss in rec.splits.values() for s in ss)
+        assert rec.num_samples == sum(s.num_samples for s in rec.all_shards())
         compact = rec.compact()
         assert compact.keys is None
         assert {s: len(h) for s, h in compact.key_hashes.items()} == {
@@ -355,3 +356,33 @@ def test_the_fingerprint_options_and_manifest_build_share_their_parameters(tmp_p
     ]
     assert {k: options[k] for k in shared} == {k: build[k] for k in shared}
     assert build["seed"] == 5 and build["block_size"] == 40
+
+
+def test_a_crash_while_packing_the_remainders_resumes_to_the_same_build(
+    tmp_path, monkeypatch, caplog
+):
+    import build_shards.rests as rests
+
+    real, calls = rests._samples, []
+
+    def fail_third(fs, root, info, compression):
+        calls.append(info.path)
+        if len(calls) == 3:
+            raise OSError("the disk went away while packing")
+        return real(fs, root, info, compression)
+
+    monkeypatch.setattr(rests, "_samples", fail_third)
+    with pytest.raises(OSError, match="while packing") as err:
+        build_shards(items(200), tmp_path / "out", **OPTS)
+    assert "rerun with the same options to resume" in str(err.value.__notes__)
+    # every block finished: their records and remainders are kept for the rerun
+    assert len(list((tmp_path / "out" / "_build").glob("block-*.json"))) == 5
+    assert list((tmp_path / "out" / "_build" / "rest").rglob("*.tar"))
+    monkeypatch.setattr(rests, "_samples", real)
+    caplog.set_level("INFO", logger="build_shards")
+    build_shards(items(200), tmp_path / "out", **OPTS)
+    # test's only remainder (block 0's) was moved into place before the crash: block 0 is
+    # redone, the other four are kept
+    assert "4 finished blocks kept" in caplog.text
+    build_shards(items(200), tmp_path / "ref", **OPTS)
+    assert_same_build(tmp_path / "out", tmp_path / "ref")

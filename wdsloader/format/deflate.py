@@ -25,6 +25,16 @@ import struct
 import zlib
 
 from wdsloader.errors import ShardFormatError
+from wdsloader.format.pax import pax_path_size, pax_size
+from wdsloader.format.ustar import (
+    BLOCK,
+    MAX_EXTENSION_BYTES,
+    SIZE,
+    TYPEFLAG,
+    checksum_ok,
+    padded,
+    parse_octal,
+)
 
 COMPRESSIONS = ("gzip",)
 """The values of a shard's ``compression`` in the manifest."""
@@ -80,28 +90,135 @@ def deflate_bound(n: int) -> int:
     return n + (n >> 12) + (n >> 14) + (n >> 25) + 13 + 2 * len(_FLUSH_MARK)
 
 
-def inflate_sample(span: bytes | memoryview, where: str) -> bytes:
-    """The tar bytes of one sample from its compressed bytes ``span`` (an index range of a
+def inflate_sample(span: bytes | memoryview, where: str, max_length: int | None = None) -> bytes:
+    """The tar bytes of one sample: :func:`inflate_pieces` joined."""
+    return b"".join(inflate_pieces(span, where, max_length))
+
+
+def inflate_pieces(
+    span: bytes | memoryview, where: str, max_length: int | None = None
+) -> list[bytes]:
+    """The tar bytes (in pieces, to be joined) of one sample of one sample from its compressed bytes ``span`` (an index range of a
     gzip shard); :class:`ShardFormatError` starting with ``where`` (the shard and the sample)
-    when the span is not one whole flushed piece of deflate data holding whole tar blocks."""
+    when the span is not one whole flushed piece of deflate data holding whole tar blocks.
+
+    Inflation is incremental and follows the sample's tar headers: a header, then the data it
+    declares (padded to 512 bytes), then the next header. Anything else in the span (a zero
+    block or more data after the last member: a decompression bomb or a corrupt shard) is a
+    :class:`ShardFormatError` as soon as its first 512 bytes are inflated, so memory stays
+    bounded by the sizes the headers declare. With ``max_length``, a sample whose headers
+    declare more than ``max_length`` bytes is refused before they are inflated: no more than
+    ``max_length`` bytes are ever returned or held.
+    """
     if len(span) < len(_FLUSH_MARK) or span[-len(_FLUSH_MARK) :] != _FLUSH_MARK:
         raise ShardFormatError(
             f"{where}: compressed sample does not end at a flush point (a corrupt shard, or an "
             "index that does not match it; is this a .tar.gz written by another tool?)"
         )
-    z = zlib.decompressobj(-zlib.MAX_WBITS)
+    stream = _Inflating(span, where, max_length)
     try:
-        data = z.decompress(span)
+        stream.walk()
     except zlib.error as exc:
         raise ShardFormatError(f"{where}: corrupt compressed data: {exc}") from None
-    if z.eof or z.unused_data:
+    if stream.z.eof or stream.z.unused_data:
         raise ShardFormatError(
             f"{where}: the compressed stream ends inside the sample's range (corrupt data or "
             "an index that does not match the shard)"
         )
-    if not data or len(data) % 512:
+    if not stream.size or stream.size % BLOCK:
         raise ShardFormatError(
-            f"{where}: inflated to {len(data)} bytes, not a whole number of 512-byte tar "
+            f"{where}: inflated to {stream.size} bytes, not a whole number of 512-byte tar "
             "blocks (corrupt compressed data)"
         )
-    return data
+    return stream.out
+
+
+_CHUNK = 1 << 16  # compressed bytes handed to zlib at a time
+_EXTENSIONS = frozenset(b"xgLK")  # headers whose data describes the next member
+
+
+class _Inflating:
+    """One sample's raw deflate stream, inflated as its tar headers say (see
+    :func:`inflate_pieces`): ``out`` holds the pieces inflated so far, ``size`` their bytes."""
+
+    def __init__(self, span: bytes | memoryview, where: str, max_length: int | None) -> None:
+        self.z = zlib.decompressobj(-zlib.MAX_WBITS)
+        self.span = memoryview(span)
+        self.pos = 0
+        self.tail = b""
+        self.where = where
+        self.max_length = max_length
+        self.out: list[bytes] = []
+        self.size = 0
+
+    def inflate(self, n: int) -> list[bytes]:
+        """Up to ``n`` more inflated bytes (fewer only at the end of the span), appended to
+        ``out`` and returned, in pieces; never more than ``max_length`` in all."""
+        limit = self.max_length
+        allowed = n if limit is None else min(n, limit - self.size)
+        parts = self._inflate(allowed)
+        if allowed < n and self.size == limit and self._inflate(1):
+            raise ShardFormatError(
+                f"{self.where}: the sample inflates to more than max_length={limit} bytes"
+            )
+        return parts
+
+    def _inflate(self, n: int) -> list[bytes]:
+        parts, need = [], n
+        while need > 0 and not self.z.eof:
+            data = self.tail or self.span[self.pos : self.pos + _CHUNK]
+            if not self.tail:
+                self.pos += len(data)
+            chunk = self.z.decompress(data, need)
+            self.tail = self.z.unconsumed_tail
+            if chunk:
+                parts.append(chunk)
+                need -= len(chunk)
+            elif not data:
+                break  # the span is used up and zlib holds nothing more
+        self.out += parts
+        self.size += n - need
+        return parts
+
+    def walk(self) -> None:
+        """Every member, header and declared data, until the span is used up."""
+        pax_size_raw: bytes | None = None
+        while True:
+            at = self.size
+            header = b"".join(self.inflate(BLOCK))
+            if len(header) < BLOCK:
+                return  # the end of the span, or a partial block (reported by the caller)
+            if not header.strip(b"\0"):
+                raise ShardFormatError(
+                    f"{self.where}: more data than its tar headers declare: a zero block at "
+                    f"byte {at} of the inflated sample, after its members (a decompression "
+                    "bomb or a corrupt shard)"
+                )
+            size = parse_octal(header[SIZE]) if checksum_ok(header) else None
+            if size is None:
+                raise ShardFormatError(
+                    f"{self.where}: corrupt tar header at byte {at} of the inflated sample "
+                    "(checksum mismatch or bad size field)"
+                )
+            flag = header[TYPEFLAG.start]
+            if flag in _EXTENSIONS:
+                if size > MAX_EXTENSION_BYTES:
+                    raise ShardFormatError(
+                        f"{self.where}: extension header of {size} bytes at byte {at} of the "
+                        f"inflated sample (more than {MAX_EXTENSION_BYTES})"
+                    )
+                data = b"".join(self.inflate(padded(size)))
+                if flag == ord("x") and len(data) >= size:
+                    pax_size_raw = pax_path_size(data[:size], self.where, at)[1]
+            else:
+                if pax_size_raw is not None:
+                    size = pax_size(pax_size_raw, f"{self.where}: byte {at}")
+                if self.max_length is not None and self.size + padded(size) > self.max_length:
+                    raise ShardFormatError(
+                        f"{self.where}: the member at byte {at} of the inflated sample "
+                        f"declares {size} bytes, past max_length={self.max_length}"
+                    )
+                self.inflate(padded(size))
+                pax_size_raw = None
+            if self.size < at + BLOCK + padded(size):
+                return  # truncated: the caller's block check or the tar parser names it

@@ -28,7 +28,7 @@ import errno
 import sys
 from collections.abc import Iterator
 
-__all__ = ["is_transient", "transient_cause"]
+__all__ = ["error_chain", "is_network_error", "is_transient", "transient_cause"]
 
 _CHAIN_MAX = 16
 _PATH_ERRORS = (FileNotFoundError, PermissionError, IsADirectoryError, NotADirectoryError)
@@ -57,12 +57,12 @@ _TRANSIENT_CODES = frozenset(
 
 def is_transient(exc: BaseException) -> bool:
     """Whether a storage error is worth retrying (see the module docstring)."""
-    chain = list(_chain(exc))
+    chain = list(error_chain(exc))
     for link in chain:
         verdict = _answer(link)
         if verdict is not None:
             return verdict
-    if any(_network(link) for link in chain):
+    if any(is_network_error(link) for link in chain):
         return True
     if isinstance(exc, _PATH_ERRORS):
         return False
@@ -75,13 +75,13 @@ def transient_cause(exc: BaseException) -> BaseException:
     """The link of ``exc``'s chain that makes it transient (the one to describe in messages:
     a network error rather than the ``FileNotFoundError`` a client wrapped it in), else
     ``exc``."""
-    for link in _chain(exc):
-        if _answer(link) or _network(link):
+    for link in error_chain(exc):
+        if _answer(link) or is_network_error(link):
             return link
     return exc
 
 
-def _chain(exc: BaseException) -> Iterator[BaseException]:
+def error_chain(exc: BaseException) -> Iterator[BaseException]:
     """``exc`` and the exceptions it was raised from, outermost first (at most 16)."""
     seen: set[int] = set()
     link: BaseException | None = exc
@@ -115,7 +115,7 @@ def _transient_status(status: int) -> bool:
     return status >= 500 or status in (408, 429)
 
 
-def _network(exc: BaseException) -> bool:
+def is_network_error(exc: BaseException) -> bool:
     """A failure to reach the server or to get its whole answer (no answer to judge)."""
     if isinstance(exc, (asyncio.TimeoutError, TimeoutError, ConnectionError)):
         return True  # ConnectionError: refused, reset, aborted, broken pipe

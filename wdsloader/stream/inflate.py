@@ -10,7 +10,7 @@ import numpy as np
 from wdsloader.decode.batch import RawBatch
 from wdsloader.errors import WdsLoaderError
 from wdsloader.format import ShardInfo
-from wdsloader.format.deflate import inflate_pieces
+from wdsloader.format.deflate import inflate_sample
 
 
 class Inflater:
@@ -32,32 +32,32 @@ class Inflater:
     def __call__(self, raw: RawBatch) -> RawBatch:
         if not self.compressed[raw.shard].any():
             return raw
-        samples = [self._sample(raw, j) for j in range(len(raw))]
-        sizes = np.array(
-            [0 if isinstance(p, Exception) else sum(map(len, p)) for p in samples], np.int64
-        )
-        if any(isinstance(p, Exception) for p in samples):  # each sample on its own
-            pieces = [p if isinstance(p, Exception) else b"".join(p) for p in samples]
+        pieces: list[bytes | Exception] = []
+        failed = False
+        for j in range(len(raw)):
+            piece = self._sample(raw, j)
+            failed = failed or isinstance(piece, Exception)
+            pieces.append(piece)
+        sizes = np.array([0 if isinstance(p, Exception) else len(p) for p in pieces], np.int64)
+        if failed:  # each sample on its own, the failures as their errors
             zeros = np.zeros(len(raw), dtype=np.int64)
             return RawBatch(None, pieces, zeros, sizes, raw.base + raw.start, raw.shard, raw.local)
-        # one copy of the inflated bytes: the samples' pieces joined at once
-        joined = b"".join(part for p in samples for part in p)  # type: ignore[union-attr]
-        del samples
+        joined = b"".join(pieces)  # type: ignore[arg-type]  # no exception among them
         stop = np.cumsum(sizes)
         start = stop - sizes
         base = raw.base + raw.start - start
         buf = np.frombuffer(joined, dtype=np.uint8)
         return RawBatch(buf, [joined] * len(raw), start, stop, base, raw.shard, raw.local)
 
-    def _sample(self, raw: RawBatch, j: int) -> list[bytes] | Exception:
+    def _sample(self, raw: RawBatch, j: int) -> bytes | Exception:
         data = raw.data[j]
         if isinstance(data, Exception):
             return data
         s = int(raw.shard[j])
         span = memoryview(data)[int(raw.start[j]) : int(raw.stop[j])]
         if not self.compressed[s]:
-            return [bytes(span)]
+            return bytes(span)
         try:
-            return inflate_pieces(span, f"{self.url(self.shards[s])}: sample #{int(raw.local[j])}")
+            return inflate_sample(span, f"{self.url(self.shards[s])}: sample #{int(raw.local[j])}")
         except WdsLoaderError as exc:
             return exc

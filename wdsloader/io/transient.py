@@ -116,7 +116,8 @@ def _transient_status(status: int) -> bool:
 
 
 def is_network_error(exc: BaseException) -> bool:
-    """A failure to reach the server or to get its whole answer (no answer to judge)."""
+    """A failure to reach the server or to get its whole answer (no answer to judge: an
+    HTTP status is one, see :func:`is_transient`)."""
     if isinstance(exc, (asyncio.TimeoutError, TimeoutError, ConnectionError)):
         return True  # ConnectionError: refused, reset, aborted, broken pipe
     botocore = sys.modules.get("botocore.exceptions")
@@ -128,5 +129,5 @@ def is_network_error(exc: BaseException) -> bool:
     return (
         aiohttp is not None
         and isinstance(exc, aiohttp.ClientError)
-        and not isinstance(exc, aiohttp.InvalidURL)
+        and not isinstance(exc, (aiohttp.InvalidURL, aiohttp.ClientResponseError))
     )

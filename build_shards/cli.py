@@ -22,6 +22,7 @@ from typing import Any
 from build_shards.cli_parser import PROG, CliError, build_parser, fail
 from build_shards.cli_report import Progress, describe_error, format_summary, small_records_hint
 from wdsloader.errors import WdsLoaderError
+from wdsloader.io.setup_errors import setup_error
 from wdsloader.io.storage import parse_storage_options
 
 USER_ERRORS: tuple[type[BaseException], ...] = (WdsLoaderError, OSError, ValueError)
@@ -250,12 +251,29 @@ def main(argv: list[str] | None = None) -> int:
         return _write_command(args, run)
     except CliError as exc:
         fail(str(exc))
-    except USER_ERRORS as exc:
+    except Exception as exc:  # user errors and storage set-up mistakes: one line
+        setup = setup_error(exc, _target(args), _options(args))
+        if setup is not None:
+            fail(str(setup))
+        if not isinstance(exc, USER_ERRORS):
+            raise  # a bug: its traceback
         message = describe_error(exc)
         if isinstance(exc, OSError) and getattr(exc, "resumable", False):
             sys.stderr.write(f"{PROG}: error: {' '.join(message.split())}\n")
             raise SystemExit(1) from None
         fail(message)
+
+
+def _target(args: argparse.Namespace) -> str:
+    """The dataset URL the command writes (named in storage set-up errors)."""
+    return str(args.root if args.command == "adopt" else args.output)
+
+
+def _options(args: argparse.Namespace) -> dict[str, Any]:
+    try:
+        return parse_storage_options(args.storage_option)
+    except ValueError:
+        return {}
 
 
 if __name__ == "__main__":

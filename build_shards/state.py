@@ -34,6 +34,7 @@ from build_shards.paths import (
 from build_shards.records import BlockRecord, RecordError
 from wdsloader.errors import WdsLoaderError
 from wdsloader.format import INDEX_SUFFIX, MANIFEST_NAME, Manifest
+from wdsloader.io.setup_errors import setup_errors_in_one_line
 from wdsloader.io.storage import is_local, join, write_atomic
 from wdsloader.redact import redact, secrets_of
 
@@ -74,8 +75,11 @@ class OutputState:
 
     # -- queries -----------------------------------------------------------------------------
     def has_manifest(self) -> bool:
+        """Whether the output holds a manifest (a build's first look at its output: a missing
+        bucket or a dead endpoint is a StorageSetupError here)."""
         self.fs.invalidate_cache()
-        return bool(self.fs.exists(join(self.root, MANIFEST_NAME)))
+        with setup_errors_in_one_line(self.url, fs=self.fs):
+            return bool(self.fs.exists(join(self.root, MANIFEST_NAME)))
 
     def _our_files(self) -> list[str]:
         """Shard, index and temporary files of our naming patterns in the split folders."""

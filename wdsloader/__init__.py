@@ -32,6 +32,7 @@ _EXPORTS = {
     "ShardReadError": "wdsloader.errors",
     "SkipLimitError": "wdsloader.errors",
     "StateMismatchError": "wdsloader.errors",
+    "StorageSetupError": "wdsloader.errors",
     "WdsLoaderError": "wdsloader.errors",
     "WorkerDiedError": "wdsloader.errors",
     "EpochLengthPolicy": "wdsloader.mix",
@@ -92,6 +93,7 @@ if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs
         ShardReadError,
         SkipLimitError,
         StateMismatchError,
+        StorageSetupError,
         WdsLoaderError,
         WorkerDiedError,
     )

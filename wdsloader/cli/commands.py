@@ -7,6 +7,7 @@ import json
 import sys
 from typing import Any
 
+from wdsloader.io.setup_errors import setup_error
 from wdsloader.io.storage import parse_storage_options
 from wdsloader.redact import redact, secrets_of
 
@@ -201,18 +202,24 @@ def main(argv: list[str] | None = None) -> int:
     commands = {"info": _info, "head": _head, "validate": _validate, "bench": _bench}
     try:
         return commands[args.command](args)
-    except (WdsLoaderError, ValueError, OSError) as exc:
-        print(f"wdsloader: error: {redact(exc, _secrets(args))}", file=sys.stderr)
+    except Exception as exc:  # user errors and storage set-up mistakes: one line, exit 2
+        shown = setup_error(exc, args.dataset, _options(args)) or exc
+        if not isinstance(shown, (WdsLoaderError, ValueError, OSError)):
+            raise  # a bug: its traceback
+        print(f"wdsloader: error: {redact(shown, _secrets(args))}", file=sys.stderr)
         return 2
+
+
+def _options(args: argparse.Namespace) -> dict[str, Any]:
+    try:
+        return parse_storage_options(args.storage_option)
+    except ValueError:
+        return {}
 
 
 def _secrets(args: argparse.Namespace) -> tuple[str, ...]:
     """The credentials given on the command line, masked in error messages."""
-    try:
-        options = parse_storage_options(args.storage_option)
-    except ValueError:
-        options = {}
-    return secrets_of(options, args.dataset)
+    return secrets_of(_options(args), args.dataset)
 
 
 if __name__ == "__main__":

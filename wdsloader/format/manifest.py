@@ -7,7 +7,7 @@ import os
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from wdsloader.errors import ManifestError
+from wdsloader.errors import ManifestError, StorageSetupError
 from wdsloader.format.checks import (
     MAX_INT,
     InvalidField,
@@ -27,6 +27,7 @@ from wdsloader.format.checks import (
 )
 from wdsloader.format.deflate import COMPRESSIONS
 from wdsloader.format.toplevel import check_top_level
+from wdsloader.io.setup_errors import setup_errors_in_one_line
 from wdsloader.io.storage import join, url_to_fs, write_atomic
 from wdsloader.redact import redact, secrets_of
 
@@ -295,7 +296,12 @@ class Manifest:
         secrets = secrets_of(storage_options, os.fspath(root))
         where = redact(f"{os.fspath(root).rstrip('/')}/{MANIFEST_NAME}", secrets)
         try:
-            raw = fs.cat_file(target)
+            with setup_errors_in_one_line(
+                f"{os.fspath(root).rstrip('/')}/{MANIFEST_NAME}", storage_options
+            ):
+                raw = fs.cat_file(target)
+        except StorageSetupError:
+            raise
         except FileNotFoundError:
             raise ManifestError(
                 f"{where}: manifest not found (is this a wdsloader dataset, and did its build "

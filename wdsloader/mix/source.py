@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import math
 import os
+import urllib.parse
 from collections.abc import Sequence
 from dataclasses import dataclass
 from fractions import Fraction
@@ -26,6 +27,7 @@ from wdsloader.curriculum.schedule import Schedule
 from wdsloader.format.checks import as_int
 from wdsloader.plan.mix import MixEpoch
 from wdsloader.plan.quotas import mix_quotas
+from wdsloader.redact import redact
 
 __all__ = ["Source", "mix_epoch", "mix_names", "mix_quotas_for"]
 
@@ -34,8 +36,10 @@ __all__ = ["Source", "mix_epoch", "mix_names", "mix_quotas_for"]
 class Source:
     """A built dataset (a local path or fsspec URL) in a mix; see the module docstring.
 
-    ``name`` (default: the last part of the path) names the source in schedules, errors,
-    ``stats`` and the optional source field of a batch.
+    ``name`` (default: the last part of the path, never the URL's userinfo, query or
+    fragment; the host when the path is empty) names the source in schedules, errors,
+    ``stats``, the state's fingerprint and the optional source field of a batch. A name that
+    carries credentials is refused.
     """
 
     url: str | os.PathLike[str]
@@ -46,27 +50,36 @@ class Source:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "url", os.fspath(self.url))
+        shown = redact(self.url)
         given = [k for k in ("weight", "samples", "repeat") if getattr(self, k) is not None]
         if len(given) > 1:
             raise ValueError(
-                f"Source {self.url!r}: give one of weight=, samples= or repeat=, not {given}"
+                f"Source {shown!r}: give one of weight=, samples= or repeat=, not {given}"
             )
         for key in ("weight", "repeat"):
             value = getattr(self, key)
             if value is not None:
                 v = float(value)
                 if not math.isfinite(v) or v < 0:
-                    raise ValueError(f"Source {self.url!r}: {key}={value!r} must be finite, >= 0")
+                    raise ValueError(f"Source {shown!r}: {key}={value!r} must be finite, >= 0")
                 object.__setattr__(self, key, v)
         if self.samples is not None:
             object.__setattr__(
-                self, "samples", as_int(self.samples, f"Source {self.url!r}: samples", 0)
+                self, "samples", as_int(self.samples, f"Source {shown!r}: samples", 0)
             )
         if self.name is None:
-            base = str(self.url).rstrip("/").rsplit("/", 1)[-1]
-            object.__setattr__(self, "name", base or str(self.url))
+            object.__setattr__(self, "name", default_name(str(self.url)))
         elif not isinstance(self.name, str) or not self.name:
-            raise ValueError(f"Source {self.url!r}: name must be a non-empty string")
+            raise ValueError(f"Source {shown!r}: name must be a non-empty string")
+        elif redact(self.name) != self.name:
+            raise ValueError(
+                f"Source {shown!r}: name {redact(self.name)!r} carries credentials; the name "
+                "is shown in stats, states and errors: give another"
+            )
+
+    def __repr__(self) -> str:
+        kept = [f"{k}={getattr(self, k)!r}" for k in ("weight", "samples", "repeat", "name")]
+        return f"Source({redact(self.url)!r}, {', '.join(kept)})"
 
     def fixed_quota(self, size: int) -> int | None:
         """Samples per epoch from ``samples=``/``repeat=`` (None for a weighted source)."""
@@ -75,6 +88,17 @@ class Source:
         if self.repeat is not None:
             return math.floor(Fraction(repr(self.repeat)) * size)
         return None
+
+
+def default_name(url: str) -> str:
+    """The default name of a source at ``url``: the last part of its path; for a URL without
+    a path its host (and port). Never its userinfo, query string or fragment."""
+    if "://" not in url:
+        return url.rstrip("/").rsplit("/", 1)[-1] or url
+    parts = urllib.parse.urlsplit(url)
+    base = parts.path.rstrip("/").rsplit("/", 1)[-1]
+    host = parts.netloc.rsplit("@", 1)[-1]
+    return base or host or redact(url)
 
 
 def mix_names(sources: Sequence[Source]) -> tuple[str, ...]:

@@ -606,4 +606,4 @@ def test_deep_validation_of_pickle_members_needs_the_explicit_opt_in(tmp_path, c
     assert main(["validate", str(root), "--deep"]) == 1
     capsys.readouterr()
     assert main(["validate", str(root), "--deep", "--allow-pickle"]) == 0
-    assert capsys.readouterr().out.strip() == "OK: 1 shards, 3 samples checked (deep)"
+    assert capsys.readouterr().out.strip() == "OK: 1 shard, 3 samples checked (deep)"

@@ -8,6 +8,7 @@ import json
 
 import numpy as np
 import pytest
+import torch
 
 from build_shards import build_shards, infer
 from tests.test_build_core import read_dataset
@@ -186,3 +187,21 @@ def test_inference_is_the_same_for_any_number_of_workers(tmp_path):
         for sa, sb in zip(a.splits[split].shards, b.splits[split].shards, strict=True):
             assert (sa.path, sa.sha256) == (sb.path, sb.sha256)
     assert Manifest.load(tmp_path / "two").schema == a.schema
+
+
+@pytest.mark.parametrize("gather", [True, False])
+def test_an_optional_field_is_a_list_in_every_batch_of_the_default_collator(tmp_path, gather):
+    rows = [{"__key__": f"k{i:02d}", "x": i, "score": i / 4} for i in range(12)]
+    for r in rows[9:]:
+        del r["score"]  # only the last batch of 4 (k08..k11) lacks some values
+    m = build_shards(rows, tmp_path / "ds")
+    assert m.schema["score"].optional and not m.schema["x"].optional
+    loader = create_loader(
+        str(tmp_path / "ds"), "train", batch_size=4, shuffle=False, gather=gather
+    )
+    batches = list(loader)
+    assert [type(b["score"]) for b in batches] == [list] * len(batches)  # never a tensor
+    assert all(isinstance(b["x"], torch.Tensor) for b in batches)
+    keys = [k for b in batches for k in b["__key__"]]
+    scores = [s for b in batches for s in b["score"]]
+    assert dict(zip(keys, scores, strict=True)) == {r["__key__"]: r.get("score") for r in rows}

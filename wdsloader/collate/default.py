@@ -148,13 +148,17 @@ class DefaultCollator:
     - ``__key__``, str, bytes, dict, list, None, string arrays, ragged arrays (shapes or dtypes
       that differ) and anything mixed -> a Python list.
 
+    Fields named in ``optional`` (the schema's optional fields: the loader passes them) are
+    always a Python list, ``None`` where a sample lacks the value, so that their type does not
+    change from one batch to the next.
+
     Fields named in ``stack`` must become tensors (lists of numbers of one length too): one
     that cannot is a ValueError naming the field and the two samples that differ. Every sample
     must have the same fields; an empty batch is a ValueError. ``task_spec`` is accepted (as by
     every registered factory) and not used.
     """
 
-    __slots__ = ("float64", "stack")
+    __slots__ = ("float64", "optional", "stack")
 
     def __init__(
         self,
@@ -162,14 +166,21 @@ class DefaultCollator:
         *,
         stack: Iterable[str] = (),
         float64: Iterable[str] = (),
+        optional: Iterable[str] = (),
     ) -> None:
-        for option, value in (("stack", stack), ("float64", float64)):
+        for option, value in (("stack", stack), ("float64", float64), ("optional", optional)):
             if isinstance(value, str):
                 raise TypeError(f"{option} takes field names, got the string {value!r}")
         self.stack: tuple[str, ...] = tuple(stack)
         self.float64: tuple[str, ...] = tuple(float64)
+        self.optional: tuple[str, ...] = tuple(optional)
+        both = sorted(set(self.stack) & set(self.optional))
+        if both:
+            raise ValueError(f"optional fields {both} cannot be stacked: a sample may lack them")
 
     def _field(self, name: str, values: list[Any], samples: Sequence[dict[str, Any]]) -> Any:
+        if name in self.optional:
+            return list(values)
         return collate_field(name, values, samples, name in self.stack, name in self.float64)
 
     def __call__(self, samples: list[dict[str, Any]]) -> dict[str, Any]:
@@ -190,7 +201,9 @@ class DefaultCollator:
         samples = [{"__key__": k} for k in keys] if keys is not None else [{}] * n
         out: dict[str, Any] = {}
         for name, values in columns.items():
-            if isinstance(values, np.ndarray) and values.dtype.kind in _NUMERIC:
+            if name in self.optional:
+                out[name] = list(values)
+            elif isinstance(values, np.ndarray) and values.dtype.kind in _NUMERIC:
                 out[name] = torch.from_numpy(values)
             else:
                 out[name] = self._field(name, list(values), samples)
@@ -200,14 +213,15 @@ class DefaultCollator:
         return type(other) is DefaultCollator and other.__getstate__() == self.__getstate__()
 
     def __hash__(self) -> int:
-        return hash((DefaultCollator, self.stack, self.float64))
+        return hash((DefaultCollator, *self.__getstate__()))
 
     def __repr__(self) -> str:
-        options = [f"{k}={v!r}" for k, v in (("stack", self.stack), ("float64", self.float64)) if v]
+        named = (("stack", self.stack), ("float64", self.float64), ("optional", self.optional))
+        options = [f"{k}={v!r}" for k, v in named if v]
         return f"DefaultCollator({', '.join(options)})"
 
-    def __getstate__(self) -> tuple[tuple[str, ...], tuple[str, ...]]:
-        return self.stack, self.float64
+    def __getstate__(self) -> tuple[tuple[str, ...], ...]:
+        return self.stack, self.float64, self.optional
 
-    def __setstate__(self, state: tuple[tuple[str, ...], tuple[str, ...]]) -> None:
-        self.stack, self.float64 = state
+    def __setstate__(self, state: tuple[tuple[str, ...], ...]) -> None:
+        self.stack, self.float64, self.optional = state

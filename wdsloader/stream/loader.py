@@ -266,7 +266,9 @@ def build_dataset(
             allow_pickle=config.allow_pickle,
             dims=manifest.dims,
         ),
-        collate_fn=make_collate(config),
+        collate_fn=make_collate(
+            config, [name for name, spec in manifest.schema.items() if spec.optional]
+        ),
         on_error=config.on_error,
         readahead_batches=config.readahead_batches,
         curriculum=config.curriculum,

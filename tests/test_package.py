@@ -1,7 +1,11 @@
 """The package surface: public names resolve, and importing the format layer stays light."""
 
+import importlib
+import re
 import subprocess
 import sys
+
+import pytest
 
 import wdsloader
 
@@ -30,3 +34,60 @@ def test_error_classes_are_exported_and_ours():
     assert issubclass(wdsloader.BatchValidationError, AssertionError)
     assert issubclass(wdsloader.ShardReadError, OSError)
     assert wdsloader.validate.BatchValidationError is wdsloader.BatchValidationError
+
+
+# Names that left the top level, and the subpackage each is imported from now.
+MOVED = {
+    "ShardStreamDataset": "wdsloader.stream",
+    "LoaderConfig": "wdsloader.stream",
+    "PlanConfig": "wdsloader.plan",
+    "Resume": "wdsloader.plan",
+    "ShardStore": "wdsloader.io",
+    "SampleDecoder": "wdsloader.decode",
+    "get_decoder": "wdsloader.decode",
+    "parse_sample": "wdsloader.decode",
+    "register_decoder": "wdsloader.decode",
+    "FieldSpec": "wdsloader.format",
+    "Manifest": "wdsloader.format",
+    "ShardInfo": "wdsloader.format",
+    "SplitInfo": "wdsloader.format",
+    "Schedule": "wdsloader.curriculum",
+    "EpochLengthPolicy": "wdsloader.mix",
+    "ProfileResult": "wdsloader.training",
+}
+
+
+def test_public_face_is_small_and_holds_no_internals():
+    assert len(wdsloader.__all__) <= 40
+    assert not set(MOVED) & set(wdsloader.__all__)
+    assert not set(MOVED) & set(dir(wdsloader))
+
+
+@pytest.mark.parametrize("name", sorted(MOVED))
+def test_moved_name_warns_and_resolves_to_the_same_object(name):
+    module = MOVED[name]
+    new = getattr(importlib.import_module(module), name)
+    match = (
+        re.escape(f"wdsloader.{name} is deprecated")
+        + ".*"
+        + re.escape(f"`from {module} import {name}`")
+    )
+    with pytest.warns(DeprecationWarning, match=match) as record:
+        assert getattr(wdsloader, name) is new
+    assert record[0].filename == __file__  # the warning points at the code that read the name
+    with pytest.warns(DeprecationWarning, match=match):  # every read warns, not only the first
+        exec(f"from wdsloader import {name}", {})
+
+
+def test_public_names_resolve_without_a_warning():
+    """In a fresh interpreter, so that no name is already cached in the package."""
+    code = (
+        "import warnings, wdsloader\n"
+        "with warnings.catch_warnings(record=True) as seen:\n"
+        "    warnings.simplefilter('always')\n"
+        "    for name in wdsloader.__all__:\n"
+        "        getattr(wdsloader, name)\n"
+        "print([str(w.message) for w in seen if 'wdsloader' in str(w.message)])"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"

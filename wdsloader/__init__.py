@@ -37,7 +37,7 @@ _EXPORTS = {
     "MultiDataLoader": "wdsloader.mix",
     "MultiDataLoaderConfig": "wdsloader.mix",
     "SamplingStrategy": "wdsloader.mix",
-    "Source": "wdsloader.mix",
+    "MixSource": "wdsloader.mix",
     "ReadOptions": "wdsloader.io",
     "DevicePrefetcher": "wdsloader.stream",
     "LoaderState": "wdsloader.stream",
@@ -83,6 +83,7 @@ _MOVED = {
     "Schedule": ("wdsloader.curriculum", "Schedule"),
     "EpochLengthPolicy": ("wdsloader.mix", "EpochLengthPolicy"),
     "ProfileResult": ("wdsloader.training", "ProfileResult"),
+    "Source": ("wdsloader", "MixSource"),  # renamed: build_shards.Source is a build input
 }
 
 __getattr__, __dir__ = lazy_exports(__name__, _EXPORTS, _MOVED)
@@ -105,7 +106,7 @@ if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs
         WorkerDiedError,
     )
     from wdsloader.io import ReadOptions
-    from wdsloader.mix import MultiDataLoader, MultiDataLoaderConfig, SamplingStrategy, Source
+    from wdsloader.mix import MixSource, MultiDataLoader, MultiDataLoaderConfig, SamplingStrategy
     from wdsloader.stream import (
         DevicePrefetcher,
         LoaderState,

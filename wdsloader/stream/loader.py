@@ -36,7 +36,7 @@ from wdsloader.stream.workers import WorkerWatch
 if TYPE_CHECKING:
     from wdsloader.curriculum.curriculum import Curriculum
     from wdsloader.curriculum.schedule import Schedule
-    from wdsloader.mix.source import Source
+    from wdsloader.mix.source import MixSource
     from wdsloader.mix.spec import MixSpec
     from wdsloader.mix.store import MixStore
 
@@ -324,7 +324,7 @@ def build_loader(config: LoaderConfig, dataset: ShardStreamDataset) -> WdsDataLo
 
 
 def create_loader(
-    dataset_dir: str | os.PathLike[str] | Sequence[Source],
+    dataset_dir: str | os.PathLike[str] | Sequence[MixSource],
     split: str,
     batch_size: int,
     *,
@@ -364,7 +364,7 @@ def create_loader(
     source_field: str | None = None,
 ) -> WdsDataLoader:
     """A DataLoader over ``split`` of the dataset at ``dataset_dir`` (a path or fsspec URL), or
-    of several datasets mixed sample by sample (a list of :class:`~wdsloader.mix.Source`).
+    of several datasets mixed sample by sample (a list of :class:`~wdsloader.mix.MixSource`).
 
     Every rank yields exactly ``len(loader)`` batches; across ranks and workers each sample comes
     once per epoch (``drop_last=True`` drops fewer than ``world_size * batch_size``;
@@ -415,8 +415,8 @@ def create_loader(
     :class:`~wdsloader.errors.SkipLimitError`. A worker process that dies raises
     :class:`~wdsloader.errors.WorkerDiedError` (a RuntimeError).
 
-    A list of :class:`~wdsloader.mix.Source` mixes their ``split`` inside every batch: each
-    source gives exactly its quota per epoch (``Source(weight=)``, ``samples=`` or ``repeat=``;
+    A list of :class:`~wdsloader.mix.MixSource` mixes their ``split`` inside every batch: each
+    source gives exactly its quota per epoch (``MixSource(weight=)``, ``samples=`` or ``repeat=``;
     largest remainder over ``epoch_samples``, default the sum of the quotas), a short source
     repeating and a large one subsampled in rotation (every sample before any twice, across
     epochs and weight changes). ``weights`` (a schedule: ``wdsloader.curriculum.fixed``,
@@ -445,7 +445,7 @@ def create_loader(
         unused = sorted(k for k, v in mix_options.items() if v is not None)
         if unused:
             raise ValueError(
-                f"{unused} would be unused: they configure a mix (pass a list of Source)"
+                f"{unused} would be unused: they configure a mix (pass a list of MixSource)"
             )
         root = os.fspath(dataset_dir)
         store, manifest = _open(root, options, check_shards, split)

@@ -83,7 +83,7 @@ class UniversalDataModule:
         self.num_workers = num_workers
         self.seed = seed
         self.factory = DataLoaderFactory(collator_registry)
-        self._shards: Any = None  # a path/URL, or a list of Source
+        self._shards: Any = None  # a path/URL, or a list of MixSource
         self._shard_splits: list[str] | None = None
         self.train_data: Any = None
         self.val_data: Any = None

@@ -60,10 +60,12 @@ __all__ = [
 class WdsDataLoader(DataLoader):
     """A DataLoader whose batches are planned per rank and worker; see :func:`create_loader`.
 
-    Adds ``dataset_obj`` (the :class:`ShardStreamDataset`), ``sampler_obj`` (None: the plan does
-    the sampler's job), ``state_dict()``/``load_state_dict()`` (torchdata's StatefulDataLoader
-    protocol; :meth:`state` gives the same as a :class:`~wdsloader.stream.state.LoaderState`),
-    :meth:`set_epoch`, :meth:`force_steering`, :meth:`output_schema` and ``stats``.
+    Adds ``dataset_obj`` (its ``dataset``, the :class:`ShardStreamDataset`, under the
+    steering-dataset loader API's name), ``sampler_obj`` (None: the plan does the sampler's job),
+    ``state_dict()``/``load_state_dict()`` (torchdata's StatefulDataLoader protocol;
+    :meth:`state` gives the same as a :class:`~wdsloader.stream.state.LoaderState`),
+    :meth:`set_epoch`, :meth:`force_variant` (alias ``force_steering``), :meth:`output_schema` and
+    ``stats``.
     ``len(loader)`` is the number of batches this rank yields in a full epoch; iterating a
     loader to the end moves it to the next epoch. ``fingerprint`` (default: derived from the
     dataset) names each stage's config in the states it saves.
@@ -159,7 +161,7 @@ class WdsDataLoader(DataLoader):
         self._pending = None if trivial else loaded
         self._started_from, self._yielded = None, 0
 
-    # -- steering ------------------------------------------------------------------------------
+    # -- epoch and curriculum ------------------------------------------------------------------
     def set_epoch(self, epoch: int) -> None:
         """Make the next iteration play ``epoch`` (shuffle order, curriculum), also inside
         persistent workers; a loaded state of another epoch is dropped."""
@@ -167,10 +169,12 @@ class WdsDataLoader(DataLoader):
             self._pending = None
         self.dataset_obj.set_epoch(epoch)
 
-    def force_steering(self, variant: str | None) -> None:
+    def force_variant(self, variant: str | None) -> None:
         """Give every sample the curriculum variant ``variant`` (e.g. for validation); None
         restores the schedule. Reaches persistent workers."""
-        self.dataset_obj.force_steering(variant)
+        self.dataset_obj.force_variant(variant)
+
+    force_steering = force_variant  # the steering-dataset loader API's name, kept as an alias
 
     def output_schema(self) -> dict[str, FieldSpec]:
         """The :class:`~wdsloader.format.FieldSpec` of every field a batch holds (before

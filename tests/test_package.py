@@ -4,6 +4,7 @@ import importlib
 import re
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -91,3 +92,18 @@ def test_public_names_resolve_without_a_warning():
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
+
+
+def test_no_ticket_names_in_the_packages():
+    """Docstrings, comments and messages say what a thing is ("the training-engine data module"),
+    not which internal ticket asked for it ("seed 001", "issue 14", "stop 17")."""
+    import build_shards
+
+    jargon = re.compile(r"\bseeds? ?0\d\d\b|\bissue ?#?\d+|\bstop \d+|\bbug \d{3,}", re.IGNORECASE)
+    found = []
+    for package in (wdsloader, build_shards):
+        for path in sorted(Path(package.__file__).parent.rglob("*.py")):
+            for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+                if jargon.search(line):
+                    found.append(f"{path.name}:{n}: {line.strip()}")
+    assert found == []

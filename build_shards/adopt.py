@@ -232,10 +232,14 @@ def adopt(
     raise ``ShardFormatError`` (no byte offsets), and so do shards readers would misread: a
     member whose data would end past the end of its file (a corrupt size, e.g. in a PAX
     record), a key twice in one shard, a key in two shards of one split (each delivered twice
-    per epoch); the message names the files, the key or member and the byte offset. Nothing is
-    written before every shard passed. An existing manifest without ``overwrite``
-    raises ``FileExistsError``. ``workers > 1`` scans local shards in processes (threads for
-    remote filesystems). ``progress(done, total)`` is called after each shard.
+    per epoch), a sparse member (GNU tar ``-S``, bsdtar), a hard link or symlink named as a
+    sample member, an object-dtype ``.npy`` member (a pickle); the message names the files, the
+    key or member and the byte offset. Nothing is written before every shard passed. Members
+    that are no sample member (webdataset's metadata names ``__NAME__``, names without an
+    extension, hidden names) are skipped and listed in ``manifest.build["skipped_members"]``.
+    An existing manifest without ``overwrite`` raises ``FileExistsError``. ``workers > 1``
+    scans local shards in processes (threads for remote filesystems). ``progress(done,
+    total)`` is called after each shard.
     """
     display = os.fspath(root).rstrip("/")
     fs, base = url_to_fs(root, storage_options)
@@ -264,6 +268,7 @@ def adopt(
     schema = infer_schema_from(reference or (), _merge_npy(all_scans)) if infer_schema else {}
 
     manifest = _new_manifest(schema, pattern, empty, examples, n_odd)
+    _record_skipped(manifest, scans, display)
     for split, group in by_split.items():
         manifest.splits[split] = _write_indexes(fs, base, group)
     try:
@@ -300,6 +305,30 @@ def _new_manifest(
     if examples:
         manifest.build["heterogeneous"] = {"num_samples": n_odd, "examples": examples}
     return manifest
+
+
+def _record_skipped(manifest: Manifest, scans: list[ShardScan], display: str) -> None:
+    """Record in ``manifest.build["skipped_members"]`` the members that are no sample member
+    (what webdataset skips too: metadata names, names without an extension, hidden names)."""
+    total = sum(scan.num_skipped for scan in scans)
+    if not total:
+        return
+    examples = [
+        {"shard": scan.path, "member": name, "why": why}
+        for scan in scans
+        for name, why in scan.skipped
+    ][:_MAX_EXAMPLES]
+    manifest.build["skipped_members"] = {"num_members": total, "examples": examples}
+    first = examples[0]
+    logger.warning(
+        "%s: %d tar members are no sample member and were skipped, e.g. %s/%s member %r: %s",
+        display,
+        total,
+        display,
+        first["shard"],
+        first["member"],
+        first["why"],
+    )
 
 
 def _by_split(

@@ -8,7 +8,6 @@ the manifest and finalize the output.
 from __future__ import annotations
 
 import dataclasses
-import itertools
 import logging
 import os
 from collections.abc import Callable, Iterator, Mapping
@@ -16,10 +15,11 @@ from contextlib import closing
 from dataclasses import dataclass
 from typing import Any
 
-from build_shards.blocks import BlockJob, prepare
+from build_shards.blocks import BlockJob
 from build_shards.encode import SampleEncoder
 from build_shards.engines import Engine, Output, make_engine
 from build_shards.errors import BuildError, BuildWorkerError, SourceChangedError, naming_options
+from build_shards.infer import first_rows, infer_schema
 from build_shards.lock import DEFAULT_LOCK_TIMEOUT, BuildLock, OutputLockedError
 from build_shards.merge import manifest_build, merge
 from build_shards.params import BuildParams, callable_name, default_block_size, sample_tar_bytes
@@ -27,7 +27,7 @@ from build_shards.pool import refuse_reimported_main
 from build_shards.records import BlockRecord
 from build_shards.resume import check_kept
 from build_shards.run import Progress, ProgressBar, run_blocks
-from build_shards.schema import build_schema, with_small_fields_grouped
+from build_shards.schema import with_small_fields_grouped
 from build_shards.sources import Source, open_source
 from build_shards.splits import Splitter, make_splitter
 from build_shards.state import OutputState
@@ -69,6 +69,7 @@ def build_shards(
     ray_address: str | None = None,
     compression: str | None = None,
     group_small_fields: bool = False,
+    build_record: Callable[[], Mapping[str, Any]] | None = None,
 ) -> Manifest:
     """Write ``source`` as WebDataset tar shards with their indexes and ``manifest.json``.
 
@@ -84,9 +85,11 @@ def build_shards(
     hash of the key (or of the ``group_by`` field) and ``seed``, or ``split_field`` (the field
     names the split and is not stored), or the DatasetDict's splits; else all in ``train``.
 
-    The schema is inferred from the first sample (after ``map``); ``schema`` declares fields
-    (``FieldSpec`` or dict, symbolic dims bound by ``dims`` or by the first sample); every sample
-    is checked against it. NaN/Inf is a SchemaError unless ``allow_nan`` (then counted in
+    The schema is inferred from the first samples (after ``map``; up to 1,000: a field absent or
+    None in some is ``optional``, ints mixed with floats are floats; see
+    :mod:`build_shards.infer`); ``schema`` declares fields (``FieldSpec`` or dict such as
+    ``{"score": {"encoding": "json", "optional": True}}``, symbolic dims bound by ``dims`` or by
+    the first samples); every sample is checked against it. NaN/Inf is a SchemaError unless ``allow_nan`` (then counted in
     ``manifest.build["nan_samples"]``).
 
     Shards: the source is cut into blocks of ``block_size`` consecutive items (default: at most
@@ -134,6 +137,9 @@ def build_shards(
     still yields each field; see :mod:`wdsloader.format.groups`); ``compression="gzip"``
     writes ``.tar.gz`` shards whose samples the loader still reads one by one (see
     :mod:`wdsloader.format.deflate`; ``shard_max_bytes`` is then judged before compression).
+
+    ``build_record`` (for builders on top of this one, e.g. the text builder): called once the
+    source is consumed; its entries join ``manifest.build`` before the manifest is written.
     """
     refuse_reimported_main()
     _check_options(shard_max_count, shard_max_bytes, block_size, workers, key_field, lock_timeout)
@@ -169,6 +175,8 @@ def build_shards(
                     job, inp.src, stream, completed, inp.params.block_size, runner, out, bar
                 )
                 manifest = _manifest(records, inp, state, defaults)
+                if build_record is not None:
+                    manifest.build.update(build_record())
                 lock.check()
                 state.finalize(manifest)
             except (OutputLockedError, SourceChangedError, BuildWorkerError):
@@ -254,7 +262,7 @@ def _open_input(
     compression: str | None = None,
     group_small: bool = False,
 ) -> Input:
-    """Infer the schema from the source's first sample and check that sample. ``length``: the
+    """Infer the schema from the source's first samples and check the first. ``length``: the
     source's as given, before the engine prepared it (the default block size depends on it, so
     every engine writes the same shards)."""
     splitter = make_splitter(
@@ -271,8 +279,10 @@ def _open_input(
         shard_max_bytes=shard_max_bytes,
         fingerprint="",
     )
-    stream, (key, sample) = _first_sample(src, job)
-    full_schema, all_dims = build_schema(key, sample, schema, dims)
+    stream, rows = first_rows(src, job)
+    full_schema, all_dims = infer_schema(rows, schema, dims)
+    key, sample = rows[0]
+    del rows
     if group_small:
         full_schema = with_small_fields_grouped(full_schema, sample)
     encoder = SampleEncoder(full_schema, all_dims, allow_nan=allow_nan)
@@ -381,28 +391,3 @@ def _curriculum_dict(
 def _protocols(fs: Any) -> tuple[str, ...]:
     proto = fs.protocol
     return (proto,) if isinstance(proto, str) else tuple(proto)
-
-
-def _first_sample(
-    src: Source, job: BlockJob
-) -> tuple[Iterator[tuple[int, Any]] | None, tuple[str, dict[str, Any]]]:
-    """The first sample map keeps, and for a sequential source the stream to build from (the
-    items read so far put back in front)."""
-    it = src.iter_range(0, src.length if src.indexable else None)
-    seen: list[tuple[int, Any]] = []
-    found = None
-    for index, raw in it:
-        if not src.indexable:
-            seen.append((index, raw))
-        prepared = prepare(job, index, raw)
-        if prepared is not None:
-            key, _split, sample = prepared
-            found = (key, sample)
-            break
-    if found is None:
-        dropped = len(seen) if not src.indexable else src.length
-        if dropped:
-            raise BuildError(f"source is empty after map: it dropped all {dropped} items")
-        raise BuildError("source is empty")
-    stream = None if src.indexable else itertools.chain(seen, it)
-    return stream, found

@@ -206,6 +206,13 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--key-field", default="__key__", metavar="FIELD", help="sample key field")
     b.add_argument("--allow-nan", action="store_true", help="count NaN/Inf instead of failing")
     b.add_argument(
+        "--schema",
+        metavar="FILE",
+        help="declare fields: a JSON (or YAML, with PyYAML) object of field -> spec, e.g. "
+        '{"score": {"encoding": "json", "optional": true}}; fields not declared are inferred '
+        "from the first 1,000 samples",
+    )
+    b.add_argument(
         "--group-small-fields",
         action="store_true",
         help="write a sample's small fields (ints, JSON scalars, short strings) as one member "

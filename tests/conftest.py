@@ -42,3 +42,13 @@ def new_bucket(endpoint: str, prefix: str = "test") -> tuple[str, dict]:
 def s3_bucket(s3_server):
     """``(bucket_url, storage_options)`` for a fresh bucket on the loopback S3 server."""
     return new_bucket(s3_server)
+
+
+@pytest.fixture
+def infer_first_sample_only(monkeypatch):
+    """Builds whose source fails, pauses or kills the build part-way: their schema comes from
+    the first sample only, so that the build's read-ahead for the schema
+    (:mod:`build_shards.infer`) does not meet that point before any block is written."""
+    from build_shards import infer
+
+    monkeypatch.setattr(infer, "INFER_ROWS", 1)

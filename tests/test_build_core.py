@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from build_shards import BuildError, OutputExistsError, build_shards
+from build_shards import BuildError, OutputExistsError, build_shards, infer
 from build_shards.encode import SampleEncoder
 from build_shards.schema import build_schema
 from wdsloader.errors import SchemaError
@@ -357,7 +357,8 @@ def test_map_sees_the_key_may_rename_it_and_drop_samples(tmp_path):
         ({"vec": np.array([0, np.nan, 0], np.float32), "i": 1}, "field 'vec': NaN or Inf"),
     ],
 )
-def test_schema_mismatch_names_key_and_field(tmp_path, bad, fragment):
+def test_schema_mismatch_names_key_and_field(tmp_path, monkeypatch, bad, fragment):
+    monkeypatch.setattr(infer, "INFER_ROWS", 2)  # the schema of the first 2: item 4 is checked
     items = list(gen_samples(6))
     items[4] = {"__key__": "bad_one", **bad}
     with pytest.raises(SchemaError, match=fragment) as err:
@@ -559,7 +560,10 @@ def _failing_stream(n: int, start: int, at: int):
         yield sample
 
 
-def test_a_failed_overwrite_leaves_the_old_dataset_whole_and_a_good_one_replaces_it(tmp_path):
+def test_a_failed_overwrite_leaves_the_old_dataset_whole_and_a_good_one_replaces_it(
+    tmp_path, monkeypatch
+):
+    monkeypatch.setattr(infer, "INFER_ROWS", 10)  # the source fails after the inferred samples
     out = tmp_path / "ds"
     opts = dict(shard_max_count=10, block_size=20, splits={"a": 0.5, "b": 0.5})
     build_shards(list(gen_samples(120)), out, **opts)

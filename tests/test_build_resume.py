@@ -84,6 +84,7 @@ def assert_same_build(a: Path, b: Path, *, same_source_kind: bool = True) -> Non
     assert ma == mb
 
 
+pytestmark = pytest.mark.usefixtures("infer_first_sample_only")
 OPTS = dict(
     splits={"train": 0.6, "val": 0.2, "test": 0.2},
     group_by="group",
@@ -179,8 +180,9 @@ def test_sigkill_half_way_then_rerun_equals_an_uninterrupted_build(tmp_path):
     out, ref = tmp_path / "out", tmp_path / "ref"
     script = textwrap.dedent(
         f"""
-        from build_shards import build_shards
+        from build_shards import build_shards, infer
         from tests.test_build_resume import KillAt, OPTS, items
+        infer.INFER_ROWS = 1  # see the infer_first_sample_only fixture
         build_shards(items(600), {str(out)!r}, map=KillAt(430), workers=2, **OPTS)
         """
     )

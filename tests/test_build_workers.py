@@ -147,6 +147,7 @@ def test_killed_worker_raises_within_seconds_naming_the_block_and_keeps_finished
     assert {p: (out / p).stat().st_mtime_ns for p in kept} == kept  # not written again
 
 
+@pytest.mark.usefixtures("infer_first_sample_only")  # the bad item comes after blocks
 def test_an_error_in_a_worker_is_raised_as_it_is_with_progress_on(tmp_path):
     items = [{"__key__": f"s{i:04d}", "x": i} for i in range(400)]
     items[350]["x"] = "not an int"

@@ -107,3 +107,19 @@ def test_no_ticket_names_in_the_packages():
                 if jargon.search(line):
                     found.append(f"{path.name}:{n}: {line.strip()}")
     assert found == []
+
+
+def test_build_shards_adopt_is_the_function():
+    """``from build_shards import adopt`` gives the function (like ``build_shards``), and the
+    module still imports by its dotted name."""
+    code = (
+        "import inspect, sys\n"
+        "from build_shards import adopt\n"
+        "import build_shards.adopt\n"
+        "from build_shards.adopt import adopt as same\n"
+        "assert inspect.isfunction(adopt), adopt\n"
+        "assert adopt is same is sys.modules['build_shards.adopt'].adopt\n"
+        "import build_shards\n"
+        "assert build_shards.adopt is adopt and 'adopt' in build_shards.__all__\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True)

@@ -33,6 +33,9 @@ OPTS = dict(
 N = 400  # 8 blocks
 
 
+pytestmark = pytest.mark.usefixtures("infer_first_sample_only")
+
+
 @pytest.fixture(autouse=True)
 def ray_cluster():
     """A local Ray of 2 CPUs for each test. Not one per module: a task cancelled by one test

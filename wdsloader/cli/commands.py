@@ -39,6 +39,7 @@ def _info(args: argparse.Namespace) -> int:
         extra = f" {spec.dtype}" if spec.dtype else ""
         extra += f" {spec.shape}" if spec.shape is not None else ""
         extra += f" range={spec.range}" if spec.range else ""
+        extra += " optional" if spec.optional else ""
         print(f"  {field:20s} .{spec.ext}{extra}")
     if m.dims:
         print("dims: " + ", ".join(f"{k}={v}" for k, v in m.dims.items()))
@@ -104,16 +105,23 @@ def _validate(args: argparse.Namespace) -> int:
         deep=args.deep,
         storage_options=parse_storage_options(args.storage_option),
         progress=True,
+        allow_pickle=args.allow_pickle,
     )
     for line in report.problems:
         print(line)
-    checked = f"{report.shards_checked} shards, {report.samples_checked} samples checked"
+    shards, samples = report.shards_checked, report.samples_checked
+    checked = f"{_count(shards, 'shard')}, {_count(samples, 'sample')} checked"
     mode = " (deep)" if args.deep else ""
     if report.ok:
         print(f"OK: {checked}{mode}")
         return 0
-    print(f"{len(report.problems)} problems in {redact(args.dataset)}: {checked}{mode}")
+    print(f"{_count(len(report.problems), 'problem')} in {redact(args.dataset)}: {checked}{mode}")
     return 1
+
+
+def _count(n: int, noun: str) -> str:
+    """``1 shard``, ``2 shards``."""
+    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
 
 
 def _bench(args: argparse.Namespace) -> int:
@@ -173,6 +181,12 @@ def main(argv: list[str] | None = None) -> int:
                 "--deep",
                 action="store_true",
                 help="also read, decode and check every sample (dtypes, shapes, NaN/Inf, ranges)",
+            )
+            p.add_argument(
+                "--allow-pickle",
+                action="store_true",
+                help="with --deep: decode pickle members (.pyd, .pkl) and object arrays; they "
+                "can run arbitrary code: trusted data only",
             )
         elif name == "bench":
             p.add_argument("--split", default="train")

@@ -9,7 +9,8 @@ from __future__ import annotations
 from wdsloader.decode.codecs import Buffer
 from wdsloader.errors import ShardFormatError
 from wdsloader.format.keys import split_name
-from wdsloader.format.ustar import BLOCK, iter_members, plain_member
+from wdsloader.format.members import iter_members
+from wdsloader.format.ustar import BLOCK, plain_member
 
 
 class _NotPlain(Exception):

@@ -100,6 +100,12 @@ def check_keys(value: dict[str, Any], where: str, required: set[str], allowed: s
         )
 
 
+def check_optional(optional: Any, where: str) -> None:
+    """A field's ``optional`` flag: None or a bool."""
+    if optional is not None and not isinstance(optional, bool):
+        raise InvalidField(f"{where}.optional: expected true, false or null, got {optional!r}")
+
+
 def check_shape(value: Any, where: str) -> list[int | str] | None:
     """None, or a list of dims: non-negative ints or non-empty symbolic names."""
     if value is None:

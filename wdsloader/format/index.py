@@ -10,13 +10,13 @@ still read: readers take the index path the manifest records, never a name deriv
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import numpy as np
 
 from wdsloader.errors import ShardFormatError
 from wdsloader.format.keys import split_name
-from wdsloader.format.ustar import iter_members
+from wdsloader.format.members import iter_members
 
 INDEX_PREFIX = "."
 INDEX_SUFFIX = ".wdsidx"
@@ -48,19 +48,28 @@ def decode_index(data: bytes, *, source: str = "<index>") -> np.ndarray:
 
 
 def iter_samples(
-    buf: bytes | memoryview, *, source: str = "<shard>"
+    buf: bytes | memoryview,
+    *,
+    source: str = "<shard>",
+    on_skip: Callable[[str, int], None] | None = None,
+    refuse_links: bool = False,
 ) -> Iterator[tuple[str, int, dict[str, tuple[int, int]]]]:
     """Samples of a whole tar in ``buf``: ``(key, first_header_offset, {ext: (data_off, size)})``.
 
     Consecutive members with the same key form a sample (the webdataset rule); a repeated
-    extension within a sample is an error naming the shard and key.
+    extension within a sample is an error naming the shard and key. Regular members that are no
+    sample member (:func:`~wdsloader.format.keys.split_name`) are skipped, each reported to
+    ``on_skip(name, header_offset)`` when given. ``refuse_links``: a hard link or symlink
+    named as a sample member is an error naming it (see :func:`iter_members`).
     """
     key: str | None = None
     start = 0
     fields: dict[str, tuple[int, int]] = {}
-    for member in iter_members(buf, source=source):
+    for member in iter_members(buf, source=source, refuse_links=refuse_links):
         parts = split_name(member.name)
         if parts is None:
+            if on_skip is not None:
+                on_skip(member.name, member.header_offset)
             continue
         mkey, ext = parts
         if mkey != key:

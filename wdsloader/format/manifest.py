@@ -18,6 +18,7 @@ from wdsloader.format.checks import (
     check_layout,
     check_list,
     check_obj,
+    check_optional,
     check_range,
     check_sha256,
     check_shape,
@@ -25,6 +26,7 @@ from wdsloader.format.checks import (
     path_problem,
 )
 from wdsloader.format.deflate import COMPRESSIONS
+from wdsloader.format.toplevel import check_top_level
 from wdsloader.io.storage import join, url_to_fs, write_atomic
 from wdsloader.redact import redact, secrets_of
 
@@ -56,6 +58,9 @@ class FieldSpec:
     the JSON object of member ``ext`` (``fields.json``), shared with the sample's other small
     fields; it reads back as a member of ``encoding`` would (see
     :mod:`wdsloader.format.groups`).
+
+    ``optional``: samples may lack the field (their tar holds no such member, or their grouped
+    object no such entry: the WebDataset convention); the loader yields None for it.
     """
 
     ext: str
@@ -64,11 +69,13 @@ class FieldSpec:
     shape: list[Dim] | None = None
     range: list[float] | None = None
     grouped: bool | None = None
+    optional: bool | None = None
 
     def __post_init__(self) -> None:
         try:
             _check_spec_values(self.ext, self.encoding, self.dtype, self.shape, self.range, "")
             check_grouped(self.grouped, self.ext, self.encoding, "")
+            check_optional(self.optional, "")
         except InvalidField as exc:
             raise ManifestError(f"FieldSpec(ext={self.ext!r}){exc}") from None
         if isinstance(self.shape, tuple):
@@ -79,7 +86,12 @@ class FieldSpec:
     @property
     def fixed_size(self) -> bool:
         """True when every sample stores this field in the same number of bytes."""
-        return self.encoding == "npy" and self.shape is not None and self.dtype is not None
+        return (
+            self.encoding == "npy"
+            and self.shape is not None
+            and self.dtype is not None
+            and not self.optional
+        )
 
 
 @dataclass(slots=True, kw_only=True)
@@ -130,6 +142,17 @@ class Manifest:
     format: str = FORMAT_NAME
     version: str = FORMAT_VERSION
 
+    def __repr__(self) -> str:
+        """Short: format, samples and shards per split, fields, dims (``to_json()``: all)."""
+        splits = {
+            name: f"{split.num_samples:,} samples in {len(split.shards):,} shards"
+            for name, split in self.splits.items()
+        }
+        return (
+            f"Manifest(format='{self.format} {self.written_version()}', splits={splits}, "
+            f"fields={list(self.schema)}, dims={self.dims})"
+        )
+
     # -- derived -------------------------------------------------------------------------------
     @property
     def num_samples(self) -> int:
@@ -151,8 +174,8 @@ class Manifest:
     # -- (de)serialisation ---------------------------------------------------------------------
     def uses_extensions(self) -> bool:
         """Whether a wdsloader older than :data:`EXTENDED_VERSION` would misread this dataset
-        (a compressed shard, a grouped field)."""
-        return any(spec.grouped for spec in self.schema.values()) or any(
+        (a compressed shard, a grouped or optional field)."""
+        return any(spec.grouped or spec.optional for spec in self.schema.values()) or any(
             shard.compression is not None
             for split in self.splits.values()
             for shard in split.shards
@@ -199,6 +222,7 @@ class Manifest:
         except InvalidField as exc:
             raise ManifestError(f"{source}: {exc}") from None
         check_version(version, source=source)  # type: ignore[arg-type]
+        check_top_level(data, source)
         try:
             return cls._parse(data, version)  # type: ignore[arg-type]
         except InvalidField as exc:
@@ -323,7 +347,7 @@ GROUPABLE = ("cls", "json", "txt")
 """The encodings whose values may be grouped into one JSON member."""
 
 
-_SPEC_KEYS = {"ext", "encoding", "dtype", "shape", "range", "grouped"}
+_SPEC_KEYS = {"ext", "encoding", "dtype", "shape", "range", "grouped", "optional"}
 _SHARD_KEYS = {"path", "idx_path", "num_samples", "num_bytes", "sha256", "layout", "compression"}
 _SHARD_REQUIRED = _SHARD_KEYS - {"sha256", "layout", "compression"}
 
@@ -350,6 +374,7 @@ def _field_spec(spec: Any, where: str) -> FieldSpec:
         where,
     )
     check_grouped(spec.get("grouped"), spec["ext"], spec["encoding"], where)
+    check_optional(spec.get("optional"), where)
     if spec["encoding"] == "npy" and spec.get("dtype") is not None:
         check_array_dtype(spec["dtype"], f"{where}.dtype")
     return FieldSpec(**spec)

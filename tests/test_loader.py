@@ -208,7 +208,7 @@ def test_symbolic_dims_are_checked_against_the_data(tmp_path, gather):
     loader = create_loader(tmp_path, "train", batch_size=4, shuffle=False, gather=gather)
     with pytest.raises(
         DecodeError,
-        match=r"train/shard-\S+\.tar: sample 'k0', field 'v' \(member k0\.v\.npy\) does not "
+        match=r"train/train-\S+\.tar: sample 'k0', field 'v' \(member k0\.v\.npy\) does not "
         r"match the schema: shape \[3\], schema says \['D'\] with D=4",
     ):
         next(iter(loader))

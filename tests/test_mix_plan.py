@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 from collections import Counter
 from fractions import Fraction
+from typing import Any
 
 import numpy as np
 import pytest
@@ -13,7 +14,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from wdsloader.curriculum import linear, steps
-from wdsloader.mix import Source, mix_epoch, mix_quotas_for
+from wdsloader.mix import MixSource, mix_epoch, mix_quotas_for
 from wdsloader.plan import Resume
 from wdsloader.plan.mix import (
     MixEpoch,
@@ -95,35 +96,35 @@ def test_quotas_are_the_largest_remainder_of_the_weights(sizes, data, epoch_samp
 
 def test_source_forms_and_their_quotas():
     sizes = [1000, 50, 7]
-    web, code, tiny = Source("s3://b/web/", weight=0.7), Source("./code", repeat=3), Source("t")
-    assert web.name == "web" and code.name == "code"
-    assert mix_quotas_for([Source("a", weight=0.7), Source("b", weight=0.3)], [10, 10], 0) == (
-        14,
-        6,
-    )  # SUM of the weighted sizes, 0.7/0.3 of it
-    assert mix_quotas_for([web, code, Source("t", samples=5)], sizes, 0, epoch_samples=505) == (
-        350,
-        150,
-        5,
+    web, code, tiny = (
+        MixSource("s3://b/web/", weight=0.7),
+        MixSource("./code", repeat=3),
+        MixSource("t"),
     )
-    assert mix_quotas_for([Source("a"), Source("b")], [3, 4], 0) == (3, 4)  # each once
-    assert mix_quotas_for([Source("a", repeat=0.25), Source("b", repeat=2.5)], [10, 3], 0) == (2, 7)
+    assert web.name == "web" and code.name == "code"
+    two = [MixSource("a", weight=0.7), MixSource("b", weight=0.3)]
+    assert mix_quotas_for(two, [10, 10], 0) == (14, 6)  # SUM of the weighted sizes, 0.7/0.3 of it
+    five = MixSource("t", samples=5)
+    assert mix_quotas_for([web, code, five], sizes, 0, epoch_samples=505) == (350, 150, 5)
+    assert mix_quotas_for([MixSource("a"), MixSource("b")], [3, 4], 0) == (3, 4)  # each once
+    rep = [MixSource("a", repeat=0.25), MixSource("b", repeat=2.5)]
+    assert mix_quotas_for(rep, [10, 3], 0) == (2, 7)
     with pytest.raises(ValueError, match=r"give one of weight=, samples= or repeat=, not"):
-        Source("a", weight=1, samples=3)
+        MixSource("a", weight=1, samples=3)
     with pytest.raises(ValueError, match=r"weight=-1 must be finite, >= 0"):
-        Source("a", weight=-1)
+        MixSource("a", weight=-1)
     with pytest.raises(ValueError, match=r"sources share the names \['x'\]"):
-        mix_quotas_for([Source("a/x"), Source("b/x")], [1, 1], 0)
+        mix_quotas_for([MixSource("a/x"), MixSource("b/x")], [1, 1], 0)
     with pytest.raises(ValueError, match=r"sources \['t'\] have no weight=, samples= or repeat="):
         mix_quotas_for([web, tiny], sizes[:2], 0)
     with pytest.raises(ValueError, match=r"sources \['web'\] have a weight= and the mix a weights"):
         mix_quotas_for([web, code], sizes[:2], 0, weights=steps({0: {"web": 1.0}}))
     with pytest.raises(ValueError, match=r"sources \[1\] have no samples but a quota of \[3\]"):
-        mix_quotas_for([Source("a", weight=1), Source("b", samples=3)], [4, 0], 0)
+        mix_quotas_for([MixSource("a", weight=1), MixSource("b", samples=3)], [4, 0], 0)
 
 
 def test_a_weight_schedule_gives_each_epoch_its_quotas_and_streams_continue():
-    sources = [Source("web"), Source("code"), Source("tiny", samples=4)]
+    sources = [MixSource("web"), MixSource("code"), MixSource("tiny", samples=4)]
     sizes = [100, 10, 3]
     sched = linear({"web": 0.9, "code": 0.1}, {"web": 0.5, "code": 0.5}, epochs=2)
     plans = [mix_epoch(sources, sizes, e, weights=sched, seed=5) for e in range(4)]
@@ -353,3 +354,28 @@ def test_topology_and_epoch_errors():
     me = MixEpoch(sizes=(4,), quotas=(4,), offsets=(0,))
     with pytest.raises(ValueError, match=r"rank"):
         mix_worker_batches(me, MixTopology(batch_size=2, world_size=2), rank=2, worker=0)
+
+
+def test_one_source_and_one_batch_old_names_warn():
+    """``Source`` is the build input adapter only, ``Batch`` the training batch only: the mix's
+    ``Source`` is ``MixSource`` and the mix plan's ``Batch`` is ``MixBatchIds``; their old names
+    resolve until 0.2.0 with a DeprecationWarning naming the new import."""
+    import build_shards
+    import wdsloader
+    import wdsloader.mix.source
+    import wdsloader.plan.mix
+    from build_shards.source_base import Source as BuildInput
+    from wdsloader.plan.mix import MixBatchIds
+
+    assert "MixSource" in wdsloader.__all__ and "Source" not in wdsloader.__all__
+    new = r"`from wdsloader.mix import MixSource`"
+    for module in (wdsloader.mix, wdsloader.mix.source):
+        with pytest.warns(
+            DeprecationWarning, match=rf"{module.__name__}.Source is deprecated.*{new}"
+        ):
+            assert module.Source is MixSource
+    with pytest.warns(DeprecationWarning, match=r"`from wdsloader import MixSource`"):
+        assert wdsloader.Source is MixSource
+    with pytest.warns(DeprecationWarning, match=r"`from wdsloader.plan.mix import MixBatchIds`"):
+        assert wdsloader.plan.mix.Batch is MixBatchIds
+    assert build_shards.Source is BuildInput and wdsloader.Batch == dict[str, Any]

@@ -376,7 +376,7 @@ def test_set_epoch_reaches_samplers_and_loaders():
 def test_top_level_exports():
     assert wdsloader.MultiDataLoader is MultiDataLoader
     assert wdsloader.SamplingStrategy is SamplingStrategy
-    assert wdsloader.EpochLengthPolicy is EpochLengthPolicy
+    assert wdsloader.mix.EpochLengthPolicy is EpochLengthPolicy  # not top level: a config field
     assert wdsloader.MultiDataLoaderConfig is MultiDataLoaderConfig
 
 

@@ -15,7 +15,7 @@ from tests.test_curriculum_loader import VARIANTS, write_curriculum_dataset
 from wdsloader import Curriculum, create_loader
 from wdsloader.curriculum import from_callable
 from wdsloader.errors import StateMismatchError
-from wdsloader.mix import Source
+from wdsloader.mix import MixSource
 
 
 class Rule:
@@ -49,7 +49,7 @@ def mix_data(tmp_path_factory) -> Path:
 
 
 def _mix(root: Path, rule: Rule):
-    sources = [Source(root / "a"), Source(root / "b")]
+    sources = [MixSource(root / "a"), MixSource(root / "b")]
     return create_loader(
         sources, "train", 8, weights=from_callable(rule), epoch_samples=80, seed=3,
         source_field="__source__", num_workers=0,

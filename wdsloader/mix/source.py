@@ -1,4 +1,4 @@
-"""``Source``: one built dataset in a mix, with its weight or its fixed number of samples per
+"""``MixSource``: one built dataset in a mix, with its weight or its fixed number of samples per
 epoch; and the mix's plan for an epoch (quotas, and where each source's stream stands).
 
 A source takes exactly one of:
@@ -25,15 +25,19 @@ from fractions import Fraction
 
 from wdsloader.curriculum.schedule import Schedule
 from wdsloader.format.checks import as_int
+from wdsloader.lazy import moved_names
 from wdsloader.plan.mix import MixEpoch
 from wdsloader.plan.quotas import mix_quotas
 from wdsloader.redact import redact
 
-__all__ = ["Source", "mix_epoch", "mix_names", "mix_quotas_for"]
+__all__ = ["MixSource", "mix_epoch", "mix_names", "mix_quotas_for"]
+
+# ``Source``: MixSource's old name, until 0.2.0 (``build_shards.Source`` is a build input).
+__getattr__ = moved_names(__name__, {"Source": ("wdsloader.mix", "MixSource")})
 
 
 @dataclass(frozen=True)
-class Source:
+class MixSource:
     """A built dataset (a local path or fsspec URL) in a mix; see the module docstring.
 
     ``name`` (default: the last part of the path, never the URL's userinfo, query or
@@ -54,32 +58,32 @@ class Source:
         given = [k for k in ("weight", "samples", "repeat") if getattr(self, k) is not None]
         if len(given) > 1:
             raise ValueError(
-                f"Source {shown!r}: give one of weight=, samples= or repeat=, not {given}"
+                f"MixSource {shown!r}: give one of weight=, samples= or repeat=, not {given}"
             )
         for key in ("weight", "repeat"):
             value = getattr(self, key)
             if value is not None:
                 v = float(value)
                 if not math.isfinite(v) or v < 0:
-                    raise ValueError(f"Source {shown!r}: {key}={value!r} must be finite, >= 0")
+                    raise ValueError(f"MixSource {shown!r}: {key}={value!r} must be finite, >= 0")
                 object.__setattr__(self, key, v)
         if self.samples is not None:
             object.__setattr__(
-                self, "samples", as_int(self.samples, f"Source {shown!r}: samples", 0)
+                self, "samples", as_int(self.samples, f"MixSource {shown!r}: samples", 0)
             )
         if self.name is None:
             object.__setattr__(self, "name", default_name(str(self.url)))
         elif not isinstance(self.name, str) or not self.name:
-            raise ValueError(f"Source {shown!r}: name must be a non-empty string")
+            raise ValueError(f"MixSource {shown!r}: name must be a non-empty string")
         elif redact(self.name) != self.name:
             raise ValueError(
-                f"Source {shown!r}: name {redact(self.name)!r} carries credentials; the name "
+                f"MixSource {shown!r}: name {redact(self.name)!r} carries credentials; the name "
                 "is shown in stats, states and errors: give another"
             )
 
     def __repr__(self) -> str:
         kept = [f"{k}={getattr(self, k)!r}" for k in ("weight", "samples", "repeat", "name")]
-        return f"Source({redact(self.url)!r}, {', '.join(kept)})"
+        return f"MixSource({redact(self.url)!r}, {', '.join(kept)})"
 
     def fixed_quota(self, size: int) -> int | None:
         """Samples per epoch from ``samples=``/``repeat=`` (None for a weighted source)."""
@@ -101,10 +105,10 @@ def default_name(url: str) -> str:
     return base or host or redact(url)
 
 
-def mix_names(sources: Sequence[Source]) -> tuple[str, ...]:
+def mix_names(sources: Sequence[MixSource]) -> tuple[str, ...]:
     """The sources' names, checked unique."""
-    if not sources or not all(isinstance(s, Source) for s in sources):
-        raise ValueError("a mix needs a non-empty list of Source")
+    if not sources or not all(isinstance(s, MixSource) for s in sources):
+        raise ValueError("a mix needs a non-empty list of MixSource")
     names = tuple(str(s.name) for s in sources)
     dup = sorted({n for n in names if names.count(n) > 1})
     if dup:
@@ -113,7 +117,7 @@ def mix_names(sources: Sequence[Source]) -> tuple[str, ...]:
 
 
 def _weights(
-    sources: Sequence[Source], names: tuple[str, ...], weights: Schedule | None, epoch: int
+    sources: Sequence[MixSource], names: tuple[str, ...], weights: Schedule | None, epoch: int
 ) -> list[float | None]:
     weighted = [i for i, s in enumerate(sources) if s.fixed_quota(0) is None]
     if weights is not None:
@@ -137,7 +141,7 @@ def _weights(
 
 
 def mix_quotas_for(
-    sources: Sequence[Source],
+    sources: Sequence[MixSource],
     sizes: Sequence[int],
     epoch: int,
     *,
@@ -160,7 +164,7 @@ def mix_quotas_for(
 
 
 def mix_epoch(
-    sources: Sequence[Source],
+    sources: Sequence[MixSource],
     sizes: Sequence[int],
     epoch: int,
     *,

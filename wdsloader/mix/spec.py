@@ -15,7 +15,7 @@ import numpy as np
 from wdsloader.curriculum.schedule import CallableSchedule, Schedule
 from wdsloader.format import FieldSpec, Manifest, ShardInfo, SplitInfo
 from wdsloader.format.checks import as_int
-from wdsloader.mix.source import Source, mix_epoch, mix_names
+from wdsloader.mix.source import MixSource, mix_epoch, mix_names
 from wdsloader.plan.mix import MixEpoch
 
 __all__ = ["MIX_ALGORITHM", "BATCHINGS", "MixSpec", "merge_manifests"]
@@ -34,7 +34,7 @@ class MixSpec:
     sources without ``samples``/``repeat``), ``epoch_samples``, ``batching`` and
     ``source_field`` (the batch field holding each sample's source index, or None)."""
 
-    sources: tuple[Source, ...]
+    sources: tuple[MixSource, ...]
     sizes: tuple[int, ...]
     shards: tuple[int, ...]
     weights: Schedule | None = None

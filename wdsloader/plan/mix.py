@@ -26,6 +26,7 @@ from typing import overload
 import numpy as np
 
 from wdsloader.format.checks import as_int
+from wdsloader.lazy import moved_names
 from wdsloader.plan.batches import epoch_dropped, epoch_padding, num_batches, worker_batches
 from wdsloader.plan.config import PlanConfig
 from wdsloader.plan.order import ROUNDS, KeyedPermutation
@@ -33,7 +34,7 @@ from wdsloader.plan.quotas import largest_remainder
 from wdsloader.plan.resume import Resume
 
 __all__ = [
-    "Batch",
+    "MixBatchIds",
     "GlobalIds",
     "MixEpoch",
     "MixTopology",
@@ -237,7 +238,11 @@ def _strata_done(topo: MixTopology, resume: Resume | None) -> int:
     return resume.batches_done
 
 
-Batch = tuple[np.ndarray, np.ndarray]  # (source, sample id) of each sample of a batch
+#: One mixed batch: the source and the sample id (in that source) of each of its samples.
+MixBatchIds = tuple[np.ndarray, np.ndarray]
+
+# ``Batch``: the old name, until 0.2.0 (``wdsloader.Batch`` is a training batch, a dict).
+__getattr__ = moved_names(__name__, {"Batch": ("wdsloader.plan.mix", "MixBatchIds")})
 
 
 def mix_num_batches(me: MixEpoch, topo: MixTopology, resume: Resume | None = None) -> int:
@@ -273,7 +278,7 @@ def mix_dropped(me: MixEpoch, topo: MixTopology) -> int:
     return me.length % (topo.world_size * topo.batch_size) if topo.drop_last else 0
 
 
-class MixedBatches(Sequence[Batch]):
+class MixedBatches(Sequence[MixBatchIds]):
     """``batching="mixed"``: the batches one worker yields, computed when indexed (a slice in
     one go: one evaluation of the keyed orders for all its samples)."""
 
@@ -284,12 +289,12 @@ class MixedBatches(Sequence[Batch]):
         return len(self.positions)
 
     @overload
-    def __getitem__(self, index: int) -> Batch: ...
+    def __getitem__(self, index: int) -> MixBatchIds: ...
 
     @overload
-    def __getitem__(self, index: slice) -> list[Batch]: ...
+    def __getitem__(self, index: slice) -> list[MixBatchIds]: ...
 
-    def __getitem__(self, index: int | slice) -> Batch | list[Batch]:
+    def __getitem__(self, index: int | slice) -> MixBatchIds | list[MixBatchIds]:
         if not isinstance(index, slice):
             return mixed_layout(self.me, self.positions[index])
         parts = self.positions[index]
@@ -304,7 +309,7 @@ class GlobalIds(Sequence[np.ndarray]):
     """Batches of ``(source, id)`` as ids of the sources' samples concatenated:
     ``offsets[source] + id`` (computed when indexed)."""
 
-    def __init__(self, batches: Sequence[Batch], offsets: np.ndarray) -> None:
+    def __init__(self, batches: Sequence[MixBatchIds], offsets: np.ndarray) -> None:
         self.batches, self.offsets = batches, np.asarray(offsets, dtype=np.int64)
 
     def __len__(self) -> int:
@@ -326,7 +331,7 @@ class GlobalIds(Sequence[np.ndarray]):
 
 def mix_worker_batches(
     me: MixEpoch, topo: MixTopology, rank: int, worker: int, resume: Resume | None = None
-) -> Sequence[Batch]:
+) -> Sequence[MixBatchIds]:
     """The batches DataLoader worker ``worker`` of ``rank`` yields (from ``resume`` on, as
     :func:`mix_num_batches`): rank batches ``worker, worker + num_workers, ...`` (torch's
     round-robin over workers, as :func:`~wdsloader.plan.worker_batches`). ``batching="mixed"``
@@ -345,7 +350,7 @@ def mix_worker_batches(
 
 def mix_rank_batches(
     me: MixEpoch, topo: MixTopology, rank: int, resume: Resume | None = None
-) -> list[Batch]:
+) -> list[MixBatchIds]:
     """All batches of ``rank`` in the order its DataLoader yields them (from ``resume`` on)."""
     lists = [mix_worker_batches(me, topo, rank, w, resume) for w in range(topo.num_workers)]
     longest = max((len(lst) for lst in lists), default=0)
@@ -387,7 +392,7 @@ class _Strata:
         out: np.ndarray = t * self.base + first + second
         return out
 
-    def rank_batch(self, me: MixEpoch, topo: MixTopology, t: int, rank: int) -> Batch:
+    def rank_batch(self, me: MixEpoch, topo: MixTopology, t: int, rank: int) -> MixBatchIds:
         counts = self.counts(t)
         size = int(counts.sum())
         per = topo.batch_size if t < self.full else -(-size // topo.world_size)

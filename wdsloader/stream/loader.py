@@ -37,7 +37,7 @@ from wdsloader.stream.workers import WorkerWatch
 if TYPE_CHECKING:
     from wdsloader.curriculum.curriculum import Curriculum
     from wdsloader.curriculum.schedule import Schedule
-    from wdsloader.mix.source import Source
+    from wdsloader.mix.source import MixSource
     from wdsloader.mix.spec import MixSpec
     from wdsloader.mix.store import MixStore
 
@@ -61,11 +61,13 @@ __all__ = [
 class WdsDataLoader(DataLoader):
     """A DataLoader whose batches are planned per rank and worker; see :func:`create_loader`.
 
-    Adds ``dataset_obj`` (the :class:`ShardStreamDataset`), ``sampler_obj`` (None: the plan does
-    the sampler's job), ``state_dict()``/``load_state_dict()`` (torchdata's StatefulDataLoader
-    protocol; :meth:`state` gives the same as a :class:`~wdsloader.stream.state.LoaderState`),
-    :meth:`set_epoch`, :meth:`force_steering`, :meth:`output_schema`, ``manifest`` (its
-    ``dims`` bind the symbolic shapes of ``output_schema()``), ``stats`` and ``epoch_stats``.
+    Adds ``dataset_obj`` (its ``dataset``, the :class:`ShardStreamDataset`, under the
+    steering-dataset loader API's name), ``sampler_obj`` (None: the plan does the sampler's job),
+    ``state_dict()``/``load_state_dict()`` (torchdata's StatefulDataLoader protocol;
+    :meth:`state` gives the same as a :class:`~wdsloader.stream.state.LoaderState`),
+    :meth:`set_epoch`, :meth:`force_variant` (alias ``force_steering``), :meth:`output_schema`,
+    ``manifest`` (its ``dims`` bind the symbolic shapes of ``output_schema()``), ``stats`` and
+    ``epoch_stats``.
     ``len(loader)`` is the number of batches this rank yields in a full epoch; iterating a
     loader to the end moves it to the next epoch. ``fingerprint`` (default: derived from the
     dataset) names each stage's config in the states it saves.
@@ -163,7 +165,7 @@ class WdsDataLoader(DataLoader):
         self._pending = None if trivial else loaded
         self._started_from, self._yielded = None, 0
 
-    # -- steering ------------------------------------------------------------------------------
+    # -- epoch and curriculum ------------------------------------------------------------------
     def set_epoch(self, epoch: int) -> None:
         """Make the next iteration play ``epoch`` (shuffle order, curriculum), also inside
         persistent workers; a loaded state of another epoch is dropped."""
@@ -171,10 +173,12 @@ class WdsDataLoader(DataLoader):
             self._pending = None
         self.dataset_obj.set_epoch(epoch)
 
-    def force_steering(self, variant: str | None) -> None:
+    def force_variant(self, variant: str | None) -> None:
         """Give every sample the curriculum variant ``variant`` (e.g. for validation); None
         restores the schedule. Reaches persistent workers."""
-        self.dataset_obj.force_steering(variant)
+        self.dataset_obj.force_variant(variant)
+
+    force_steering = force_variant  # the steering-dataset loader API's name, kept as an alias
 
     def output_schema(self) -> dict[str, FieldSpec]:
         """The :class:`~wdsloader.format.FieldSpec` of every field a batch holds (before
@@ -290,7 +294,7 @@ def build_loader(config: LoaderConfig, dataset: ShardStreamDataset) -> WdsDataLo
 
 
 def create_loader(
-    dataset_dir: str | os.PathLike[str] | Sequence[Source],
+    dataset_dir: str | os.PathLike[str] | Sequence[MixSource],
     split: str,
     batch_size: int,
     num_workers: int = 0,
@@ -330,7 +334,7 @@ def create_loader(
     source_field: str | None = None,
 ) -> WdsDataLoader:
     """A DataLoader over ``split`` of the dataset at ``dataset_dir`` (a path or fsspec URL), or
-    of several datasets mixed sample by sample (a list of :class:`~wdsloader.mix.Source`).
+    of several datasets mixed sample by sample (a list of :class:`~wdsloader.mix.MixSource`).
 
     Every rank yields exactly ``len(loader)`` batches; across ranks and workers each sample comes
     once per epoch (``drop_last=True`` drops fewer than ``world_size * batch_size``;
@@ -382,8 +386,8 @@ def create_loader(
     :class:`~wdsloader.errors.SkipLimitError`. A worker process that dies raises
     :class:`~wdsloader.errors.WorkerDiedError` (a RuntimeError).
 
-    A list of :class:`~wdsloader.mix.Source` mixes their ``split`` inside every batch: each
-    source gives exactly its quota per epoch (``Source(weight=)``, ``samples=`` or ``repeat=``;
+    A list of :class:`~wdsloader.mix.MixSource` mixes their ``split`` inside every batch: each
+    source gives exactly its quota per epoch (``MixSource(weight=)``, ``samples=`` or ``repeat=``;
     largest remainder over ``epoch_samples``, default the sum of the quotas), a short source
     repeating and a large one subsampled in rotation (every sample before any twice, across
     epochs and weight changes). ``weights`` (a schedule: ``wdsloader.curriculum.fixed``,
@@ -412,7 +416,7 @@ def create_loader(
         unused = sorted(k for k, v in mix_options.items() if v is not None)
         if unused:
             raise ValueError(
-                f"{unused} would be unused: they configure a mix (pass a list of Source)"
+                f"{unused} would be unused: they configure a mix (pass a list of MixSource)"
             )
         root = os.fspath(dataset_dir)
         store, manifest = open_dataset(root, options, check_shards, split)

@@ -1,4 +1,5 @@
-"""Seed 003's ``create_dataloaders``: JSONL or plain text -> token shards (once) -> our loader.
+"""``create_dataloaders`` of the micro-transformer text pipeline: JSONL or plain text -> token
+shards (once) -> our loader.
 
 The text is tokenized and packed into ``seq_length + 1``-token chunks by the text builder
 (:func:`build_shards.text.build_text_shards`), written as shards under ``cache_dir`` in a folder
@@ -66,9 +67,9 @@ def _ids_of(encoded: Any) -> list[int]:
 
 class EncodeIds:
     """Any object whose ``encode(text)`` returns ids, an object with ``.ids``, or a dict with
-    ``input_ids`` (seed 003's "Bug 1001"), as the text builder reads it: ``encode`` returns a
-    list of ids. Its ids are used as they come (no separators are added unless ``bos_id`` /
-    ``eos_id`` are given)."""
+    ``input_ids`` (as some tokenizer wrappers' ``encode`` returns), as the text builder reads it:
+    ``encode`` returns a list of ids. Its ids are used as they come (no separators are added
+    unless ``bos_id`` / ``eos_id`` are given)."""
 
     def __init__(self, tokenizer: Any) -> None:
         if not callable(getattr(tokenizer, "encode", None)):

@@ -3,19 +3,30 @@ PYTHON ?= $(shell command -v python3.11 || command -v python3)
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
+DEMO_STAMP := $(VENV)/.installed-demo
+# The extras the test suite exercises (make test installs them; make demo needs none of them).
+TEST_EXTRAS := test,hf,s3,http,text,image,ray,fast
 
-.PHONY: install demo test lint format clean
+.PHONY: install demo test test-fast lint format clean
 
-$(STAMP): pyproject.toml Makefile
+# make demo: the package and its four requirements only (torch, numpy, fsspec, tqdm).
+$(DEMO_STAMP): pyproject.toml Makefile
+	@echo "== make demo: creating $(VENV) and installing torch 2.13.0 (CPU), numpy, fsspec, tqdm, wdsloader"
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	# torch first, pinned: this version is a local CPU wheel; a range would pull a CUDA build.
 	$(BIN)/pip install -q torch==2.13.0
-	$(BIN)/pip install -q -e '.[test,hf,s3,http,text,image,ray,fast]'
+	$(BIN)/pip install -q -e .
+	touch $(DEMO_STAMP)
+
+# make test: the test stack on top (ray, datasets, transformers, lightning, moto, ...: ~2 GB).
+$(STAMP): $(DEMO_STAMP) pyproject.toml Makefile
+	@echo "== make test: installing the test stack into $(VENV) (extras: $(TEST_EXTRAS))"
+	$(BIN)/pip install -q -e '.[$(TEST_EXTRAS)]'
 	touch $(STAMP)
 
 install: $(STAMP)
 
-demo: $(STAMP)
+demo: $(DEMO_STAMP)
 	$(BIN)/python examples/demo.py
 
 test: $(STAMP)
@@ -23,6 +34,13 @@ test: $(STAMP)
 	$(BIN)/ruff format --check .
 	$(BIN)/python -m mypy
 	$(BIN)/python -m pytest -q
+
+# The quick loop: lint, types, and the tests not marked slow (no torchrun, Ray or server restarts).
+test-fast: $(STAMP)
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+	$(BIN)/python -m mypy
+	$(BIN)/python -m pytest -q -m "not slow"
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

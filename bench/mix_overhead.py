@@ -6,7 +6,7 @@ python bench/mix_overhead.py [--samples 60000] [--batch-size 256] [--workers 0] 
 
 The single dataset holds the three corpora's samples together; the mix reads the three datasets
 through ``MultiDataLoader`` (WEIGHTED in proportion to their sizes, so each sample once per epoch)
-and through one ``create_loader`` over a list of ``Source`` (each once per epoch, every batch
+and through one ``create_loader`` over a list of ``MixSource`` (each once per epoch, every batch
 mixing the three: the sample-level mix).
 Both read the same bytes from the page cache; runs alternate, and the best of ``--repeats``
 epochs of each is reported.
@@ -23,7 +23,7 @@ import numpy as np
 
 from build_shards import build_shards
 from wdsloader import MultiDataLoader, MultiDataLoaderConfig, create_loader
-from wdsloader.mix import Source
+from wdsloader.mix import MixSource
 
 SHARES = {"a": 0.6, "b": 0.3, "c": 0.1}
 
@@ -80,7 +80,7 @@ def main() -> None:
             loaders,
             MultiDataLoaderConfig(sampling_strategy="weighted", dataloader_weights=lengths),
         )
-        sources = [Source(root / k) for k in sizes]  # each once per epoch
+        sources = [MixSource(root / k) for k in sizes]  # each once per epoch
         mixed = create_loader(sources, "train", args.batch_size, **kw)
         runs = {"single": single, "mix": mix, "sources": mixed}
         for loader in runs.values():  # warm the page cache and the code paths

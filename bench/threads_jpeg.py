@@ -47,7 +47,7 @@ def main() -> None:
 
     from wdsloader import create_loader
     from wdsloader.format import Manifest
-    from wdsloader.format.ustar import iter_members
+    from wdsloader.format.members import iter_members
 
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("dataset")

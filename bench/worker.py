@@ -242,7 +242,8 @@ def do_gpu(spec: dict[str, Any]) -> dict[str, Any]:
 
     if not torch.cuda.is_available():
         return {"skipped": "no CUDA"}
-    from wdsloader import DevicePrefetcher, create_loader
+    from wdsloader import create_loader
+    from wdsloader.stream import DevicePrefetcher
 
     t0 = time.perf_counter()
     loader = create_loader(spec["path"], "train", batch_size=systems.BATCH, num_workers=2, seed=0)

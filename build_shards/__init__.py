@@ -1,5 +1,6 @@
 """Write side of wdsloader: turn raw data into WebDataset tar shards plus a split manifest."""
 
+from build_shards.adopt import adopt  # the function: it wins over the module's name
 from build_shards.build import build_shards
 from build_shards.errors import BuildError, BuildWorkerError, OutputExistsError, SourceChangedError
 from build_shards.lock import OutputLockedError
@@ -13,6 +14,7 @@ __all__ = [
     "OutputLockedError",
     "Source",
     "SourceChangedError",
+    "adopt",
     "build_shards",
     "hash_unit",
     "open_source",

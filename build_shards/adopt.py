@@ -1,5 +1,7 @@
-"""Adopt WebDataset shards written by other tools: scan each tar once, write ``X.tar.idx`` beside
-it and a ``manifest.json`` at the root. The tars themselves are only read, never modified.
+"""Adopt WebDataset shards written by other tools: scan each tar once, write its index beside it
+(the hidden ``.X.tar.wdsidx``), a ``manifest.json`` and a dataset card at the root. The tars
+themselves are only read, never modified, and so is any other tool's file (Energon's
+``X.tar.idx``, a user's ``README.md``).
 
 Sample offsets follow the WebDataset grouping rule (consecutive members with the same key form a
 sample). A sample's offset is where its *header chain* starts: the PAX (``x``) or GNU long-name
@@ -21,6 +23,7 @@ from typing import Any, NoReturn
 import numpy as np
 
 from build_shards.adopt_scan import NpyInfo, ShardScan, key_hash, merge_info, open_buffer, scan_all
+from build_shards.card import write_card
 from wdsloader.errors import ManifestError, ShardFormatError
 from wdsloader.format import (
     MANIFEST_NAME,
@@ -215,7 +218,8 @@ def adopt(
     """Index the WebDataset tars under ``root`` (a folder or fsspec URL) and write a manifest.
 
     Every ``*.tar`` under ``root`` (recursively; names starting with ``.`` are skipped) is
-    scanned once; ``X.tar.idx`` is written atomically beside it, then ``manifest.json`` last.
+    scanned once; its index ``.X.tar.wdsidx`` is written atomically beside it, then
+    ``manifest.json``, then the dataset card ``README.md`` (see :mod:`build_shards.card`).
     Splits: ``splits`` is a regex with a named group ``split`` searched in each shard's path
     relative to ``root`` (e.g. ``r"(?P<split>train|val|test)-\\d+\\.tar"``); without it the
     first folder under ``root`` names the split and shards at the root are ``"train"``. Shards
@@ -228,10 +232,14 @@ def adopt(
     raise ``ShardFormatError`` (no byte offsets), and so do shards readers would misread: a
     member whose data would end past the end of its file (a corrupt size, e.g. in a PAX
     record), a key twice in one shard, a key in two shards of one split (each delivered twice
-    per epoch); the message names the files, the key or member and the byte offset. Nothing is
-    written before every shard passed. An existing manifest without ``overwrite``
-    raises ``FileExistsError``. ``workers > 1`` scans local shards in processes (threads for
-    remote filesystems). ``progress(done, total)`` is called after each shard.
+    per epoch), a sparse member (GNU tar ``-S``, bsdtar), a hard link or symlink named as a
+    sample member, an object-dtype ``.npy`` member (a pickle); the message names the files, the
+    key or member and the byte offset. Nothing is written before every shard passed. Members
+    that are no sample member (webdataset's metadata names ``__NAME__``, names without an
+    extension, hidden names) are skipped and listed in ``manifest.build["skipped_members"]``.
+    An existing manifest without ``overwrite`` raises ``FileExistsError``. ``workers > 1``
+    scans local shards in processes (threads for remote filesystems). ``progress(done,
+    total)`` is called after each shard.
     """
     display = os.fspath(root).rstrip("/")
     fs, base = url_to_fs(root, storage_options)
@@ -260,6 +268,7 @@ def adopt(
     schema = infer_schema_from(reference or (), _merge_npy(all_scans)) if infer_schema else {}
 
     manifest = _new_manifest(schema, pattern, empty, examples, n_odd)
+    _record_skipped(manifest, scans, display)
     for split, group in by_split.items():
         manifest.splits[split] = _write_indexes(fs, base, group)
     try:
@@ -267,6 +276,7 @@ def adopt(
     except ManifestError as exc:  # a shard path the manifest cannot hold (e.g. '..')
         raise ShardFormatError(str(exc)) from None
     manifest.save(root, storage_options)
+    write_card(fs, base, display, manifest, {rel: split for split, _, rel in jobs})
     logger.info(
         "adopted %d shards, %d samples under %s", total - len(empty), manifest.num_samples, display
     )
@@ -295,6 +305,30 @@ def _new_manifest(
     if examples:
         manifest.build["heterogeneous"] = {"num_samples": n_odd, "examples": examples}
     return manifest
+
+
+def _record_skipped(manifest: Manifest, scans: list[ShardScan], display: str) -> None:
+    """Record in ``manifest.build["skipped_members"]`` the members that are no sample member
+    (what webdataset skips too: metadata names, names without an extension, hidden names)."""
+    total = sum(scan.num_skipped for scan in scans)
+    if not total:
+        return
+    examples = [
+        {"shard": scan.path, "member": name, "why": why}
+        for scan in scans
+        for name, why in scan.skipped
+    ][:_MAX_EXAMPLES]
+    manifest.build["skipped_members"] = {"num_members": total, "examples": examples}
+    first = examples[0]
+    logger.warning(
+        "%s: %d tar members are no sample member and were skipped, e.g. %s/%s member %r: %s",
+        display,
+        total,
+        display,
+        first["shard"],
+        first["member"],
+        first["why"],
+    )
 
 
 def _by_split(
@@ -331,7 +365,7 @@ def _refuse_heterogeneous(
 
 
 def _write_indexes(fs: Any, base: str, group: list[ShardScan]) -> SplitInfo:
-    """Write each shard's ``.tar.idx``; the split's entry in the manifest."""
+    """Write each shard's index; the split's entry in the manifest."""
     info = SplitInfo()
     for scan in group:
         rel_idx = index_path(scan.path)

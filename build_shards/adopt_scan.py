@@ -17,9 +17,11 @@ import numpy as np
 
 from wdsloader.errors import ShardFormatError
 from wdsloader.format import iter_samples, padded, read_npy_header
+from wdsloader.format.keys import skip_reason
 from wdsloader.io.storage import is_local
 
 NpyInfo = tuple[str | None, tuple[int, ...] | None]
+MAX_SKIPPED_EXAMPLES = 20
 
 
 def merge_info(a: NpyInfo, b: NpyInfo) -> NpyInfo:
@@ -41,6 +43,10 @@ class ShardScan:
     layout: dict[str, list[int]] | None = None
     key_hashes: np.ndarray = field(default_factory=lambda: np.zeros(0, np.uint64))
     """A 64-bit hash of each sample's key (to find keys that two shards share)."""
+    num_skipped: int = 0
+    """Regular members that are no sample member (metadata, no extension, hidden)."""
+    skipped: list[tuple[str, str]] = field(default_factory=list)
+    """The first few of them: ``(member name, why it was skipped)``."""
 
     @property
     def num_samples(self) -> int:
@@ -48,12 +54,20 @@ class ShardScan:
 
 
 # -- scanning one tar ----------------------------------------------------------------------------
-def _npy_info(view: memoryview, off: int, size: int, where: str) -> NpyInfo:
-    """``(dtype, shape)`` from the header of an ``.npy`` member."""
+def _npy_info(view: memoryview, off: int, size: int, source: str, key: str, ext: str) -> NpyInfo:
+    """``(dtype, shape)`` from the header of an ``.npy`` member; object arrays are refused."""
     try:
         dtype, shape, _, _ = read_npy_header(view[off : off + size])
     except ValueError as exc:
+        where = f"{source}: sample {key!r} field {ext!r}"
         raise ShardFormatError(f"{where}: bad .npy member ({exc})") from None
+    if dtype.hasobject:
+        raise ShardFormatError(
+            f"{source}: member '{key}.{ext}' is an .npy array of dtype {dtype} (Python "
+            "objects): object arrays are pickles, which the loader decodes only with "
+            "allow_pickle=True (trusted data) and a manifest's schema cannot declare; store "
+            "numeric arrays (or the values in another encoding, e.g. .json) and adopt again"
+        )
     native = dtype.byteorder in "=|" and not dtype.fields
     return (dtype.name if native else dtype.str, tuple(shape))
 
@@ -86,8 +100,14 @@ def _scan_view(view: memoryview, *, path: str, source: str) -> ShardScan:
     first_at: dict[str, int] = {}  # key -> offset of its sample
     hashes: list[int] = []
     fields: dict[str, tuple[int, int]] = {}
+
+    def skipped(name: str, at: int) -> None:
+        scan.num_skipped += 1
+        if len(scan.skipped) < MAX_SKIPPED_EXAMPLES:
+            scan.skipped.append((name, skip_reason(name)))
+
     # a sample starts at its first member's header chain (PAX / GNU long name included)
-    for key, start, fields in iter_samples(view, source=source):
+    for key, start, fields in iter_samples(view, source=source, on_skip=skipped, refuse_links=True):
         if key in first_at:
             raise ShardFormatError(
                 f"{source}: sample key {key!r} appears twice (samples at bytes {first_at[key]} "
@@ -108,7 +128,7 @@ def _scan_view(view: memoryview, *, path: str, source: str) -> ShardScan:
                 head = _npy_header_bytes(view, off, size)
                 info = by_header.get(head) if head is not None else None
                 if info is None:
-                    info = _npy_info(view, off, size, f"{source}: sample {key!r} field {ext!r}")
+                    info = _npy_info(view, off, size, source, key, ext)
                     if head is not None:
                         by_header[head] = info
                 known = npy.get(ext)

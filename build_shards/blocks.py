@@ -2,7 +2,9 @@
 
 A block is a run of consecutive source indices. Each block writes its own shards per split
 (see :mod:`build_shards.paths` for the names), bounded by ``shard_max_count`` samples and
-``shard_max_bytes`` real file bytes. When all of a block's shards are committed, its record
+``shard_max_bytes`` real file bytes; its small last shard of a split is a remainder (kept under
+``_build/rest/``), packed with the other blocks' into full shards at the end of the build
+(:mod:`build_shards.rests`). When all of a block's shards are committed, its record
 ``_build/block-BBBBB.json`` is written atomically: that record is what makes a rerun skip the
 block. It also holds a digest of the block's first and last items (key, split and encoded
 members), which a rerun compares with its own source before it keeps the block.
@@ -45,7 +47,7 @@ class BlockJob:
     shard_max_count: int
     shard_max_bytes: int
     fingerprint: str
-    prefix: str = "shard"  # of the shard file names (see SHARD_PREFIXES)
+    prefix: str = "{split}"  # of the shard file names (see SHARD_PREFIXES)
     compression: str | None = None  # of the shards (wdsloader.format.deflate)
 
 
@@ -198,6 +200,7 @@ class _BlockBuilder:
             committer=self.committer,
             prefix=job.prefix,
             compression=job.compression,
+            rest=True,
         )
         self.keys[split], self.seen[split] = [], set()
         return sink
@@ -220,6 +223,7 @@ class _BlockBuilder:
             first=self.first,
             last=block_end(self.last),
             splits=shards,
+            rests={s: sink.rest for s, sink in self.sinks.items() if sink.rest is not None},
             keys={split: tuple(ks) for split, ks in self.keys.items()},
         )
 

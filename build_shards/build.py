@@ -8,7 +8,6 @@ the manifest and finalize the output.
 from __future__ import annotations
 
 import dataclasses
-import itertools
 import logging
 import os
 from collections.abc import Callable, Iterator, Mapping
@@ -16,18 +15,22 @@ from contextlib import closing
 from dataclasses import dataclass
 from typing import Any
 
-from build_shards.blocks import BlockJob, prepare
+from build_shards.blocks import BlockJob
 from build_shards.encode import SampleEncoder
 from build_shards.engines import Engine, Output, make_engine
 from build_shards.errors import BuildError, BuildWorkerError, SourceChangedError, naming_options
+from build_shards.estimate import item_seconds
+from build_shards.infer import first_rows, infer_schema
 from build_shards.lock import DEFAULT_LOCK_TIMEOUT, BuildLock, OutputLockedError
+from build_shards.main_guard import refuse_unguarded_main
 from build_shards.merge import manifest_build, merge
 from build_shards.params import BuildParams, callable_name, default_block_size, sample_tar_bytes
 from build_shards.pool import refuse_reimported_main
 from build_shards.records import BlockRecord
+from build_shards.rests import Placed, pack_rests
 from build_shards.resume import check_kept
 from build_shards.run import Progress, ProgressBar, run_blocks
-from build_shards.schema import build_schema, with_small_fields_grouped
+from build_shards.schema import with_small_fields_grouped
 from build_shards.sources import Source, open_source
 from build_shards.splits import Splitter, make_splitter
 from build_shards.state import OutputState
@@ -69,8 +72,9 @@ def build_shards(
     ray_address: str | None = None,
     compression: str | None = None,
     group_small_fields: bool = False,
+    build_record: Callable[[], Mapping[str, Any]] | None = None,
 ) -> Manifest:
-    """Write ``source`` as WebDataset tar shards with ``.tar.idx`` files and ``manifest.json``.
+    """Write ``source`` as WebDataset tar shards with their indexes and ``manifest.json``.
 
     ``source``: a ``datasets`` Dataset/DatasetDict (its splits kept)/IterableDataset, a torch
     map-style or iterable Dataset, a list/tuple/iterator of dicts, or paths (a path, a glob or a
@@ -84,20 +88,27 @@ def build_shards(
     hash of the key (or of the ``group_by`` field) and ``seed``, or ``split_field`` (the field
     names the split and is not stored), or the DatasetDict's splits; else all in ``train``.
 
-    The schema is inferred from the first sample (after ``map``); ``schema`` declares fields
-    (``FieldSpec`` or dict, symbolic dims bound by ``dims`` or by the first sample); every sample
-    is checked against it. NaN/Inf is a SchemaError unless ``allow_nan`` (then counted in
+    The schema is inferred from the first samples (after ``map``; up to 1,000: a field absent or
+    None in some is ``optional``, ints mixed with floats are floats; see
+    :mod:`build_shards.infer`); ``schema`` declares fields (``FieldSpec`` or dict such as
+    ``{"score": {"encoding": "json", "optional": True}}``, symbolic dims bound by ``dims`` or by
+    the first samples); every sample is checked against it. NaN/Inf is a SchemaError unless ``allow_nan`` (then counted in
     ``manifest.build["nan_samples"]``).
 
     Shards: the source is cut into blocks of ``block_size`` consecutive items (default: at most
     4 full shards, judged by the first sample's size, and at least 16 blocks when the source's
     length is known, a block keeping >= 4 MiB or one full shard: see
     :func:`build_shards.params.default_block_size`); each block writes
-    ``{split}/shard-BBBBB-PPP.tar`` bounded by
+    ``{split}/{split}-BBBBB-PPP.tar`` bounded by
     ``shard_max_count`` samples and ``shard_max_bytes`` file bytes (a bigger sample gets a shard
-    of its own). The layout depends on the data and these options only, never on ``workers``
-    (local processes; indexable sources are read by the workers, sequential ones by this
-    process). ``manifest.json`` is written last.
+    of its own); its small last shard of a split is packed with the other blocks' at the end
+    (:mod:`build_shards.rests`), so each split has at most one small shard. The layout depends
+    on the data and these options only, never on ``workers`` (at most that many local
+    processes; a build estimated under 2 s of work runs in this process, see
+    :data:`build_shards.engines.local.SMALL_BUILD_S`; indexable sources are read by the
+    workers, sequential ones by this process). ``workers > 1`` called from a main script's top
+    level without an ``if __name__ == "__main__":`` guard is a BuildError at once (workers
+    import the script again). ``manifest.json`` is written last.
 
     Failures: finished blocks are recorded under ``OUTPUT/_build/``. A user error (BuildError,
     SchemaError) removes what the unfinished build wrote; after a crash or any other error (an
@@ -127,16 +138,22 @@ def build_shards(
     lives in this process and is refused (BuildError). Ray retries a task that raised an
     ``OSError`` or whose worker died; a block written twice is the same bytes.
 
-    ``progress``: True for a tqdm bar, or a callable ``(items_done, items_total_or_0)``.
+    ``progress``: True for a tqdm bar, or a callable ``(items_done, items_total_or_0)``; the
+    total of local uncompressed JSONL files is their number of lines (blank ones included).
 
     Small records: ``group_small_fields=True`` writes a sample's small scalar fields (ints,
     JSON scalars, strings of up to 512 bytes) as one member ``KEY.fields.json`` (the loader
     still yields each field; see :mod:`wdsloader.format.groups`); ``compression="gzip"``
     writes ``.tar.gz`` shards whose samples the loader still reads one by one (see
     :mod:`wdsloader.format.deflate`; ``shard_max_bytes`` is then judged before compression).
+
+    ``build_record`` (for builders on top of this one, e.g. the text builder): called once the
+    source is consumed; its entries join ``manifest.build`` before the manifest is written.
     """
     refuse_reimported_main()
     _check_options(shard_max_count, shard_max_bytes, block_size, workers, key_field, lock_timeout)
+    if workers > 1 and engine == "local":
+        refuse_unguarded_main(workers)
     if compression is not None and compression not in COMPRESSIONS:
         raise ValueError(f"compression must be None or one of {COMPRESSIONS}, got {compression!r}")
     with closing(make_engine(engine, workers=workers, ray_address=ray_address)) as runner:
@@ -150,6 +167,7 @@ def build_shards(
             seed=seed, allow_nan=allow_nan, shard_max_count=shard_max_count,
             shard_max_bytes=shard_max_bytes,
             block_size=block_size, compression=compression, group_small=bool(group_small_fields),
+            measure=runner.name == "local" and not runner.single_process,
         )  # fmt: skip
         defaults = dict(loader_defaults or {})
         if curriculum is not None:
@@ -163,14 +181,22 @@ def build_shards(
         )  # fmt: skip
         with lock:
             job, stream, completed = _resume(state, inp, overwrite)
-            bar = ProgressBar(progress, inp.src.length)
+            hint = given.count_hint()
+            bar = ProgressBar(progress, inp.src.length or hint)
+            if hint is not None and inp.item_seconds:
+                left = hint - sum(rec.num_items for rec in completed.values())
+                runner.expect(max(0, left) * inp.item_seconds)
             try:
                 records = run_blocks(
                     job, inp.src, stream, completed, inp.params.block_size, runner, out, bar
                 )
-                manifest = _manifest(records, inp, state, defaults)
+                packed = pack_rests(records, job, out.fs, out.root)
+                manifest = _manifest(records, packed, inp, state, defaults)
+                if build_record is not None:
+                    manifest.build.update(build_record())
                 lock.check()
                 state.finalize(manifest)
+                bar.complete()
             except (OutputLockedError, SourceChangedError, BuildWorkerError):
                 raise  # not this build's files to remove (or a clear refusal: keep them)
             except (BuildError, SchemaError):  # user errors: the data or options must change
@@ -193,6 +219,7 @@ class Input:
     stream: Iterator[tuple[int, Any]] | None  # a sequential source's items (None: indexable)
     params: BuildParams
     job: BlockJob  # without the shard name prefix, known once the output's state is read
+    item_seconds: float  # what an item costs, measured on a few (build_shards.estimate)
 
 
 def _check_options(
@@ -253,10 +280,12 @@ def _open_input(
     block_size: int | None,
     compression: str | None = None,
     group_small: bool = False,
+    measure: bool = False,
 ) -> Input:
-    """Infer the schema from the source's first sample and check that sample. ``length``: the
-    source's as given, before the engine prepared it (the default block size depends on it, so
-    every engine writes the same shards)."""
+    """Infer the schema from the source's first samples and check the first (and with
+    ``measure``, time a few more). ``length``: the source's as given, before the engine
+    prepared it (the default block size depends on it, so every engine writes the same
+    shards)."""
     splitter = make_splitter(
         src, splits=splits, split_field=split_field, group_by=group_by, seed=seed
     )
@@ -271,8 +300,10 @@ def _open_input(
         shard_max_bytes=shard_max_bytes,
         fingerprint="",
     )
-    stream, (key, sample) = _first_sample(src, job)
-    full_schema, all_dims = build_schema(key, sample, schema, dims)
+    stream, rows = first_rows(src, job)
+    full_schema, all_dims = infer_schema(rows, schema, dims)
+    key, sample = rows[0]
+    del rows
     if group_small:
         full_schema = with_small_fields_grouped(full_schema, sample)
     encoder = SampleEncoder(full_schema, all_dims, allow_nan=allow_nan)
@@ -297,7 +328,8 @@ def _open_input(
         fingerprint=params.fingerprint(),
         source=src if src.indexable and not src.in_memory else None,
     )
-    return Input(src, splitter, stream, params, job)
+    cost, stream = item_seconds(job, src, stream) if measure else (0.0, stream)
+    return Input(src, splitter, stream, params, job, cost)
 
 
 def _resume(
@@ -316,12 +348,13 @@ def _resume(
 
 def _manifest(
     records: Mapping[int, BlockRecord],
+    packed: Mapping[str, list[Placed]],
     inp: Input,
     state: OutputState,
     defaults: dict[str, Any],
 ) -> Manifest:
     """The manifest of the finished build."""
-    manifest = merge(records, inp.splitter.names, state)
+    manifest = merge(records, inp.splitter.names, state, packed)
     manifest.schema = dict(inp.params.schema)
     manifest.dims = dict(inp.params.dims)
     manifest.loader_defaults = defaults
@@ -381,28 +414,3 @@ def _curriculum_dict(
 def _protocols(fs: Any) -> tuple[str, ...]:
     proto = fs.protocol
     return (proto,) if isinstance(proto, str) else tuple(proto)
-
-
-def _first_sample(
-    src: Source, job: BlockJob
-) -> tuple[Iterator[tuple[int, Any]] | None, tuple[str, dict[str, Any]]]:
-    """The first sample map keeps, and for a sequential source the stream to build from (the
-    items read so far put back in front)."""
-    it = src.iter_range(0, src.length if src.indexable else None)
-    seen: list[tuple[int, Any]] = []
-    found = None
-    for index, raw in it:
-        if not src.indexable:
-            seen.append((index, raw))
-        prepared = prepare(job, index, raw)
-        if prepared is not None:
-            key, _split, sample = prepared
-            found = (key, sample)
-            break
-    if found is None:
-        dropped = len(seen) if not src.indexable else src.length
-        if dropped:
-            raise BuildError(f"source is empty after map: it dropped all {dropped} items")
-        raise BuildError("source is empty")
-    stream = None if src.indexable else itertools.chain(seen, it)
-    return stream, found

@@ -12,6 +12,7 @@ command's flags (``--allow-nan``), not the library's arguments (``allow_nan=True
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 import time
@@ -19,8 +20,9 @@ from collections.abc import Callable
 from typing import Any
 
 from build_shards.cli_parser import PROG, CliError, build_parser, fail
-from build_shards.cli_report import Progress, describe_error, format_summary
+from build_shards.cli_report import Progress, describe_error, format_summary, small_records_hint
 from wdsloader.errors import WdsLoaderError
+from wdsloader.io.setup_errors import setup_error
 from wdsloader.io.storage import parse_storage_options
 
 USER_ERRORS: tuple[type[BaseException], ...] = (WdsLoaderError, OSError, ValueError)
@@ -83,6 +85,7 @@ def _run_build(args: argparse.Namespace, options: dict[str, Any], progress: bool
         fail("--ray-address needs --engine ray")
     if args.engine == "ray" and args.workers != 1:
         fail("--workers is for --engine local; --engine ray runs one task per block")
+    schema = None if args.schema is None else read_schema(args.schema)
     source = _build_source(args)
     return build_shards(
         source,
@@ -97,8 +100,39 @@ def _run_build(args: argparse.Namespace, options: dict[str, Any], progress: bool
         ray_address=args.ray_address,
         compression=args.compression,
         group_small_fields=args.group_small_fields,
+        schema=schema,
         **options,
     )
+
+
+def read_schema(path: str) -> dict[str, Any]:
+    """The field declarations of ``--schema FILE``: a JSON object (YAML for ``.yaml``/``.yml``
+    files, with PyYAML) of field name -> spec object."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            text = f.read()
+    except OSError as exc:
+        raise CliError(f"--schema {path}: {exc.strerror or exc}") from None
+    if path.endswith((".yaml", ".yml")):
+        try:
+            import yaml  # type: ignore[import-untyped]
+        except ImportError:
+            raise CliError(f"--schema {path}: YAML needs PyYAML (pip install pyyaml)") from None
+        try:
+            data = yaml.safe_load(text)
+        except yaml.YAMLError as exc:
+            raise CliError(f"--schema {path}: not valid YAML: {exc}") from None
+    else:
+        try:
+            data = json.loads(text)
+        except ValueError as exc:
+            raise CliError(f"--schema {path}: not valid JSON: {exc}") from None
+    if not isinstance(data, dict) or not all(isinstance(v, dict) for v in data.values()):
+        raise CliError(
+            f"--schema {path}: expected an object of field -> spec, e.g. "
+            '{"score": {"encoding": "json", "optional": true}}'
+        )
+    return data
 
 
 def _run_text(args: argparse.Namespace, options: dict[str, Any], progress: bool) -> Any:
@@ -146,7 +180,34 @@ def _write_command(
         created.cleanup()
         raise
     print(format_summary(manifest, args.output, time.perf_counter() - start))
+    if args.command == "build":
+        hint = small_records_hint(
+            manifest, _input_bytes(args), args.group_small_fields, args.compression is not None
+        )
+        if hint is not None:
+            print(hint)
     return 0
+
+
+def _input_bytes(args: argparse.Namespace) -> int | None:
+    """The bytes of ``build``'s input files (of a saved HF dataset's folder); None if unknown."""
+    from build_shards.sources import resolve_files
+    from wdsloader.io.storage import url_to_fs
+
+    try:
+        if len(args.inputs) == 1 and os.path.isdir(args.inputs[0]):
+            return sum(
+                os.path.getsize(os.path.join(d, f))
+                for d, _, files in os.walk(args.inputs[0])
+                for f in files
+            )
+        total = 0
+        for path in resolve_files(args.inputs):
+            fs, p = url_to_fs(path)
+            total += int(fs.size(p) or 0)
+        return total
+    except (OSError, WdsLoaderError):  # the input changed since the build: no hint
+        return None
 
 
 def _adopt_command(args: argparse.Namespace) -> int:
@@ -171,6 +232,11 @@ def _adopt_command(args: argparse.Namespace) -> int:
     het = manifest.build.get("heterogeneous")
     if het:
         print(f"note: {het['num_samples']} samples carry other fields than the first one")
+    skipped = manifest.build.get("skipped_members")
+    if skipped:
+        print(f"note: {skipped['num_members']} tar members are no sample member, skipped:")
+        for item in skipped["examples"]:
+            print(f"  {item['shard']}: {item['member']!r}: {item['why']}")
     return 0
 
 
@@ -185,12 +251,29 @@ def main(argv: list[str] | None = None) -> int:
         return _write_command(args, run)
     except CliError as exc:
         fail(str(exc))
-    except USER_ERRORS as exc:
+    except Exception as exc:  # user errors and storage set-up mistakes: one line
+        setup = setup_error(exc, _target(args), _options(args))
+        if setup is not None:
+            fail(str(setup))
+        if not isinstance(exc, USER_ERRORS):
+            raise  # a bug: its traceback
         message = describe_error(exc)
         if isinstance(exc, OSError) and getattr(exc, "resumable", False):
             sys.stderr.write(f"{PROG}: error: {' '.join(message.split())}\n")
             raise SystemExit(1) from None
         fail(message)
+
+
+def _target(args: argparse.Namespace) -> str:
+    """The dataset URL the command writes (named in storage set-up errors)."""
+    return str(args.root if args.command == "adopt" else args.output)
+
+
+def _options(args: argparse.Namespace) -> dict[str, Any]:
+    try:
+        return parse_storage_options(args.storage_option)
+    except ValueError:
+        return {}
 
 
 if __name__ == "__main__":

@@ -39,7 +39,7 @@ TEXT_EXAMPLES = """\
       --text-field content --eos-id 0
 """
 ADOPT_EXAMPLES = """\
-  # index shards written by webdataset or GNU tar (writes .tar.idx files and manifest.json)
+  # index shards written by webdataset or GNU tar (writes hidden indexes and manifest.json)
   build-shards adopt ./shards                  # splits from folders: ./shards/train, ./shards/val
   build-shards adopt ./flat --split-pattern '(?P<split>train|val|test)-\\d+\\.tar'
 """
@@ -206,6 +206,13 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--key-field", default="__key__", metavar="FIELD", help="sample key field")
     b.add_argument("--allow-nan", action="store_true", help="count NaN/Inf instead of failing")
     b.add_argument(
+        "--schema",
+        metavar="FILE",
+        help="declare fields: a JSON (or YAML, with PyYAML) object of field -> spec, e.g. "
+        '{"score": {"encoding": "json", "optional": true}}; fields not declared are inferred '
+        "from the first 1,000 samples",
+    )
+    b.add_argument(
         "--group-small-fields",
         action="store_true",
         help="write a sample's small fields (ints, JSON scalars, short strings) as one member "
@@ -254,9 +261,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     a = sub.add_parser(
         "adopt",
-        help="index existing WebDataset shards (writes .tar.idx + manifest.json)",
-        description="Scan the .tar files under a folder or URL (recursively), write X.tar.idx "
-        "beside each and manifest.json at the root. The tars are not modified. Splits come "
+        help="index existing WebDataset shards (writes hidden indexes + manifest.json)",
+        description="Scan the .tar files under a folder or URL (recursively), write the hidden "
+        "index .X.tar.wdsidx beside each, manifest.json and a dataset card README.md (unless "
+        "one of yours is there) at the root. The tars and other tools' files (X.tar.idx) are "
+        "not modified. Splits come "
         "from the first folder under the root, or from --split-pattern; else all is 'train'.",
         epilog=_epilog(ADOPT_EXAMPLES),
         formatter_class=fmt,

@@ -9,6 +9,9 @@ from typing import Any
 from wdsloader.progress import progress_bar
 from wdsloader.redact import redact
 
+SUGGEST_RATIO = 4.0
+"""Shard bytes per input byte above which ``build`` prints the small-record options."""
+
 # the library's keyword arguments that errors name (``name=value``), and this command's flags
 # for them; a ``name=value`` entry maps that value alone
 FLAGS = {
@@ -68,6 +71,26 @@ def format_summary(manifest: Any, where: str, elapsed: float, verb: str = "built
     shown = redact(where)
     lines.append(f"{verb} {shown} in {elapsed:.2f} s ({rate:,.0f} samples/s, {mbps:.1f} MB/s)")
     return "\n".join(lines)
+
+
+def small_records_hint(
+    manifest: Any, input_bytes: int | None, grouped: bool, compressed: bool
+) -> str | None:
+    """One line when the shards take over :data:`SUGGEST_RATIO` times the input's bytes (small
+    fields: each is a tar member of at least 1,024 bytes) and an option would shrink them."""
+    flags = [
+        f
+        for f, used in (("--group-small-fields", grouped), ("--compression gzip", compressed))
+        if not used
+    ]
+    if not input_bytes or not flags or manifest.num_bytes <= SUGGEST_RATIO * input_bytes:
+        return None
+    return (
+        f"hint: the shards take {manifest.num_bytes / input_bytes:.0f}x the input's bytes "
+        f"({_human_bytes(manifest.num_bytes)} for {_human_bytes(input_bytes)}): each small field "
+        f"is a tar member of at least 1,024 bytes (a 512-byte header, the data padded to 512); "
+        f"{' '.join(flags)} make{'s' if len(flags) == 1 else ''} such shards much smaller"
+    )
 
 
 def describe_error(exc: BaseException) -> str:

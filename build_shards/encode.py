@@ -18,9 +18,11 @@ PIL image                                       ``.png``, or the field's ``.jpg`
 
 A sample dict's names are field names, optionally with an explicit extension
 (``"image.jpg"`` is the field ``image`` stored as ``jpg``). The schema is inferred from the first
-sample and/or declared; :class:`SampleEncoder` checks every sample against it (field set,
-encoding, dtype, shape with symbolic dims, NaN/Inf, declared ranges) and raises
-:class:`~wdsloader.errors.SchemaError` naming the sample key and the field.
+samples and/or declared (:mod:`build_shards.infer`); :class:`SampleEncoder` checks every sample
+against it (field set, encoding, dtype, shape with symbolic dims, NaN/Inf, declared ranges) and
+raises :class:`~wdsloader.errors.SchemaError` naming the sample key and the field. A sample may lack an
+``optional`` field (or hold None in it): it then has no member for it (a JSON field stores None
+as ``null``), and within grouped fields no entry.
 
 A value the loader could not give back as it was written is refused the same way: a ``.cls``
 int outside the field's dtype (int64 for Python ints), a str that is not valid Unicode
@@ -37,7 +39,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from build_shards.encoders import make_encoder
-from build_shards.schema import parse_name
+from build_shards.schema import declare_hint, parse_name
 from wdsloader.errors import SchemaError
 from wdsloader.format import FieldSpec
 from wdsloader.format.ustar import MAX_NAME_BYTES
@@ -80,8 +82,12 @@ class SampleEncoder:
             f"{json.dumps(f)}:".encode() if self.schema[f].grouped else None for f in self.order
         ]
         self._texts = [self.schema[f].encoding == "txt" for f in self.order]
+        # per field: whether None is stored as an absent member (optional, not JSON)
+        self._absent = [
+            bool(self.schema[f].optional) and self.schema[f].encoding != "json" for f in self.order
+        ]
         self._names: dict[str, tuple[str, str | None]] = {}
-        self._orders: dict[tuple[str, ...], tuple[str, ...]] = {}
+        self._orders: dict[tuple[str, ...], tuple[str | None, ...]] = {}
 
     def __getstate__(self) -> dict[str, Any]:
         return {
@@ -101,9 +107,10 @@ class SampleEncoder:
             got = self._names[name] = parse_name(name)
         return got
 
-    def _check_names(self, key: str, names: tuple[str, ...]) -> tuple[str, ...]:
-        """The sample's names in member order, or SchemaError when they do not fit the schema
-        (an explicit extension other than the schema's, a field twice, missing or extra)."""
+    def _check_names(self, key: str, names: tuple[str, ...]) -> tuple[str | None, ...]:
+        """The sample's names in member order (None for an optional field it lacks), or
+        SchemaError when they do not fit the schema (an explicit extension other than the
+        schema's, a field twice, missing or extra)."""
         by_field: dict[str, str] = {}
         for name in names:
             field, explicit = self._parse(name)
@@ -111,19 +118,24 @@ class SampleEncoder:
             if spec is not None and explicit is not None and explicit != spec.encoding:
                 raise SchemaError(
                     f"sample {key!r}: field {field!r}: stored as .{explicit} here but as "
-                    f".{spec.encoding} in the schema"
+                    f".{spec.encoding} in the schema{declare_hint(field, encoding=explicit)}"
                 )
             if field in by_field:
                 raise SchemaError(f"sample {key!r}: field {field!r} appears twice")
             by_field[field] = name
-        if len(by_field) != len(self.order) or any(f not in by_field for f in self.order):
-            missing = sorted(f for f in self.order if f not in by_field)
-            extra = sorted(f for f in by_field if f not in self.schema)
+        missing = sorted(f for f in self.order if f not in by_field and not self.schema[f].optional)
+        extra = sorted(f for f in by_field if f not in self.schema)
+        if missing or extra:
             raise SchemaError(
                 f"sample {key!r}: fields differ from the schema: missing {missing}, "
                 f"unexpected {extra}"
+                + (
+                    declare_hint(missing[0], optional=True)
+                    if missing
+                    else declare_hint(extra[0], encoding="json", optional=True)
+                )
             )
-        return tuple(by_field[f] for f in self.order)
+        return tuple(by_field.get(f) for f in self.order)
 
     def _check_member_names(self, key: str) -> None:
         """SchemaError unless every member name ``KEY.EXT`` fits a tar header."""
@@ -152,23 +164,28 @@ class SampleEncoder:
             self._check_member_names(key)
         members: list[tuple[str, bytes]] = []
         nonfinite = False
-        group: list[bytes] | None = None
+        group: list[bytes] = []
         at = -1  # where the grouped member goes
-        for name, ext, enc, gkey, text in zip(
-            ordered, self._exts, self._encoders, self._group_keys, self._texts, strict=True
-        ):
-            data, bad = enc(key, sample[name])
+        for name, ext, enc, gkey, text, absent in zip(
+            ordered, self._exts, self._encoders, self._group_keys, self._texts, self._absent,
+            strict=True,
+        ):  # fmt: skip
+            if gkey is not None and at < 0:
+                members.append((ext, b""))  # its place (even if every entry is absent)
+                at = len(members) - 1
+            if name is None:
+                continue  # an optional field the sample lacks
+            value = sample[name]
+            if value is None and absent:
+                continue  # None in an optional field: stored as a missing member
+            data, bad = enc(key, value)
             nonfinite = nonfinite or bad
             if gkey is None:
                 members.append((ext, data))
                 continue
-            if group is None:
-                group = []
-                members.append((ext, b""))  # its place; filled below
-                at = len(members) - 1
             # cls and json members are JSON text already; a txt member becomes a JSON string
             group.append(gkey + (_JSON_STR.encode(data.decode("utf-8")).encode() if text else data))
-        if group is not None:
+        if at >= 0:
             members[at] = (members[at][0], b"{" + b",".join(group) + b"}")
         return members, nonfinite
 

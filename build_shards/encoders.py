@@ -14,6 +14,7 @@ import numpy as np
 from build_shards.errors import naming_options
 from build_shards.schema import (
     IMAGE_FORMATS,
+    declare_hint,
     dtype_name,
     fmt_shape,
     is_pil,
@@ -138,12 +139,13 @@ def _npy_encoder(field: str, spec: FieldSpec, dims: Mapping[str, int], allow_nan
         if want_dtype is not None and dt != want_dtype:
             raise SchemaError(
                 f"sample {key!r}: field {field!r}: dtype {dtype_name(dt)} differs from the "
-                f"schema's {spec.dtype}"
+                f"schema's {spec.dtype}{declare_hint(field, dtype=dtype_name(dt))}"
             )
         if want_shape is not None and value.shape != want_shape:
             raise SchemaError(
                 f"sample {key!r}: field {field!r}: shape {fmt_shape(value.shape)} differs from "
                 f"the schema's {fmt_shape(spec.shape or [])} = {fmt_shape(want_shape)}"
+                + declare_hint(field, shape=None)
             )
         return value
 
@@ -200,9 +202,11 @@ def _cls_encoder(field: str, spec: FieldSpec) -> Encoder:
 
     def encode(key: str, value: Any) -> tuple[bytes, bool]:
         if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
+            numbers = isinstance(value, (float, np.floating)) and not isinstance(value, bool)
             raise SchemaError(
                 f"sample {key!r}: field {field!r}: expected an int (.cls), got "
                 f"{type(value).__name__} {value!r:.40}"
+                + declare_hint(field, encoding="json", **({"dtype": "float64"} if numbers else {}))
             )
         value = int(value)
         if not low <= value <= high:
@@ -273,10 +277,24 @@ def _container_problem(item: Any, depth: int) -> str | None:
 
 def _json_encoder(field: str, spec: FieldSpec, allow_nan: bool) -> Encoder:
     strict, lenient = _json_text_encoder(False), _json_text_encoder(True)
+    floats = spec.dtype == "float64"  # numbers: ints are written as floats (1 -> 1.0)
 
     def encode(key: str, value: Any) -> tuple[bytes, bool]:
         if isinstance(value, np.generic):
             value = value.item()
+        if floats and value is not None:
+            if isinstance(value, bool) or not isinstance(value, (int, float)):
+                raise SchemaError(
+                    f"sample {key!r}: field {field!r}: expected a number (.json float64), got "
+                    f"{type(value).__name__} {value!r:.40}{declare_hint(field, dtype='json')}"
+                )
+            try:
+                value = float(value)
+            except OverflowError:
+                raise SchemaError(
+                    f"sample {key!r}: field {field!r}: int {str(value)[:40]} is too large for a "
+                    "float64"
+                ) from None
         problem = _json_problem(value)
         if problem is not None:
             raise SchemaError(f"sample {key!r}: field {field!r}: {problem}")
@@ -352,7 +370,7 @@ def _bytes_encoder(field: str, spec: FieldSpec) -> Encoder:
         want = "str" if spec.dtype == "str" else "bytes or a PIL image" if fmt else "bytes"
         raise SchemaError(
             f"sample {key!r}: field {field!r}: expected {want} (.{spec.encoding}), got "
-            f"{type(value).__name__}"
+            f"{type(value).__name__}{declare_hint(field, encoding='json')}"
         )
 
     return encode

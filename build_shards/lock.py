@@ -33,6 +33,7 @@ from types import TracebackType
 from typing import Any
 
 from build_shards.errors import BuildError, naming_options
+from wdsloader.io.setup_errors import setup_errors_in_one_line
 from wdsloader.io.storage import is_local, join, write_atomic
 
 log = logging.getLogger("build_shards")
@@ -112,7 +113,13 @@ class BuildLock:
 
     # -- acquire -------------------------------------------------------------------------------
     def acquire(self) -> None:
-        """Take the lock, taking over a stale one; raise OutputLockedError when it is held."""
+        """Take the lock, taking over a stale one; raise OutputLockedError when it is held, and
+        StorageSetupError (one line) when the output's storage cannot be used (a missing
+        bucket, a dead endpoint, refused credentials): the lock is a build's first write."""
+        with setup_errors_in_one_line(self.url, fs=self.fs):
+            self._acquire()
+
+    def _acquire(self) -> None:
         data = json.dumps(self.body, indent=1).encode()
         for _ in range(_TAKE_ATTEMPTS):
             if self._create(data):

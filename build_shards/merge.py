@@ -14,25 +14,35 @@ from build_shards.errors import BuildError
 from build_shards.params import BuildParams
 from build_shards.records import BlockRecord
 from build_shards.state import OutputState
-from wdsloader.format import Manifest, SplitInfo
+from wdsloader.format import Manifest, ShardInfo, SplitInfo
 
 log = logging.getLogger("build_shards")
 
 
 def merge(
-    records: Mapping[int, BlockRecord], names: tuple[str, ...], state: OutputState
+    records: Mapping[int, BlockRecord],
+    names: tuple[str, ...],
+    state: OutputState,
+    packed: Mapping[str, list[tuple[tuple[int, int], ShardInfo]]] | None = None,
 ) -> Manifest:
-    """The manifest's splits from the block records, in block order; duplicate keys refused."""
-    splits: dict[str, SplitInfo] = {name: SplitInfo() for name in names}
+    """The manifest's splits from the block records and the ``packed`` remainders (see
+    :mod:`build_shards.rests`), in source order (block, then part); duplicate keys refused."""
+    placed: dict[str, list[tuple[tuple[int, int], ShardInfo]]] = {}
+    for split, packed_shards in (packed or {}).items():
+        placed.setdefault(split, []).extend(packed_shards)
     hashes: dict[str, list[np.ndarray]] = {}
     owners: dict[str, list[tuple[int, int]]] = {}
     for b in sorted(records):
         rec = records[b]
         for split, shards in rec.splits.items():
-            splits.setdefault(split, SplitInfo()).shards.extend(shards)
+            placed.setdefault(split, []).extend(((b, p), s) for p, s in enumerate(shards))
         for split, arr in (rec.key_hashes or {}).items():
             hashes.setdefault(split, []).append(arr)
             owners.setdefault(split, []).append((b, len(arr)))
+    splits: dict[str, SplitInfo] = {name: SplitInfo() for name in names}
+    for split, in_order in placed.items():
+        in_order.sort(key=lambda placed_shard: placed_shard[0])
+        splits.setdefault(split, SplitInfo()).shards.extend(s for _, s in in_order)
     for split, parts in hashes.items():
         _check_duplicates(split, parts, owners[split], state)
     if not any(s.num_samples for s in splits.values()):

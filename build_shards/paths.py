@@ -1,8 +1,12 @@
 """Names and places of a build's files: shard names, the ``_build/`` state folder, block records.
 
-Shards are ``{split}/{prefix}-BBBBB-PPP.tar`` (B the block, P the part within the block; ``.tar.gz``
-when compressed) with a ``.idx`` beside each; a shard being written carries :data:`TMP_MARK` in its name. A build that
-replaces a complete dataset takes the other prefix of :data:`SHARD_PREFIXES`. ``_build/`` holds
+Shards are ``{split}/{split}-BBBBB-PPP.tar`` (B the block, P the part within the block; ``.tar.gz``
+when compressed) with their index beside each (:func:`wdsloader.format.index_path`); a shard being
+written carries :data:`TMP_MARK` in its name. The split is in the file name, not only in the folder,
+so that readers which cache shards by file name (webdataset's and wids' ``cache_dir``) never mix
+the splits up. A build that replaces a complete dataset takes the other prefix of
+:data:`SHARD_PREFIXES`. Datasets and unfinished builds of earlier versions used the prefix
+``shard`` (``train/shard-00000-000.tar``); they still read and resume. ``_build/`` holds
 ``build.json`` (the build's fingerprint and options) and ``block-BBBBB.json`` per finished block.
 """
 
@@ -16,13 +20,24 @@ from wdsloader.io.storage import join
 BUILD_DIR = "_build"
 BUILD_FILE = "build.json"
 TMP_MARK = ".tmp-"
-SHARD_PREFIXES = ("shard", "shard-r")  # a replacing build takes the one the old dataset lacks
+SPLIT_FIELD = "{split}"
+SHARD_PREFIXES = (SPLIT_FIELD, SPLIT_FIELD + "-r")  # a replacing build takes the one the old lacks
+LEGACY_PREFIXES = ("shard", "shard-r")  # of the shards earlier versions wrote
 RECORD_RE = re.compile(r"^block-(\d{5,})\.json$")
 
 
-def shard_name(block: int, part: int, prefix: str = "shard", compression: str | None = None) -> str:
-    """File name of part ``part`` of block ``block`` (``.tar.gz`` when gzip-compressed)."""
-    return f"{prefix}-{block:05d}-{part:03d}.tar{'' if compression is None else '.gz'}"
+def shard_name(
+    block: int,
+    part: int,
+    prefix: str = SHARD_PREFIXES[0],
+    compression: str | None = None,
+    *,
+    split: str,
+) -> str:
+    """File name of part ``part`` of block ``block`` of ``split`` (``.tar.gz`` when
+    gzip-compressed); ``{split}`` in ``prefix`` stands for the split's name."""
+    stem = prefix.replace(SPLIT_FIELD, split)
+    return f"{stem}-{block:05d}-{part:03d}.tar{'' if compression is None else '.gz'}"
 
 
 def record_path(root: str, block: int) -> str:

@@ -2,12 +2,15 @@
 
 Workers are started with ``forkserver`` where the platform has it, else ``spawn``: both are safe
 with threads in the parent (a fork is not). The fork server is started once per process with this
-module (numpy, the encoders, the tar writer) imported, so each worker is a fork of it instead of a
-new interpreter importing them again (~0.45 CPU-s a worker here). Either way a worker re-imports
+module (numpy, the encoders, the tar writer) imported, and torch or ``datasets`` when this process
+has them, so each worker is a fork of it instead of a new interpreter importing them again
+(~0.45 CPU-s a worker here, more than 1 CPU-s with torch). Either way a worker re-imports
 the main script, so a script that calls ``build_shards`` at top level, without an
-``if __name__ == "__main__":`` guard, would start a second build in each worker:
-:func:`refuse_reimported_main` stops such a worker at once, and the parent reports the dead worker
-as one :class:`~build_shards.errors.BuildWorkerError` that says to add the guard.
+``if __name__ == "__main__":`` guard, would start a second build in each worker: the build
+refuses such a call before it starts (:mod:`build_shards.main_guard`), and where that cannot be
+seen (no readable source), :func:`refuse_reimported_main` stops such a worker at once, and the
+parent reports the dead worker as one :class:`~build_shards.errors.BuildWorkerError` that says
+to add the guard.
 
 Nothing the parent sends a worker can block it for long: the job (which may hold an in-memory
 source) is pickled once to a file each worker loads, so only a few small objects go through the
@@ -27,6 +30,7 @@ import os
 import pickle
 import queue as _queue
 import signal
+import sys
 import tempfile
 import threading
 from collections.abc import Callable, Iterator
@@ -46,6 +50,10 @@ GUARD_HINT = (
     "(worker processes start by re-importing the main script)"
 )
 _POLL_S = 0.5  # seconds between progress reports while waiting for blocks
+# imported once by the fork server when this process has them, not by every worker (the main
+# script, imported again by each worker, then finds them imported): torch alone costs a worker
+# about 1 CPU-s
+HEAVY_MODULES = ("torch", "datasets", "pandas")
 
 
 def refuse_reimported_main() -> None:
@@ -219,14 +227,16 @@ def run_pool(
 
 def worker_context() -> Any:
     """The multiprocessing context build workers start in: ``forkserver`` (its server preloads
-    this module, unless a server of this process is already running) where the platform has
-    it, else ``spawn``."""
+    this module, and :data:`HEAVY_MODULES` this process imported, unless a server of this
+    process is already running) where the platform has it, else ``spawn``."""
     if "forkserver" not in multiprocessing.get_all_start_methods():
         return multiprocessing.get_context("spawn")
     ctx = multiprocessing.get_context("forkserver")
     # only the server's imports: the main script is still imported by each worker (as under
-    # spawn), so an unguarded script is stopped in the worker, with the guard hint
-    ctx.set_forkserver_preload([__name__])
+    # spawn), so an unguarded script is stopped in the worker, with the guard hint; its
+    # `import torch` then finds torch imported (once, by the server) instead of importing it
+    heavy = [name for name in HEAVY_MODULES if name in sys.modules]
+    ctx.set_forkserver_preload([__name__, *heavy])
     return ctx
 
 

@@ -1,6 +1,7 @@
 """The record of a finished block, as the workers return it and ``_build/block-BBBBB.json`` holds it.
 
-A record is what makes a rerun skip its block: the block's shards per split, its counts, its keys
+A record is what makes a rerun skip its block: the block's shards and remainders (a small last
+shard, kept under ``_build/rest/`` until the end of the build) per split, its counts, its keys
 per split (for the duplicate check across blocks) and the digests of its first and last items (a
 rerun compares them with its own source before it keeps the block). A record on disk that does
 not parse as one (an older or damaged file) is a :class:`RecordError`: its block is redone.
@@ -62,6 +63,9 @@ class BlockRecord:
     first: BlockEnd
     last: BlockEnd
     splits: Mapping[str, tuple[ShardInfo, ...]]
+    # per split, the block's small last shard (its part number is len(splits[split])), written
+    # under ``_build/rest/`` and packed with the other blocks' at the end (build_shards.rests)
+    rests: Mapping[str, ShardInfo] = dataclasses.field(default_factory=dict)
     keys: Mapping[str, tuple[str, ...]] | None = None
     key_hashes: Mapping[str, np.ndarray] | None = None
 
@@ -80,6 +84,7 @@ class BlockRecord:
             "first": self.first.to_dict(),
             "last": self.last.to_dict(),
             "splits": {s: [shard_info_dict(i) for i in infos] for s, infos in self.splits.items()},
+            "rests": {s: shard_info_dict(info) for s, info in self.rests.items()},
             "keys": {s: list(ks) for s, ks in (self.keys or {}).items()},
         }
 
@@ -92,6 +97,7 @@ class BlockRecord:
         d = _mapping(d, "block record")
         splits = _mapping(d.get("splits"), "splits")
         keys = _mapping(d.get("keys", {}), "keys")
+        rests = _mapping(d.get("rests", {}), "rests")
         try:
             return cls(
                 block=_int(d, "block"),
@@ -106,6 +112,7 @@ class BlockRecord:
                 first=BlockEnd.from_dict(d.get("first")),
                 last=BlockEnd.from_dict(d.get("last")),
                 splits={_key(s): tuple(map(shard_info_from_dict, v)) for s, v in splits.items()},
+                rests={_key(s): shard_info_from_dict(v) for s, v in rests.items()},
                 keys={_key(s): tuple(_strs(v, "keys")) for s, v in keys.items()},
             )
         except TypeError as exc:  # a list where a dict belongs, and the like
@@ -118,6 +125,10 @@ class BlockRecord:
         except ValueError as exc:
             raise RecordError(f"not JSON: {exc}") from None
         return cls.from_dict(body)
+
+    def all_shards(self) -> list[ShardInfo]:
+        """Every shard file the block wrote: its shards and its remainders."""
+        return [s for shards in self.splits.values() for s in shards] + list(self.rests.values())
 
     def compact(self) -> BlockRecord:
         """This record with its key lists replaced by arrays of their hashes (8 bytes a key), to

@@ -81,7 +81,9 @@ class ProgressBar:
         if progress is True:
             from tqdm.auto import tqdm
 
-            self._bar = tqdm(total=total, unit="sample", unit_scale=True, desc="build-shards")
+            self._bar = tqdm(
+                total=total or None, unit="sample", unit_scale=True, desc="build-shards"
+            )
 
     def update(self, n: int, nbytes: int) -> None:
         self.done += n
@@ -93,6 +95,13 @@ class ProgressBar:
             rate = mb / max(time.monotonic() - self._t0, 1e-9)
             self._bar.set_postfix_str(f"{mb:,.1f} MB, {rate:,.1f} MB/s", refresh=False)
             self._bar.update(n)
+
+    def complete(self) -> None:
+        """The build finished: a total that was a hint (JSONL lines, blank ones too) becomes
+        the items done."""
+        if self._bar is not None and self.done != self.total:
+            self._bar.total = self.done
+            self._bar.refresh()
 
     def close(self) -> None:
         if self._bar is not None:

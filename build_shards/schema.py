@@ -1,10 +1,11 @@
-"""The build schema: field names with optional extensions, a spec inferred from a first value,
-and declared specs merged over it (``build_schema``); see :mod:`build_shards.encode` for the
-encodings."""
+"""The build schema: field names with optional extensions, a spec inferred from a value, and
+declared specs merged over the inferred ones (``finish_schema``; :mod:`build_shards.infer`
+infers from the first rows); see :mod:`build_shards.encode` for the encodings."""
 
 from __future__ import annotations
 
 import dataclasses
+import json
 import re
 import sys
 from collections.abc import Mapping
@@ -18,7 +19,22 @@ from wdsloader.format.groups import GROUP_EXT, GROUP_FIELD, MIN_GROUPED, SMALL_T
 
 IMAGE_FORMATS = {"png": "PNG", "jpg": "JPEG", "jpeg": "JPEG", "webp": "WEBP"}
 _ENC_RE = re.compile(r"^[a-z0-9]+$")
-_SPEC_KEYS = {"ext", "encoding", "dtype", "shape", "range"}
+_SPEC_KEYS = {"ext", "encoding", "dtype", "shape", "range", "optional"}
+# the dtype a field declared with only an encoding gets
+_DEFAULT_DTYPES = {"json": "json", "txt": "str", "cls": "int"}
+INFER_ROWS = 1000
+"""The schema is inferred from up to this many first samples (see :mod:`build_shards.infer`)."""
+
+
+def declare_hint(field: str, **spec: Any) -> str:
+    """The end of an error about a value that does not fit the schema: how to declare ``field``
+    (``spec``: an example declaration)."""
+    example = {field: spec}
+    return (
+        f" (the schema was inferred from the first samples, up to {INFER_ROWS:,}; declare the "
+        f"field: build_shards(schema={example!r}), or build-shards build --schema FILE with "
+        f"{json.dumps(example)} in FILE (JSON or YAML))"
+    )
 
 
 def parse_name(name: Any) -> tuple[str, str | None]:
@@ -135,6 +151,12 @@ def _coerce_spec(field: str, base: FieldSpec, declared: Any) -> FieldSpec:
         values.update(declared)
         if "encoding" in declared and "ext" not in declared:
             values["ext"] = member_ext(field, values["encoding"])
+        if (
+            "encoding" in declared
+            and "dtype" not in declared
+            and values["encoding"] != base.encoding
+        ):
+            values["dtype"] = _DEFAULT_DTYPES.get(values["encoding"], "bytes")
         if values["encoding"] != "npy" and "shape" not in declared:
             values["shape"] = None
         spec = FieldSpec(**values)
@@ -167,12 +189,7 @@ def build_schema(
     declared: Mapping[str, Any] | None = None,
     dims: Mapping[str, int] | None = None,
 ) -> tuple[dict[str, FieldSpec], dict[str, int]]:
-    """``(schema, dims)`` from the first sample, with ``declared`` fields (FieldSpec or dict)
-    taking precedence and unbound symbolic dims bound from the first sample's arrays.
-
-    Fields of the first sample that are not declared are inferred; a declared field the first
-    sample lacks is a SchemaError.
-    """
+    """``(schema, dims)`` of one sample (see :func:`finish_schema`)."""
     by_field: dict[str, tuple[str | None, Any]] = {}
     for name, value in sample.items():
         field, explicit = parse_name(name)
@@ -180,22 +197,38 @@ def build_schema(
             raise SchemaError(f"sample {key!r}: field {field!r} appears twice ({name!r})")
         by_field[field] = (explicit, value)
     schema = {f: infer_spec(key, f, ex, v) for f, (ex, v) in by_field.items()}
+    values = {f: (key, v) for f, (_, v) in by_field.items()}
+    return finish_schema(schema, values, declared, dims)
+
+
+def finish_schema(
+    inferred: Mapping[str, FieldSpec],
+    values: Mapping[str, tuple[str, Any]],
+    declared: Mapping[str, Any] | None = None,
+    dims: Mapping[str, int] | None = None,
+) -> tuple[dict[str, FieldSpec], dict[str, int]]:
+    """``(schema, dims)``: the ``inferred`` specs with the ``declared`` ones (FieldSpec or dict)
+    merged over them, unbound symbolic dims bound from ``values`` (a sample's key and value per
+    field), and the fields in member order (fixed-size first).
+
+    A declared field that no sample had is a SchemaError, unless it is declared ``optional``
+    with an encoding.
+    """
+    schema = dict(inferred)
     bound = {str(k): int(v) for k, v in (dims or {}).items()}
     for name, decl in (declared or {}).items():
         field, explicit = parse_name(name)
-        if field not in schema:
-            raise SchemaError(
-                f"sample {key!r}: declared field {field!r} is missing from the first sample "
-                f"(it has {sorted(schema)})"
-            )
-        spec = _coerce_spec(field, schema[field], decl)
+        base = schema.get(field)
+        if base is None:
+            base = _absent_base(field, decl, sorted(schema))
+        spec = _coerce_spec(field, base, decl)
         if explicit is not None and spec.encoding != explicit:
             raise ValueError(f"schema[{name!r}]: encoding {spec.encoding!r} contradicts the name")
         schema[field] = spec
     for field, spec in schema.items():
-        if spec.encoding != "npy" or spec.shape is None:
+        if spec.encoding != "npy" or spec.shape is None or field not in values:
             continue
-        value = by_field[field][1]
+        key, value = values[field]
         actual = np.shape(value.numpy() if is_tensor(value) else value)
         if len(actual) != len(spec.shape):
             raise SchemaError(
@@ -208,6 +241,19 @@ def build_schema(
     fixed = sorted(f for f, s in schema.items() if s.fixed_size)
     rest = sorted(f for f in schema if f not in fixed)
     return {f: schema[f] for f in fixed + rest}, bound
+
+
+def _absent_base(field: str, declared: Any, fields: list[str]) -> FieldSpec:
+    """The spec of a declared field that no inferred sample had: it must be optional and name
+    its encoding."""
+    decl = dataclasses.asdict(declared) if isinstance(declared, FieldSpec) else declared
+    if not isinstance(decl, Mapping) or not decl.get("optional") or "encoding" not in decl:
+        raise SchemaError(
+            f"declared field {field!r} is missing from the first samples (they have {fields}); "
+            "declare it with optional=True and an encoding if samples may lack it"
+        )
+    enc = decl["encoding"]
+    return FieldSpec(ext=member_ext(field, enc), encoding=enc, dtype=_DEFAULT_DTYPES.get(enc))
 
 
 def _is_small(spec: FieldSpec, value: Any) -> bool:

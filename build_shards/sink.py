@@ -4,7 +4,12 @@ visible on a background thread while the next one is encoded.
 
 A shard is written under a temporary name (local: in its own folder; remote: in a local temp
 folder) and becomes visible complete: ``os.replace`` locally, one ``put_file`` on object stores,
-then its ``.tar.idx``.
+then its index.
+
+A block's last shard of a split that is small (fewer than ``max_count`` samples and under half
+of ``max_bytes``) is its *remainder*: with ``rest=True`` it is committed under
+``_build/rest/{split}/`` instead, and :mod:`build_shards.rests` packs the remainders of all
+blocks into full shards at the end of the build.
 """
 
 from __future__ import annotations
@@ -17,13 +22,14 @@ from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, BinaryIO
 
-from build_shards.paths import TMP_MARK, remove_quietly, shard_name
+from build_shards.paths import BUILD_DIR, SHARD_PREFIXES, TMP_MARK, remove_quietly, shard_name
 from wdsloader.format import ShardInfo, TarStreamWriter, index_path
 from wdsloader.io.storage import is_local, join, write_atomic
 
 log = logging.getLogger("build_shards")
 
 MAX_UNCOMMITTED = 2  # finished shards waiting for fsync + rename (or upload: local temp space)
+REST_DIR = f"{BUILD_DIR}/rest"  # where blocks commit their remainders (relative to the root)
 
 
 class Committer:
@@ -76,10 +82,14 @@ class ShardSink:
         max_bytes: int,
         tmpdir: str | None,
         committer: Committer | None = None,
-        prefix: str = "shard",
+        prefix: str = SHARD_PREFIXES[0],
         compression: str | None = None,
+        rest: bool = False,
     ) -> None:
         self.fs, self.root, self.split, self.block = fs, root, split, block
+        self.keep_rest = rest
+        self.rest: ShardInfo | None = None  # the remainder (see the module's text), if any
+        self._name = ""  # of the open shard
         self.prefix = prefix
         self.compression = compression
         self.max_count, self.max_bytes = max_count, max_bytes
@@ -95,6 +105,8 @@ class ShardSink:
             os.makedirs(join(root, split), exist_ok=True)
         else:
             fs.makedirs(join(root, split), exist_ok=True)  # a no-op on object stores
+            if rest:
+                fs.makedirs(join(root, REST_DIR, split), exist_ok=True)
 
     def add(self, key: str, members: list[tuple[str, bytes]]) -> int:
         """Write one sample; returns the bytes it added."""
@@ -119,8 +131,27 @@ class ShardSink:
         w.write_sample(key, members)
         return w.offset - before
 
+    def add_raw(self, sample: bytes, layout: dict[str, list[int]] | None) -> None:
+        """Write one sample's tar bytes as another shard holds them (its ``layout``), under the
+        same bounds as :meth:`add`."""
+        w = self._writer
+        if w is not None and (
+            w.num_samples >= self.max_count or w.projected_raw_size(len(sample)) > self.max_bytes
+        ):
+            self._finish()
+            w = None
+        if w is None:
+            w = self._open()
+        w.write_raw(sample, layout)
+
+    def next_name(self) -> str:
+        """The file name of the next shard this sink opens."""
+        return shard_name(
+            self.block, len(self.infos), self.prefix, self.compression, split=self.split
+        )
+
     def _open(self) -> TarStreamWriter:
-        name = shard_name(self.block, len(self.infos), self.prefix, self.compression)
+        name = self._name = self.next_name()
         if self.local:
             self._tmp = join(self.root, self.split, f"{name}{TMP_MARK}{uuid.uuid4().hex[:12]}")
         else:
@@ -130,27 +161,28 @@ class ShardSink:
         self._writer = TarStreamWriter(self._file, compression=self.compression)
         return self._writer
 
-    def _finish(self) -> None:
-        """Close the open shard, record its info, and commit it (in the background when there
-        is a committer)."""
+    def _finish(self, *, rest: bool = False) -> None:
+        """Close the open shard, record its info (``rest``: as the remainder), and commit it
+        (in the background when there is a committer)."""
         w, f, tmp = self._writer, self._file, self._tmp
         assert w is not None and f is not None and tmp is not None
         idx, sha = w.close()
         f.flush()
         self._writer = self._file = self._tmp = None
-        name = shard_name(self.block, len(self.infos), self.prefix, self.compression)
-        rel = f"{self.split}/{name}"
-        self.infos.append(
-            ShardInfo(
-                path=rel,
-                idx_path=index_path(rel),
-                num_samples=w.num_samples,
-                num_bytes=w.offset,
-                sha256=sha,
-                layout=w.layout,
-                compression=self.compression,
-            )
+        rel = f"{REST_DIR}/{self.split}/{self._name}" if rest else f"{self.split}/{self._name}"
+        info = ShardInfo(
+            path=rel,
+            idx_path=index_path(rel),
+            num_samples=w.num_samples,
+            num_bytes=w.offset,
+            sha256=sha,
+            layout=w.layout,
+            compression=self.compression,
         )
+        if rest:
+            self.rest = info
+        else:
+            self.infos.append(info)
         if self.committer is None:
             self._commit(f, tmp, rel, idx)
             return
@@ -169,6 +201,7 @@ class ShardSink:
                 os.fsync(f.fileno())
             f.close()
             if self.local:
+                os.makedirs(os.path.dirname(final), exist_ok=True)
                 os.replace(tmp, final)
             else:
                 self.fs.put_file(tmp, final)
@@ -183,10 +216,13 @@ class ShardSink:
         self.written.append(join(self.root, index_path(rel)))
 
     def close(self) -> list[ShardInfo]:
-        """Finish the open shard; the shards written, in order (committed once the committer
-        is waited for)."""
-        if self._writer is not None:
-            self._finish()
+        """Finish the open shard (as the remainder when it is small and ``rest`` was asked
+        for: see :attr:`rest`); the full shards written, in order (committed once the
+        committer is waited for)."""
+        w = self._writer
+        if w is not None:
+            small = w.num_samples < self.max_count and 2 * w.offset < self.max_bytes
+            self._finish(rest=self.keep_rest and small)
         return self.infos
 
     def discard(self) -> None:

@@ -36,6 +36,11 @@ class Source:
         """What identifies this input for the resume fingerprint (kind, length, files ...)."""
         return {"kind": self.kind, "length": self.length}
 
+    def count_hint(self) -> int | None:
+        """About how many items the source holds, when that is cheap to learn (for the
+        progress bar's total and the choice of processes, never for the shard layout)."""
+        return self.length
+
 
 class SequentialSource(Source):
     """A source that can be iterated once, from its start."""

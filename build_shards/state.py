@@ -19,23 +19,46 @@ import posixpath
 import re
 from typing import Any
 
+from build_shards.card import write_card
 from build_shards.errors import BuildError, OutputExistsError, naming_options
 from build_shards.paths import (
     BUILD_DIR,
+    LEGACY_PREFIXES,
     RECORD_RE,
     SHARD_PREFIXES,
+    SPLIT_FIELD,
     TMP_MARK,
     build_file_path,
     record_path,
 )
 from build_shards.records import BlockRecord, RecordError
 from wdsloader.errors import WdsLoaderError
-from wdsloader.format import MANIFEST_NAME, Manifest
+from wdsloader.format import INDEX_SUFFIX, MANIFEST_NAME, Manifest
+from wdsloader.io.setup_errors import setup_errors_in_one_line
 from wdsloader.io.storage import is_local, join, write_atomic
+from wdsloader.redact import redact, secrets_of
 
 log = logging.getLogger("build_shards")
 
-_OURS = re.compile(r"^shard(-r)?-\d{5,}-\d{3,}\.tar(\.gz)?(\.idx)?(\.tmp-[0-9a-f]+)?$")
+# a shard, its index (hidden ``.X.tar.wdsidx``, or ``X.tar.idx`` of the legacy prefixes) or their
+# temporary files; the stem is checked against the folder's split by :func:`_name_stem`
+_OURS = re.compile(
+    r"^(?P<hidden>\.)?(?P<stem>.+?)-\d{5,}-\d{3,}\.tar(\.gz)?"
+    rf"(?(hidden){re.escape(INDEX_SUFFIX)}|(?P<legacy_idx>\.idx)?)(\.tmp-[0-9a-f]+)?$"
+)
+
+
+def _name_stem(path: str) -> str | None:
+    """The name prefix of one of our shard files at ``path`` (``{split}`` where the split's name
+    is), or None for a file that is not ours."""
+    m = _OURS.match(posixpath.basename(path))
+    if m is None:
+        return None
+    split = posixpath.basename(posixpath.dirname(path))
+    stems = {p.replace(SPLIT_FIELD, split): p for p in SHARD_PREFIXES}
+    if m.group("legacy_idx") is None and m.group("stem") in stems:
+        return stems[m.group("stem")]
+    return m.group("stem") if m.group("stem") in LEGACY_PREFIXES else None
 
 
 class OutputState:
@@ -52,17 +75,20 @@ class OutputState:
 
     # -- queries -----------------------------------------------------------------------------
     def has_manifest(self) -> bool:
+        """Whether the output holds a manifest (a build's first look at its output: a missing
+        bucket or a dead endpoint is a StorageSetupError here)."""
         self.fs.invalidate_cache()
-        return bool(self.fs.exists(join(self.root, MANIFEST_NAME)))
+        with setup_errors_in_one_line(self.url, fs=self.fs):
+            return bool(self.fs.exists(join(self.root, MANIFEST_NAME)))
 
     def _our_files(self) -> list[str]:
-        """Shard, index and temporary files of our naming pattern in the split folders."""
+        """Shard, index and temporary files of our naming patterns in the split folders."""
         self.fs.invalidate_cache()
         try:
-            found = self.fs.glob(join(self.root, "*", "shard-*"))
+            found = self.fs.glob(join(self.root, "*", "*"))
         except FileNotFoundError:
             return []
-        return sorted(p for p in found if _OURS.match(posixpath.basename(p)))
+        return sorted(p for p in found if _name_stem(p) is not None)
 
     def protected(self) -> set[str]:
         """The files the complete dataset in the folder lists (its manifest's shards and
@@ -198,10 +224,9 @@ class OutputState:
 
     def _free_prefix(self) -> str:
         """The first shard name prefix the complete dataset in the folder does not use."""
-        used = {posixpath.basename(p) for p in self.protected()}
+        used = {_name_stem(p) for p in self.protected()}
         for prefix in SHARD_PREFIXES:
-            pattern = re.compile(rf"^{re.escape(prefix)}-\d{{5,}}-\d{{3,}}\.tar(\.gz)?(\.idx)?$")
-            if not any(pattern.match(name) for name in used):
+            if prefix not in used:
                 return prefix
         raise BuildError(
             f"{self.url}: the complete dataset there uses every shard name prefix "
@@ -237,15 +262,14 @@ class OutputState:
         return out
 
     def _shards_present(self, rec: BlockRecord) -> bool:
-        for shards in rec.splits.values():
-            for s in shards:
-                try:
-                    if self.fs.size(join(self.root, s.path)) != s.num_bytes:
-                        return False
-                    if not self.fs.exists(join(self.root, s.idx_path)):
-                        return False
-                except FileNotFoundError:
+        for s in rec.all_shards():
+            try:
+                if self.fs.size(join(self.root, s.path)) != s.num_bytes:
                     return False
+                if not self.fs.exists(join(self.root, s.idx_path)):
+                    return False
+            except FileNotFoundError:
+                return False
         return True
 
     def record_keys(self, block: int) -> dict[str, list[str]]:
@@ -256,7 +280,8 @@ class OutputState:
     # -- end -------------------------------------------------------------------------------------
     def finalize(self, manifest: Manifest) -> None:
         """Write the manifest (last: this switches a replaced dataset to the new one), then
-        remove the replaced dataset's files, stray shard files and ``_build/``."""
+        remove the replaced dataset's files, stray shard files and ``_build/``; then the dataset
+        card (see :mod:`build_shards.card`)."""
         listed = {
             join(self.root, p)
             for split in manifest.splits.values()
@@ -272,6 +297,8 @@ class OutputState:
         self._rm(old | set(stray))
         self._rm_build_dir()
         self._prune_dirs()
+        display = redact(self.url, secrets_of(self.storage_options, self.url))
+        write_card(self.fs, self.root, display, manifest)
 
     def discard(self) -> None:
         """After a user error: remove everything this unfinished build wrote (the complete

@@ -29,6 +29,7 @@ from __future__ import annotations
 import hashlib
 import itertools
 import os
+from collections.abc import Mapping
 from dataclasses import asdict
 from typing import Any
 
@@ -61,6 +62,7 @@ def build_text_shards(
     bos_id: int | None = None,
     eos_id: int | None = None,
     dtype: Any = None,
+    record: Mapping[str, Any] | None = None,
     **build_options: Any,
 ) -> Manifest:
     """Tokenize JSONL/text files and write the packed chunks as shards (``tokens.npy`` each).
@@ -68,8 +70,8 @@ def build_text_shards(
     ``tokenizer`` is a tokenizer object or the path of a ``tokenizer.json``. The schema is
     declared (``tokens``: npy, the token dtype, shape ``[seq_length + 1]``), the loader default
     collator is ``causal_lm``, and ``manifest.build["text"]`` records the packing (tokenizer,
-    seq_length, stride, separators, documents, tokens, chunks, dropped tail). Other keyword
-    arguments go to :func:`build_shards.build_shards` (splits, shard sizes, workers, overwrite,
+    seq_length, stride, separators, documents, tokens, chunks, dropped tail; plus the entries of
+    ``record``, e.g. a cache's key) in the one manifest written. Other keyword arguments go to :func:`build_shards.build_shards` (splits, shard sizes, workers, overwrite,
     storage_options, progress ...). No document or too few tokens for one chunk raises
     :class:`BuildError` before anything is written.
     """
@@ -80,7 +82,7 @@ def build_text_shards(
         paths = list(paths)
     if isinstance(tokenizer, str | os.PathLike):
         tokenizer = load_tokenizer(tokenizer)
-    for reserved in ("schema", "source", "key_field"):
+    for reserved in ("schema", "source", "key_field", "build_record"):
         if reserved in build_options:
             raise TypeError(f"build_text_shards sets {reserved!r} itself")
     stats = PackStats()
@@ -110,23 +112,33 @@ def build_text_shards(
         )
     }
     loader_defaults = {"collate": "causal_lm", **dict(build_options.pop("loader_defaults", {}))}
-    manifest = build_shards(
-        itertools.chain([first], chunks),
-        output,
-        schema=schema,
-        loader_defaults=loader_defaults,
-        **build_options,
-    )
-    manifest.build["text"] = {
+    text = {
         "tokenizer": _tokenizer_info(tokenizer),
         "seq_length": seq_length,
         "stride": stride,
         "text_field": text_field,
         "add_special_tokens": add_special_tokens,
-        **asdict(stats),
+        **dict(record or {}),
     }
-    manifest.save(output, build_options.get("storage_options"))
-    return manifest
+    return build_shards(
+        itertools.chain([first], chunks),
+        output,
+        schema=schema,
+        loader_defaults=loader_defaults,
+        build_record=_TextRecord(text, stats),
+        **build_options,
+    )
+
+
+class _TextRecord:
+    """``manifest.build["text"]``: the packing options and what packing counted (read once the
+    chunks are consumed, so the one manifest written holds it)."""
+
+    def __init__(self, text: dict[str, Any], stats: PackStats) -> None:
+        self.text, self.stats = text, stats
+
+    def __call__(self) -> dict[str, Any]:
+        return {"text": {**self.text, **asdict(self.stats)}}
 
 
 def _describe(paths: Paths) -> str:

@@ -9,7 +9,7 @@ The small corpora are cycled (each pass a new epoch of their loader). A first ru
 middle of epoch 0 and saves ``state_dict()``; new loaders load it and play the rest of the two
 epochs, which the script checks against an uninterrupted run.
 
-Then the same corpora are mixed sample by sample: ``create_loader`` over a list of ``Source``
+Then the same corpora are mixed sample by sample: ``create_loader`` over a list of ``MixSource``
 with weights 0.6/0.3/0.1 gives every batch samples of all three, each source exactly its
 largest-remainder quota of the epoch (the curated corpus repeated, each sample k or k+1 times),
 with the same checkpoint and resume, and each source's share per epoch printed against its quota.
@@ -28,7 +28,7 @@ import numpy as np
 
 from build_shards import build_shards
 from wdsloader import MultiDataLoader, MultiDataLoaderConfig, create_loader
-from wdsloader.mix import Source, mix_quotas_for
+from wdsloader.mix import MixSource, mix_quotas_for
 from wdsloader.plan.quotas import largest_remainder
 
 WEIGHTS = {"web": 0.6, "code": 0.3, "curated": 0.1}
@@ -70,7 +70,7 @@ def play(mdl: MultiDataLoader, epochs: int, stop_after: int | None = None) -> li
 def sample_mix(root: Path, batch_size: int, epoch_samples: int):
     """One loader over the three corpora mixed sample by sample (field ``source``: the index),
     ``epoch_samples`` a whole number of batches (nothing dropped: the quotas are exact)."""
-    sources = [Source(root / name, weight=w) for name, w in WEIGHTS.items()]
+    sources = [MixSource(root / name, weight=w) for name, w in WEIGHTS.items()]
     return create_loader(sources, "train", batch_size, seed=1, source_field="source",
                          epoch_samples=epoch_samples)  # fmt: skip
 
@@ -104,7 +104,7 @@ def sample_level(out: Path, sizes: dict[str, int], batch_size: int) -> None:
           f"{mixed} of {len(full)} batches hold all three sources")  # fmt: skip
     print(f"sample-level checkpoint after {half} batches, resumed: {head + tail == full}")
     names = list(WEIGHTS)
-    sources = [Source(out / name, weight=w) for name, w in WEIGHTS.items()]
+    sources = [MixSource(out / name, weight=w) for name, w in WEIGHTS.items()]
     print(f"{'level':>6} {'epoch':>5} {'source':>8} {'samples':>7} {'quota':>6} {'share':>6} "
           f"{'weight':>6} passes")  # fmt: skip
     for epoch in (0, 1):

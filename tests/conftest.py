@@ -39,6 +39,23 @@ def new_bucket(endpoint: str, prefix: str = "test") -> tuple[str, dict]:
 
 
 @pytest.fixture()
+def build_workers(monkeypatch):
+    """A build that asks for worker processes starts them however small it is (the rule that
+    runs a small build in one process has its own tests in test_build_workers.py)."""
+    monkeypatch.setattr("build_shards.engines.local.SMALL_BUILD_S", 0.0)
+
+
+@pytest.fixture()
 def s3_bucket(s3_server):
     """``(bucket_url, storage_options)`` for a fresh bucket on the loopback S3 server."""
     return new_bucket(s3_server)
+
+
+@pytest.fixture
+def infer_first_sample_only(monkeypatch):
+    """Builds whose source fails, pauses or kills the build part-way: their schema comes from
+    the first sample only, so that the build's read-ahead for the schema
+    (:mod:`build_shards.infer`) does not meet that point before any block is written."""
+    from build_shards import infer
+
+    monkeypatch.setattr(infer, "INFER_ROWS", 1)

@@ -8,6 +8,7 @@ samples followed by one hostile sample.
 
 from __future__ import annotations
 
+import gzip
 import hashlib
 import io
 import os
@@ -119,6 +120,12 @@ def _pax(*records: bytes) -> bytes:
     return extension(b"x", b"".join(records)) + members()
 
 
+def _gzipped(data: bytes) -> bytes:
+    """``data`` gzip-compressed (a whole tar named .tar, seen from the walk), padded to blocks."""
+    packed = gzip.compress(data, mtime=0)
+    return packed + b"\0" * (padded(len(packed)) - len(packed))
+
+
 # name -> (hostile sample bytes, words of the error); the malformed header is the sample's first
 CASES: dict[str, tuple[bytes, str]] = {
     "pax_zero_length": (_pax(b"0 path=a\n"), "PAX record"),
@@ -146,6 +153,26 @@ CASES: dict[str, tuple[bytes, str]] = {
         "checksum",
     ),
     "truncated_header": (members()[:100], "truncated"),
+    # a sparse member as GNU tar --format=posix -S and bsdtar write it: PAX 1.0 records, a
+    # GNUSparseFile.N/ name in the header, the data a map then the extents (issue 20)
+    "pax_sparse_1_0": (
+        _pax(
+            record(b"GNU.sparse.major=1"),
+            record(b"GNU.sparse.minor=0"),
+            record(f"GNU.sparse.name={KEY}.a".encode()),
+            record(b"GNU.sparse.realsize=1048576"),
+        ),
+        f"member '{KEY}.a' is written as a sparse member .*--no-read-sparse",
+    ),
+    "pax_sparse_0_1": (  # the older PAX sparse form: no name record
+        _pax(record(b"GNU.sparse.size=4096"), record(b"GNU.sparse.map=0,512")),
+        "is written as a sparse member",
+    ),
+    "gnu_sparse": (  # tar --format=gnu -S: typeflag S
+        _first_header_with(_set(slice(156, 157), b"S")),
+        "is written as a sparse member",
+    ),
+    "gzip_stream": (_gzipped(members()), "gzip data \\(magic bytes 1f 8b\\)"),
 }
 
 

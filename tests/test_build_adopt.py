@@ -203,7 +203,7 @@ def test_heterogeneous_samples(tmp_path):
         adopt(root)
     assert "mixed.tar" in str(err.value) and "'a2'" in str(err.value)
     assert not (root / "manifest.json").exists()
-    assert not (root / "mixed.tar.idx").exists()
+    assert not (root / ".mixed.tar.wdsidx").exists()
     manifest = adopt(root, strict=False)
     het = manifest.build["heterogeneous"]
     assert het["num_samples"] == 1
@@ -260,7 +260,7 @@ def test_workers_and_memory_filesystem(tmp_path):
     mem = adopt("memory://adopt-test", workers=2, progress=lambda d, t: seen.append((d, t)))
     assert mem.to_dict()["splits"] == one["splits"]
     assert seen[-1] == (5, 5)
-    assert fs.exists("/adopt-test/train/shard-0000.tar.idx")
+    assert fs.exists("/adopt-test/train/.shard-0000.tar.wdsidx")
     assert Manifest.load("memory://adopt-test").num_samples == 30
     fs.rm("/adopt-test", recursive=True)
 
@@ -275,7 +275,7 @@ def test_adopting_our_own_build_reproduces_its_index_and_manifest(tmp_path):
     built = build_shards(
         samples, tmp_path / "ds", splits={"train": 0.7, "val": 0.3}, shard_max_count=16
     )
-    idx = {p: p.read_bytes() for p in (tmp_path / "ds").rglob("*.tar.idx")}
+    idx = {p: p.read_bytes() for p in (tmp_path / "ds").rglob(".*.tar.wdsidx")}
     assert idx
     os.remove(tmp_path / "ds" / "manifest.json")
     for p in idx:
@@ -321,7 +321,7 @@ def test_pax_size_past_the_end_of_the_file_is_refused(tmp_path):
     ):
         adopt(root)
     assert not (root / "manifest.json").exists()
-    assert not (root / "train" / "shard-0.tar.idx").exists()
+    assert not (root / "train" / ".shard-0.tar.wdsidx").exists()
 
 
 def test_key_twice_within_one_shard_is_refused(tmp_path):

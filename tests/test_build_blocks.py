@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 import hashlib
+import io
+import itertools
 import math
+import tarfile
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 from build_shards import build_shards
 from build_shards.params import (
@@ -16,6 +20,7 @@ from build_shards.params import (
     default_block_size,
     sample_tar_bytes,
 )
+from wdsloader.format import TarStreamWriter, decode_index, inflate_sample
 
 MiB = 2**20
 BLOB = 160 * 1024 + 3 * 512  # a 160 KiB blob sample with a small label and JSON member
@@ -59,6 +64,7 @@ def _digests(root: Path) -> dict[str, str]:
     }
 
 
+@pytest.mark.usefixtures("build_workers")
 def test_the_default_blocks_give_the_same_bytes_with_1_and_2_workers(tmp_path):
     # 240 samples of ~64 KiB: 4 MiB blocks of 63 samples -> 4 blocks, so both workers build
     items = [
@@ -70,5 +76,81 @@ def test_the_default_blocks_give_the_same_bytes_with_1_and_2_workers(tmp_path):
     block = m1.build["block_size"]
     assert block == MIN_BLOCK_BYTES // (64 * 1024 + 2 * 512) == 63
     assert m2.build["block_size"] == block
-    assert len(m1.splits["train"].shards) == math.ceil(240 / block) == 4
+    assert m1.build["num_blocks"] == math.ceil(240 / block) == 4
+    # each block's one small shard is a remainder: packed into one shard at the end
+    assert [s.num_samples for s in m1.splits["train"].shards] == [240]
     assert _digests(tmp_path / "w1") == _digests(tmp_path / "w2")
+
+
+def _keys_of(root: Path, manifest, split: str) -> list[str]:
+    """The sample keys of a split's shards, read with ``tarfile``, in manifest order."""
+    keys = []
+    for shard in manifest.splits[split].shards:
+        with tarfile.open(root / shard.path) as tar:
+            names = [m.name.split(".", 1)[0] for m in tar.getmembers()]
+        keys += list(dict.fromkeys(names))
+        assert len(dict.fromkeys(names)) == shard.num_samples
+    return keys
+
+
+@pytest.mark.usefixtures("build_workers")
+def test_small_splits_are_packed_into_full_shards_the_same_for_any_workers(tmp_path):
+    # issue 21: 2,000 rows, shard_max_count=200 gave val and test 10 shards of 13-26 samples
+    # each (one per block); each block's small last shard is now packed with the others'
+    items = [{"__key__": f"k{i:05d}", "x": i, "text": f"row {i}"} for i in range(2_000)]
+    opts = dict(splits={"train": 0.8, "val": 0.1, "test": 0.1}, shard_max_count=200)
+    m1 = build_shards(items, tmp_path / "w1", workers=1, **opts)
+    m2 = build_shards(items, tmp_path / "w2", workers=2, **opts)
+    assert m2.splits == m1.splits
+    assert m1.build["num_blocks"] == 10  # the blocks still share the work between the workers
+    for name, split in m1.splits.items():
+        counts = [s.num_samples for s in split.shards]
+        # every shard holds shard_max_count samples, but the split's last
+        assert counts[:-1] == [200] * (len(counts) - 1) and 0 < counts[-1] <= 200, (name, counts)
+    assert len(m1.splits["val"].shards) <= 2 and len(m1.splits["test"].shards) <= 2
+    assert _digests(tmp_path / "w1") == _digests(tmp_path / "w2")
+    assert not (tmp_path / "w1" / "_build").exists()  # the remainders went with the state
+    # every sample exactly once
+    got = {name: _keys_of(tmp_path / "w1", m1, name) for name in m1.splits}
+    assert sorted(k for ks in got.values() for k in ks) == [it["__key__"] for it in items]
+    # the packed shards are named after the block part their first sample comes from, so
+    # the manifest's order is the names' order
+    paths = [s.path for s in m1.splits["val"].shards]
+    assert paths == sorted(paths) and paths[0] == "val/shard-00000-000.tar"
+
+
+def test_a_split_that_fills_its_block_shards_keeps_them_and_packs_only_the_small_ends(tmp_path):
+    # one split, 5 blocks of 50 with shards of 20: each block writes 20 + 20 + a small 10
+    items = [{"__key__": f"k{i:05d}", "x": i} for i in range(250)]
+    m = build_shards(items, tmp_path / "ds", shard_max_count=20, block_size=50)
+    shards = m.splits["train"].shards
+    assert [s.num_samples for s in shards] == [20] * 12 + [10]
+    names = [Path(s.path).name for s in shards]
+    # block 0's two full shards, then the first packed shard (block 0's remainder + block 1's)
+    assert names[:4] == [
+        "shard-00000-000.tar", "shard-00000-001.tar", "shard-00000-002.tar",
+        "shard-00001-000.tar",
+    ]  # fmt: skip
+    keys = _keys_of(tmp_path / "ds", m, "train")
+    assert sorted(keys) == [it["__key__"] for it in items]  # each once
+    # shards in the order of their first sample: block 0's 0-39, then 40-49 packed with 90-99
+    assert keys[40:60] == [f"k{i:05d}" for i in [*range(40, 50), *range(90, 100)]]
+
+
+@pytest.mark.parametrize("compression", [None, "gzip"])
+def test_a_sample_copied_raw_is_the_bytes_write_sample_makes(compression):
+    # packing copies the remainders' samples as bytes: the same file, index and layout
+    samples = [(f"k{i}", [("x.npy", bytes(200 + i % 2)), ("y.cls", b"%d" % i)]) for i in range(6)]
+    direct, copied = io.BytesIO(), io.BytesIO()
+    w = TarStreamWriter(direct, compression=compression)
+    for key, members in samples:
+        w.write_sample(key, members)
+    idx, sha = w.close()
+    data, offsets = direct.getvalue(), decode_index(idx).tolist()
+    c = TarStreamWriter(copied, compression=compression)
+    for i, (start, stop) in enumerate(itertools.pairwise(offsets)):
+        raw = data[start:stop] if compression is None else inflate_sample(data[start:stop], "s")
+        assert c.projected_raw_size(len(raw)) == c.projected_size(samples[i][1])
+        c.write_raw(raw, w.layout)
+    assert c.close() == (idx, sha) and copied.getvalue() == data
+    assert c.layout == w.layout and (compression is not None or w.layout == {"y.cls": [1536, 1]})

@@ -144,6 +144,77 @@ def test_build_prints_summary_with_counts(tmp_path, capsys):
     assert summary_rows(out)["total"][1] == 120
 
 
+def test_schema_file_declares_fields_json_and_yaml(tmp_path, capsys, monkeypatch):
+    from build_shards import infer
+
+    monkeypatch.setattr(infer, "INFER_ROWS", 2)  # "v" turns float and "w" appears later
+    rows = [{"v": 1}, {"v": 2}, {"v": 2.5, "w": "x"}]
+    (tmp_path / "a.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    code, _, err = run_cli(capsys, "build", tmp_path / "a.jsonl", "-o", tmp_path / "no")
+    assert_one_line_error(code, err, "unexpected ['w']", "--schema FILE", '"optional": true')
+    spec = {
+        "v": {"encoding": "json", "dtype": "float64"},
+        "w": {"encoding": "txt", "optional": True},
+    }
+    (tmp_path / "s.json").write_text(json.dumps(spec))
+    (tmp_path / "s.yaml").write_text(
+        "v: {encoding: json, dtype: float64}\nw:\n  encoding: txt\n  optional: true\n"
+    )
+    for name in ("s.json", "s.yaml"):
+        out_dir = tmp_path / f"ds-{name}"
+        argv = ("build", tmp_path / "a.jsonl", "-o", out_dir, "--schema", tmp_path / name)
+        code, _, err = run_cli(capsys, *argv)
+        assert code == 0, err
+        schema = Manifest.load(out_dir).schema
+        assert (schema["v"].encoding, schema["v"].dtype, schema["w"].optional) == (
+            "json",
+            "float64",
+            True,
+        )
+    (tmp_path / "bad.json").write_text('["v"]')
+    code, _, err = run_cli(
+        capsys,
+        "build",
+        tmp_path / "a.jsonl",
+        "-o",
+        tmp_path / "x",
+        "--schema",
+        tmp_path / "bad.json",
+    )
+    assert_one_line_error(code, err, "bad.json: expected an object of field -> spec")
+    code, _, err = run_cli(
+        capsys, "build", tmp_path / "a.jsonl", "-o", tmp_path / "x", "--schema", tmp_path / "none"
+    )
+    assert_one_line_error(code, err, "--schema", "No such file")
+    assert not (tmp_path / "x").exists()
+
+
+def test_small_rows_print_the_small_record_options_once_at_the_end(tmp_path, capsys):
+    rows = [{"a": i, "b": "x", "c": 0.5} for i in range(300)]
+    (tmp_path / "s.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    input_bytes = (tmp_path / "s.jsonl").stat().st_size
+    code, out, err = run_cli(capsys, "build", tmp_path / "s.jsonl", "-o", tmp_path / "plain")
+    assert code == 0, err
+    shards = Manifest.load(tmp_path / "plain").num_bytes
+    assert shards > 40 * input_bytes
+    lines = out.splitlines()
+    assert [line for line in lines if line.startswith("hint:")] == [lines[-1]]
+    assert lines[-1].startswith(f"hint: the shards take {shards / input_bytes:.0f}x the input's")
+    assert lines[-1].endswith(
+        "--group-small-fields --compression gzip make such shards much smaller"
+    )
+    code, out, err = run_cli(
+        capsys, "build", tmp_path / "s.jsonl", "-o", tmp_path / "g", "--group-small-fields"
+    )
+    assert code == 0 and out.splitlines()[-1].endswith(
+        "--compression gzip makes such shards much smaller"
+    )
+    argv = ("--group-small-fields", "--compression", "gzip")
+    code, out, err = run_cli(capsys, "build", tmp_path / "s.jsonl", "-o", tmp_path / "gz", *argv)
+    assert code == 0 and "hint:" not in out
+    assert Manifest.load(tmp_path / "gz").num_bytes < shards / 20
+
+
 def test_bad_jsonl_line_names_file_and_line(tmp_path, capsys):
     write_jsonl(tmp_path / "bad.jsonl", 60, bad_line=41)
     out_dir = tmp_path / "ds"

@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from build_shards import BuildError, OutputExistsError, build_shards
+from build_shards import BuildError, OutputExistsError, build_shards, infer
 from build_shards.encode import SampleEncoder
 from build_shards.schema import build_schema
 from wdsloader.errors import SchemaError
@@ -357,7 +357,8 @@ def test_map_sees_the_key_may_rename_it_and_drop_samples(tmp_path):
         ({"vec": np.array([0, np.nan, 0], np.float32), "i": 1}, "field 'vec': NaN or Inf"),
     ],
 )
-def test_schema_mismatch_names_key_and_field(tmp_path, bad, fragment):
+def test_schema_mismatch_names_key_and_field(tmp_path, monkeypatch, bad, fragment):
+    monkeypatch.setattr(infer, "INFER_ROWS", 2)  # the schema of the first 2: item 4 is checked
     items = list(gen_samples(6))
     items[4] = {"__key__": "bad_one", **bad}
     with pytest.raises(SchemaError, match=fragment) as err:
@@ -509,11 +510,14 @@ def test_shards_respect_count_and_real_byte_bounds(tmp_path, caplog):
     assert m.num_samples == 80
     m2 = build_shards(items, tmp_path / "count", shard_max_count=7, block_size=30)
     counts = [s.num_samples for s in m2.splits["train"].shards]
-    assert counts == [7, 7, 7, 7, 2, 7, 7, 7, 7, 2, 7, 7, 6]
+    # blocks of 30: 7+7+7+7+2, 7+7+7+7+2, 7+7+6; their last shards (2, 2, 6) are packed into
+    # 7 + 3, each named after the block part its first sample comes from
+    assert counts == [7] * 11 + [3]
     assert [Path(s.path).name for s in m2.splits["train"].shards][4:6] == [
-        "shard-00000-004.tar",
-        "shard-00001-000.tar",
+        "train-00000-004.tar",
+        "train-00001-000.tar",
     ]
+    assert Path(m2.splits["train"].shards[-1].path).name == "shard-00002-002.tar"
 
 
 def test_existing_dataset_needs_overwrite_which_replaces_it(tmp_path):
@@ -530,14 +534,20 @@ def test_existing_dataset_needs_overwrite_which_replaces_it(tmp_path):
     files = sorted(str(p.relative_to(out)) for p in out.rglob("*") if p.is_file())
     # written beside the old shards under the other prefix; the old ones went after the switch
     assert files == [
+        "README.md",
         "manifest.json",
-        "train/shard-r-00000-000.tar",
-        "train/shard-r-00000-000.tar.idx",
+        "train/.train-r-00000-000.tar.wdsidx",
+        "train/train-r-00000-000.tar",
     ]
-    assert sorted(p.name for p in out.iterdir()) == ["manifest.json", "train"]
+    assert sorted(p.name for p in out.iterdir()) == ["README.md", "manifest.json", "train"]
     build_shards(list(gen_samples(4)), out, overwrite=True)  # and back
     files = sorted(str(p.relative_to(out)) for p in out.rglob("*") if p.is_file())
-    assert files == ["manifest.json", "train/shard-00000-000.tar", "train/shard-00000-000.tar.idx"]
+    assert files == [
+        "README.md",
+        "manifest.json",
+        "train/.train-00000-000.tar.wdsidx",
+        "train/train-00000-000.tar",
+    ]
 
 
 def _files(root: Path) -> dict[str, bytes]:
@@ -553,7 +563,10 @@ def _failing_stream(n: int, start: int, at: int):
         yield sample
 
 
-def test_a_failed_overwrite_leaves_the_old_dataset_whole_and_a_good_one_replaces_it(tmp_path):
+def test_a_failed_overwrite_leaves_the_old_dataset_whole_and_a_good_one_replaces_it(
+    tmp_path, monkeypatch
+):
+    monkeypatch.setattr(infer, "INFER_ROWS", 10)  # the source fails after the inferred samples
     out = tmp_path / "ds"
     opts = dict(shard_max_count=10, block_size=20, splits={"a": 0.5, "b": 0.5})
     build_shards(list(gen_samples(120)), out, **opts)
@@ -589,10 +602,10 @@ def test_a_failed_overwrite_leaves_the_old_dataset_whole_and_a_good_one_replaces
     _, data = read_dataset(out)
     assert m.num_samples == 120
     assert {k for split in data.values() for k in split} == {f"s{i:06d}" for i in range(1000, 1120)}
-    assert not set(old) & set(_files(out)) - {"manifest.json"}  # no file of the old dataset
-    assert sorted(p.name for p in out.iterdir()) == ["a", "b", "manifest.json"]
+    assert not set(old) & set(_files(out)) - {"manifest.json", "README.md"}  # none of the old
+    assert sorted(p.name for p in out.iterdir()) == ["README.md", "a", "b", "manifest.json"]
     # a good overwrite straight away: the new one is complete, nothing of the replaced one stays
-    replaced = set(_files(out)) - {"manifest.json"}
+    replaced = set(_files(out)) - {"manifest.json", "README.md"}
     m = build_shards(list(gen_samples(50, start=5000)), out, overwrite=True, shard_max_count=20)
     _, data = read_dataset(out)
     assert m.num_samples == 50 and sorted(data["train"]) == [f"s{i:06d}" for i in range(5000, 5050)]

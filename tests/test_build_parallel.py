@@ -20,6 +20,8 @@ from build_shards import BuildError, build_shards
 from build_shards.pool import worker_context
 from wdsloader.errors import SchemaError
 
+pytestmark = pytest.mark.usefixtures("build_workers")  # these builds are small: force workers
+
 
 def record_pid(sample: dict[str, Any]) -> dict[str, Any]:
     """A ``map`` that stores the id of the process it ran in."""

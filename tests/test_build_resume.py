@@ -84,6 +84,7 @@ def assert_same_build(a: Path, b: Path, *, same_source_kind: bool = True) -> Non
     assert ma == mb
 
 
+pytestmark = pytest.mark.usefixtures("infer_first_sample_only")
 OPTS = dict(
     splits={"train": 0.6, "val": 0.2, "test": 0.2},
     group_by="group",
@@ -94,6 +95,7 @@ OPTS = dict(
 
 
 @pytest.mark.slow
+@pytest.mark.usefixtures("build_workers")
 def test_workers_do_not_change_a_single_byte(tmp_path):
     build_shards(items(300), tmp_path / "w1", map=add_square, workers=1, **OPTS)
     calls: list[tuple[int, int]] = []
@@ -146,7 +148,7 @@ def test_crash_of_a_sequential_source_resumes_and_keeps_finished_shards(tmp_path
     assert sorted(finished) == [f"block-{b:05d}.json" for b in range(3)]
     kept = [p for paths in finished.values() for p in paths]
     before = _stats(out, kept)
-    stray = out / "train" / "shard-00003-000.tar.tmp-0123456789ab"
+    stray = out / "train" / "train-00003-000.tar.tmp-0123456789ab"
     stray.write_bytes(b"half a shard")
     # a finished block whose shard went missing is redone
     redo = finished["block-00002.json"][0]
@@ -170,8 +172,8 @@ def test_other_options_restart_with_overwrite(tmp_path):
     assert (out / "_build" / "build.json").exists()
     m = build_shards(stream(100), out, overwrite=True, **{**OPTS, "block_size": 25})
     assert m.build["block_size"] == 25 and m.num_samples == 100
-    names = {p.name for p in out.rglob("shard-*.tar")}
-    assert "shard-00003-000.tar" in names  # four blocks of 25
+    names = {p.name for p in out.rglob("train-*.tar")}
+    assert "train-00003-000.tar" in names  # four blocks of 25
 
 
 @pytest.mark.slow
@@ -179,8 +181,9 @@ def test_sigkill_half_way_then_rerun_equals_an_uninterrupted_build(tmp_path):
     out, ref = tmp_path / "out", tmp_path / "ref"
     script = textwrap.dedent(
         f"""
-        from build_shards import build_shards
+        from build_shards import build_shards, infer
         from tests.test_build_resume import KillAt, OPTS, items
+        infer.INFER_ROWS = 1  # see the infer_first_sample_only fixture
         build_shards(items(600), {str(out)!r}, map=KillAt(430), workers=2, **OPTS)
         """
     )
@@ -200,7 +203,7 @@ def test_sigkill_half_way_then_rerun_equals_an_uninterrupted_build(tmp_path):
     assert "block-00010.json" not in finished
     kept = [p for paths in finished.values() for p in paths]
     before = _stats(out, kept)
-    assert list(out.glob("*/shard-00010-*.tar.tmp-*"))  # block 10 died half-written
+    assert list(out.glob("*/*-00010-*.tar.tmp-*"))  # block 10 died half-written
 
     build_shards(items(600), out, map=KillAt(-1), workers=2, **OPTS)
     build_shards(items(600), ref, map=KillAt(-1), workers=1, **OPTS)
@@ -324,7 +327,7 @@ def test_a_block_record_reads_back_what_it_wrote(tmp_path):
         on_disk = json.loads(path.read_bytes())
         rec = BlockRecord.from_json(path.read_bytes())
         assert rec.to_dict() == on_disk and rec.to_json() == path.read_bytes()
-        assert rec.num_samples == sum(s.num_samples for ss in rec.splits.values() for s in ss)
+        assert rec.num_samples == sum(s.num_samples for s in rec.all_shards())
         compact = rec.compact()
         assert compact.keys is None
         assert {s: len(h) for s, h in compact.key_hashes.items()} == {
@@ -353,3 +356,33 @@ def test_the_fingerprint_options_and_manifest_build_share_their_parameters(tmp_p
     ]
     assert {k: options[k] for k in shared} == {k: build[k] for k in shared}
     assert build["seed"] == 5 and build["block_size"] == 40
+
+
+def test_a_crash_while_packing_the_remainders_resumes_to_the_same_build(
+    tmp_path, monkeypatch, caplog
+):
+    import build_shards.rests as rests
+
+    real, calls = rests._samples, []
+
+    def fail_third(fs, root, info, compression):
+        calls.append(info.path)
+        if len(calls) == 3:
+            raise OSError("the disk went away while packing")
+        return real(fs, root, info, compression)
+
+    monkeypatch.setattr(rests, "_samples", fail_third)
+    with pytest.raises(OSError, match="while packing") as err:
+        build_shards(items(200), tmp_path / "out", **OPTS)
+    assert "rerun with the same options to resume" in str(err.value.__notes__)
+    # every block finished: their records and remainders are kept for the rerun
+    assert len(list((tmp_path / "out" / "_build").glob("block-*.json"))) == 5
+    assert list((tmp_path / "out" / "_build" / "rest").rglob("*.tar"))
+    monkeypatch.setattr(rests, "_samples", real)
+    caplog.set_level("INFO", logger="build_shards")
+    build_shards(items(200), tmp_path / "out", **OPTS)
+    # test's only remainder (block 0's) was moved into place before the crash: block 0 is
+    # redone, the other four are kept
+    assert "4 finished blocks kept" in caplog.text
+    build_shards(items(200), tmp_path / "ref", **OPTS)
+    assert_same_build(tmp_path / "out", tmp_path / "ref")

@@ -322,3 +322,28 @@ def test_build_text_shards_too_few_tokens_writes_nothing(tmp_path, tok):
     with pytest.raises(BuildError, match="no documents"):
         build_text_shards(tmp_path / "empty.txt", tmp_path / "out", tok, seq_length=64)
     assert not (tmp_path / "out").exists()
+
+
+def test_the_one_manifest_written_holds_the_text_record(tmp_path, tok, monkeypatch):
+    """``manifest.json``'s presence means a finished dataset: a reader that sees it (a DDP rank
+    waiting on a shared text cache) must find the packing record in it, not a first version
+    without ``build["text"]`` rewritten a moment later."""
+    import build_shards.build as builder
+    from wdsloader.format import Manifest
+
+    (tmp_path / "in.txt").write_text("\n\n".join(make_corpus(30)) + "\n")
+    seen = []
+    real = builder.build_shards
+
+    def spy(source, output, **kwargs):
+        manifest = real(source, output, **kwargs)
+        seen.append(Manifest.load(output).build.get("text"))  # as written by the build
+        return manifest
+
+    monkeypatch.setattr(builder, "build_shards", spy)
+    out = tmp_path / "ds"
+    build_text_shards(tmp_path / "in.txt", out, tok, seq_length=8, record={"cache": {"key": "k"}})
+    assert len(seen) == 1 and seen[0] is not None
+    assert (seen[0]["seq_length"], seen[0]["cache"]) == (8, {"key": "k"})
+    assert seen[0]["chunks"] == Manifest.load(out).num_samples > 0
+    assert Manifest.load(out).build["text"] == seen[0]

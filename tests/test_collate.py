@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 import torch
@@ -319,6 +321,33 @@ def test_collate_columns_matches_rows():
     )
     assert out["__key__"] == rows["__key__"] == ["a", "b"] and out["m"] == rows["m"]
     assert torch.equal(out["v"], rows["v"])
+
+
+@pytest.mark.parametrize("big", [1e300, -1e39, 2.0**128])
+def test_floats_float32_cannot_hold_raise_naming_field_key_value_and_the_way_out(big):
+    """A finite float beyond float32's range would become +-inf: a ValueError naming the field,
+    the sample and the value, and ``float64=`` keeps the field float64 in every batch."""
+    samples = [{"__key__": "a", "y": 0.5, "n": 1}, {"__key__": "b", "y": big, "n": 2}]
+    with pytest.raises(
+        ValueError,
+        match=rf"field 'y' of sample 'b' holds {re.escape(repr(big))}, which float32 cannot hold \(it would "
+        r"become inf\); keep the field float64 with collate_options=\{'float64': \['y'\]\} "
+        r"\(DefaultCollator\(float64=\['y'\]\)\)",
+    ):
+        get("default")(samples)
+    columns = {"__key__": ["a", "b"], "y": [0.5, big]}
+    with pytest.raises(ValueError, match=r"field 'y' of sample 'b' holds"):
+        get("default").collate_columns(columns)
+    for out in (
+        get("default", float64=["y"])(samples),
+        DefaultCollator(float64=["y"]).collate_columns(columns),
+    ):
+        assert out["y"].dtype == torch.float64 and out["y"].tolist() == [0.5, big]
+    small = get("default", float64=["y"])([{"y": 0.5}, {"y": 2}])["y"]  # every batch: float64
+    assert small.dtype == torch.float64 and small.tolist() == [0.5, 2.0]
+    assert get("default")([{"y": float("inf")}, {"y": 3.4e38}])["y"].tolist()[0] == float("inf")
+    with pytest.raises(TypeError, match="float64 takes field names, got the string 'y'"):
+        DefaultCollator(float64="y")
 
 
 def test_different_field_sets_and_empty_batch():

@@ -125,3 +125,18 @@ def test_registered_collators_reach_spawn_workers():
         assert got["labels"].tolist() == want["labels"].tolist()
     # pixel (i * 20) / 255 normalised with ImageNet's channel-0 statistics
     assert np.isclose(batches[1]["pixel_values"][0, 0, 0, 0].item(), (80 / 255 - 0.485) / 0.229)
+
+
+def test_a_float_beyond_float32_is_an_error_or_float64_in_every_batch(tmp_path):
+    """1e300 is a valid JSON float the builder accepts: the default collator never turns it
+    into inf; ``collate_options={"float64": [...]}`` keeps the field float64 in every batch."""
+    rows = [{"__key__": f"k{i}", "y": 1e300 if i == 5 else i / 4} for i in range(8)]
+    build_shards(rows, tmp_path, splits={"train": 1.0})
+    with pytest.raises(ValueError, match=r"field 'y' of sample 'k5' holds 1e\+300, which float32"):
+        list(create_loader(tmp_path, "train", batch_size=4, shuffle=False))
+    loader = create_loader(
+        tmp_path, "train", batch_size=4, shuffle=False, collate_options={"float64": ["y"]}
+    )
+    batches = list(loader)
+    assert [b["y"].dtype for b in batches] == [torch.float64, torch.float64]
+    assert torch.cat([b["y"] for b in batches]).tolist() == [r["y"] for r in rows]

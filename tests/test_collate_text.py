@@ -216,3 +216,47 @@ def test_collators_pickle_and_mask_alike(make):
         b = copy(samples)
         assert all(torch.equal(a[k], b[k]) for k in ("input_ids", "attention_mask", "labels"))
         assert repr(copy) == repr(collate)
+
+
+@pytest.mark.parametrize("column", ["label", "labels"])
+def test_classification_takes_class_ids_from_label_or_labels_never_lm_labels(column):
+    """The Hugging Face convention (IMDB, GLUE) names the class column ``label``: a
+    classification task gives its class ids as ``labels`` (B,), and never token-shifted labels."""
+    cls_ = CollatorRegistry.get_instance().get_collator(
+        TaskSpec.cls_tiny(), tokenizer=tiny_tokenizer()
+    )
+    batch = cls_([{"__key__": f"k{i}", "text": t, column: i % 2} for i, t in enumerate(TEXTS)])
+    assert batch["labels"].shape == (3,) and batch["labels"].dtype == torch.int64
+    assert batch["labels"].tolist() == [0, 1, 0]
+    assert sorted(batch) == ["__key__", "attention_mask", "input_ids", "labels"]
+
+
+def test_classification_uses_the_declared_field_and_raises_naming_the_fields():
+    spec = TaskSpec(name="sentiment", task_type="text_classification", target_field="stars")
+    c = TextCollator(spec, tokenizer=tiny_tokenizer())
+    batch = c([{"text": "w1", "stars": 4, "label": 9}, {"text": "w2", "stars": 2, "label": 9}])
+    assert batch["labels"].tolist() == [4, 2] and batch["label"].tolist() == [9, 9]
+    cls_ = TextCollator(TaskSpec.cls_tiny(), tokenizer=tiny_tokenizer())
+    with pytest.raises(
+        ValueError,
+        match=r"text: task 'cls_tiny' is a classification task \(task_type 'classification'\): "
+        r"its class ids come from one of the fields \['labels', 'label'\], but sample 'a' has "
+        r"only \['__key__', 'text'\]; name the field with label_field=",
+    ):
+        cls_([{"__key__": "a", "text": "w1"}])
+    named = TextCollator(TaskSpec.cls_tiny(), tokenizer=tiny_tokenizer(), label_field="y")
+    with pytest.raises(ValueError, match=r"one of the fields \['y'\], but sample #0 has only"):
+        named([{"text": "w1", "label": 1}])
+    with pytest.raises(
+        ValueError,
+        match=r"text: field 'label' of sample 'b' must hold an integer class id or a multi-label "
+        r"vector of one length \(classification task 'cls_tiny'\), got a str",
+    ):
+        cls_(
+            [
+                {"__key__": "a", "text": "w1", "label": 1},
+                {"__key__": "b", "text": "w", "label": "pos"},
+            ]
+        )
+    with pytest.raises(ValueError, match=r"mlm=True makes token labels, but task 'cls_tiny' is"):
+        TextCollator(TaskSpec.cls_tiny(), tokenizer=tiny_tokenizer(), mlm=True)

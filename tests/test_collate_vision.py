@@ -120,6 +120,19 @@ def test_labels_are_int64_and_other_fields_pass_through():
     assert out["labels"].tolist() == [1]
 
 
+def test_classification_reads_the_hf_label_column():
+    """CIFAR-10 on the Hugging Face hub names its class column ``label``."""
+    images = _hwc(2)
+    samples = [{"__key__": f"k{i}", "img": im, "label": i + 3} for i, im in enumerate(images)]
+    spec = TaskSpec.vision_tiny()
+    spec.input_fields = ["img"]
+    batch = vision(spec)(samples)
+    assert sorted(batch) == ["__key__", "labels", "pixel_values"]
+    assert batch["labels"].dtype == torch.int64 and batch["labels"].tolist() == [3, 4]
+    plain = vision(image_field="img")(samples)  # no task: the column passes through as is
+    assert "labels" not in plain and plain["label"].tolist() == [3, 4]
+
+
 def test_errors_name_the_field_and_samples():
     a, b = _hwc(2)
     with pytest.raises(

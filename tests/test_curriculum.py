@@ -8,6 +8,7 @@ import pickle
 import random
 import subprocess
 import sys
+import warnings
 
 import numpy as np
 import pytest
@@ -492,3 +493,27 @@ def test_output_specs(cur: Curriculum) -> None:
 def test_output_specs_errors(cur: Curriculum, schema, dims, match: str) -> None:
     with pytest.raises(ValueError, match=match):
         cur.output_specs(schema, dims)
+
+
+def test_output_names_are_neutral_and_the_steering_defaults_deprecated() -> None:
+    """``index_output`` defaults to ``<output>_variant``; leaving ``output`` out (or the index of
+    another output) keeps the ``steering``/``steering_variant`` names until 0.2.0, with a
+    DeprecationWarning saying what to pass."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        named = Curriculum(VARIANTS, output="steering")
+        assert (named.output, named.index_output) == ("steering", "steering_variant")
+        none = Curriculum(VARIANTS, output="emb", index_output=None)
+        assert (none.output, none.index_output) == ("emb", None)
+        back = Curriculum.from_dict(Curriculum(VARIANTS, output="emb", index_output="i").to_dict())
+        assert (back.output, back.index_output) == ("emb", "i")
+    with pytest.warns(DeprecationWarning, match=r"without output=.*'steering'.*pass output=") as w:
+        implicit = Curriculum(VARIANTS)
+    assert w[0].filename == __file__
+    assert (implicit.output, implicit.index_output) == ("steering", "steering_variant")
+    with pytest.warns(DeprecationWarning, match=r"without output="):
+        old = Curriculum.from_dict({"variants": VARIANTS})
+    assert (old.output, old.index_output) == ("steering", "steering_variant")
+    with pytest.warns(DeprecationWarning, match=r"then 'emb_variant'; pass index_output="):
+        other = Curriculum(VARIANTS, output="emb")
+    assert (other.output, other.index_output) == ("emb", "steering_variant")

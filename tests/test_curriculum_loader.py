@@ -3,6 +3,7 @@ only the chosen variant decoded, force_steering, manifest defaults and overrides
 
 from __future__ import annotations
 
+import warnings
 from collections import Counter
 
 import numpy as np
@@ -308,3 +309,21 @@ def test_steering_and_schema_are_loader_methods(ds):
     loader.dataset_obj.force_steering(None)  # the documented alias
     loader.set_epoch(100)
     assert loader.dataset_obj.epoch == 100
+
+
+def test_force_variant_is_the_generic_name_and_force_steering_its_alias(ds):
+    loader = create_loader(ds, "train", batch_size=16, drop_last=False)
+    loader.force_variant("c")
+    assert loader.dataset_obj.forced_variant == "c" and loader.dataset_obj.forced_steering == "c"
+    assert {v[0] for v in epoch_samples(loader).values()} == {3}
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # the steering-dataset names stay, without a warning
+        loader.force_steering("b")
+        assert loader.dataset_obj.forced_variant == "b"
+        loader.dataset_obj.force_steering("a")
+        assert loader.dataset_obj.forced_variant == "a"
+        assert loader.dataset_obj is loader.dataset
+    loader.dataset_obj.force_variant(None)
+    assert loader.dataset_obj.forced_variant is None
+    with pytest.raises(ValueError, match="'centroid'; valid variants: zero, a, b, c"):
+        loader.force_variant("centroid")

@@ -73,7 +73,7 @@ def _tar(members: list[tuple[str, bytes]], fmt: int) -> tuple[bytes, dict[str, i
 def test_parse_sample_on_a_factory_shard(tmp_path):
     write_dataset(str(tmp_path), {"train": [4, 3]})
     data = (tmp_path / "train/shard-000001.tar").read_bytes()
-    offsets = decode_index((tmp_path / "train/shard-000001.tar.idx").read_bytes()).tolist()
+    offsets = decode_index((tmp_path / "train/.shard-000001.tar.wdsidx").read_bytes()).tolist()
     assert len(offsets) == 4
     for j in range(3):
         i = 4 + j
@@ -468,7 +468,7 @@ def test_schema_dtype_and_shape_are_checked_for_fixed_shapes():
     }
     ok = {
         "emb.npy": memoryview(npy_bytes(np.zeros((2, 3), np.float32))),
-        "free.npy": memoryview(npy_bytes(np.zeros(5, np.float32))),  # symbolic: not checked here
+        "free.npy": memoryview(npy_bytes(np.zeros(5, np.float32))),  # D unbound: any size
     }
     out = SampleDecoder(schema)(ok, "k", "s")
     assert out["emb"].shape == (2, 3) and out["free"].shape == (5,)
@@ -482,6 +482,33 @@ def test_schema_dtype_and_shape_are_checked_for_fixed_shapes():
     bad_shape = dict(ok, **{"emb.npy": memoryview(npy_bytes(np.zeros((3, 2), np.float32)))})
     with pytest.raises(DecodeError, match=r"shape \[3, 2\], schema says \[2, 3\]"):
         SampleDecoder(schema)(bad_shape, "k7", "s.tar")
+
+
+def test_symbolic_dims_bound_by_the_manifest_are_checked_like_literal_sizes():
+    schema = {
+        "q": FieldSpec(ext="q.npy", encoding="npy", dtype="float32", shape=["D"]),
+        "neg": FieldSpec(ext="neg.npy", encoding="npy", dtype="float32", shape=["N_neg", "D"]),
+    }
+    raw = {
+        "q.npy": memoryview(npy_bytes(np.zeros(4, np.float32))),
+        "neg.npy": memoryview(npy_bytes(np.zeros((7, 4), np.float32))),  # N_neg unbound: any
+    }
+    decoder = SampleDecoder(schema, dims={"D": 4})
+    assert decoder(raw, "k", "s")["neg"].shape == (7, 4)
+    short = dict(raw, **{"q.npy": memoryview(npy_bytes(np.zeros(3, np.float32)))})
+    with pytest.raises(
+        DecodeError,
+        match=r"s\.tar: sample 'k7', field 'q' \(member k7\.q\.npy\) does not match the "
+        r"schema: shape \[3\], schema says \['D'\] with D=4 \(the manifest's dims\)",
+    ):
+        decoder(short, "k7", "s.tar")
+    wide = dict(raw, **{"neg.npy": memoryview(npy_bytes(np.zeros((7, 5), np.float32)))})
+    with pytest.raises(DecodeError, match=r"shape \[7, 5\], schema says \['N_neg', 'D'\] with D=4"):
+        decoder(wide, "k", "s")
+    flat = dict(raw, **{"neg.npy": memoryview(npy_bytes(np.zeros(28, np.float32)))})
+    with pytest.raises(DecodeError, match=r"field 'neg'.*shape \[28\], schema says"):
+        decoder(flat, "k", "s")
+    assert SampleDecoder(schema)(short, "k", "s")["q"].shape == (3,)  # no dims: not bound
 
 
 def test_cls_is_cast_per_schema_dtype():

@@ -11,9 +11,10 @@ import pytest
 import torch
 
 from tests.dataset_factory import write_dataset
-from wdsloader import DevicePrefetcher, create_loader
+from wdsloader import create_loader
 from wdsloader.cli import main
 from wdsloader.cli.commands import show_value
+from wdsloader.stream import DevicePrefetcher
 
 
 @pytest.fixture(scope="module")

@@ -29,7 +29,12 @@ def test_split_name_follows_webdataset_rule():
     assert split_name("dir.v1/b.SEG.PNG") == ("dir.v1/b", "seg.png")
     assert split_name("noext") is None
     assert split_name(".hidden.txt") is None
-    assert split_name("__key__.txt") is None
+    # metadata is only what webdataset's tar_file_iterator skips: "__NAME__" and "__NAME__/..."
+    for meta in ("__meta__", "__x.y__", "__info__/x.txt", "__a__/b/c.txt"):
+        assert split_name(meta) is None, meta
+    assert split_name("__a.txt") == ("__a", "txt")  # a key led by "__" (a base64url hash...)
+    assert split_name("__key__.txt") == ("__key__", "txt")
+    assert split_name("d/__x__.txt") == ("d/__x__", "txt")
 
 
 @pytest.mark.parametrize("bad", ["", "a.b", "_x", ".x", "a/b", "k" * 81])

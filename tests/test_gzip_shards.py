@@ -16,7 +16,7 @@ import pytest
 from build_shards import build_shards
 from wdsloader import create_loader
 from wdsloader.errors import ManifestError, ShardFormatError
-from wdsloader.format import Manifest, decode_index
+from wdsloader.format import Manifest, decode_index, index_path
 from wdsloader.format.deflate import inflate_sample
 
 N = 60
@@ -60,7 +60,8 @@ def shard_files(root, manifest, split="train"):
 
 def test_each_gzip_shard_is_the_plain_tar_compressed_and_the_index_finds_each_sample(pair):
     base, plain, gz = pair
-    assert [s.num_samples for s in gz.splits["train"].shards] == [16, 4] * 3
+    # blocks of 20: 16 + a remainder of 4 each; the three remainders packed into one shard
+    assert [s.num_samples for s in gz.splits["train"].shards] == [16, 12, 16, 16]
     for p, g, ps, gs in zip(
         shard_files(base / "plain", plain),
         shard_files(base / "gz", gz),
@@ -68,7 +69,7 @@ def test_each_gzip_shard_is_the_plain_tar_compressed_and_the_index_finds_each_sa
         gz.splits["train"].shards,
         strict=True,
     ):
-        assert g.name.endswith(".tar.gz") and gs.idx_path == gs.path + ".idx"
+        assert g.name.endswith(".tar.gz") and gs.idx_path == index_path(gs.path)
         data = g.read_bytes()
         assert gzip.decompress(data) == p.read_bytes()  # one gzip stream: the plain tar
         assert (gs.num_bytes, gs.sha256) == (len(data), hashlib.sha256(data).hexdigest())
@@ -95,6 +96,7 @@ def test_manifest_declares_the_compression_and_a_version_older_readers_refuse(pa
         Manifest.from_dict(raw)
 
 
+@pytest.mark.usefixtures("build_workers")
 def test_gzip_shards_are_byte_identical_with_1_and_2_workers(tmp_path):
     one = build(tmp_path / "w1", compression="gzip", workers=1)
     two = build(tmp_path / "w2", compression="gzip", workers=2)
@@ -255,3 +257,102 @@ def test_the_validator_reads_gzip_shards(pair):
     report = validate_dataset(str(base / "gz"), deep=True)
     assert report.ok, report.problems
     assert report.samples_checked == N
+
+
+# -- decompression bombs ---------------------------------------------------------------------------
+BOMB = 64 << 20  # zeros: they deflate to ~64 KB
+
+
+def deflated(tar_bytes: bytes) -> bytes:
+    """``tar_bytes`` compressed as the shard writer compresses one sample."""
+    from wdsloader.format.deflate import ShardDeflater
+
+    return ShardDeflater().sample(tar_bytes)
+
+
+def replace_sample(root, manifest, sample: int, tar_bytes: bytes) -> tuple[str, bytes]:
+    """Replace sample ``sample`` of the first shard with the deflated ``tar_bytes`` (the index
+    and the manifest follow); the shard's path and the new compressed span."""
+    from wdsloader.format import encode_index
+
+    shard = manifest.splits["train"].shards[0]
+    idx = decode_index((root / shard.idx_path).read_bytes()).astype(np.int64)
+    data = (root / shard.path).read_bytes()
+    a, b = int(idx[sample]), int(idx[sample + 1])
+    span = deflated(tar_bytes)
+    new = data[:a] + span + data[b:]
+    idx[sample + 1 :] += len(span) - (b - a)
+    (root / shard.path).write_bytes(new)
+    (root / shard.idx_path).write_bytes(encode_index(idx))
+    shard.num_bytes, shard.sha256 = len(new), hashlib.sha256(new).hexdigest()
+    manifest.save(str(root))
+    return shard.path, span
+
+
+def sample_tar(root, manifest, sample: int) -> bytes:
+    shard = manifest.splits["train"].shards[0]
+    idx = decode_index((root / shard.idx_path).read_bytes())
+    data = (root / shard.path).read_bytes()
+    return inflate_sample(data[int(idx[sample]) : int(idx[sample + 1])], "x")
+
+
+def peak_bytes(call) -> int:
+    """The most bytes Python and zlib held at once during ``call()`` (tracemalloc)."""
+    import tracemalloc
+
+    tracemalloc.start()
+    try:
+        tracemalloc.reset_peak()
+        base = tracemalloc.get_traced_memory()[0]
+        try:
+            call()
+        except ShardFormatError:
+            pass
+        return tracemalloc.get_traced_memory()[1] - base
+    finally:
+        tracemalloc.stop()
+
+
+def test_a_decompression_bomb_after_a_valid_sample_names_shard_and_sample(tmp_path):
+    root = tmp_path / "ds"
+    manifest = build(root, compression="gzip")
+    valid = sample_tar(root, manifest, 3)
+    path, span = replace_sample(root, manifest, 3, valid + bytes(BOMB))
+    assert len(span) < BOMB // 500
+    message = (
+        rf"{path}: sample #3: more data than its tar headers declare: a zero block at byte "
+        rf"{len(valid)} of the inflated sample, after its members \(a decompression bomb"
+    )
+    with pytest.raises(ShardFormatError, match=message):
+        inflate_sample(span, f"{path}: sample #3")
+    with pytest.raises(ShardFormatError, match=message):
+        batches(root, shuffle=False)
+    loader = create_loader(
+        str(root), "train", batch_size=8, shuffle=False, drop_last=False, on_error="skip"
+    )
+    keys = [k for b in loader for k in b["__key__"]]
+    assert len(keys) == N - 1 and "r0003" not in keys and len(set(keys)) == N - 1
+    # memory stays bounded by what the headers declare: a few blocks, not the 64 MiB
+    assert peak_bytes(lambda: inflate_sample(span, "x")) < 1 << 20
+
+
+def test_inflate_never_holds_more_than_max_length(tmp_path):
+    root = tmp_path / "ds"
+    manifest = build(root, compression="gzip")
+    valid = sample_tar(root, manifest, 0)
+    span = replace_sample(root, manifest, 0, valid)[1]
+    assert inflate_sample(span, "x", max_length=len(valid)) == valid
+    with pytest.raises(ShardFormatError, match=r"^s #0: the member at byte \d+ of the inflated "):
+        inflate_sample(span, "s #0", max_length=len(valid) - 1)
+    bomb = replace_sample(root, manifest, 0, valid + bytes(BOMB))[1]
+    with pytest.raises(ShardFormatError, match=r"^s #0: the sample inflates to more than max_le"):
+        inflate_sample(bomb, "s #0", max_length=len(valid))  # the zeros: past the bound
+    assert peak_bytes(lambda: inflate_sample(bomb, "s #0", max_length=1 << 20)) < 2 << 20
+    # a member that declares 64 MiB (of zeros): refused before it is inflated
+    info = tarfile.TarInfo("r0000.big.bin")
+    info.size = BOMB
+    big = deflated(info.tobuf(format=tarfile.USTAR_FORMAT) + bytes(BOMB))
+    assert len(inflate_sample(big, "x")) == BOMB + 512  # declared: allowed without a bound
+    assert peak_bytes(lambda: inflate_sample(big, "x", max_length=1 << 20)) < 2 << 20
+    with pytest.raises(ShardFormatError, match=r"at byte 0 .* declares 67108864 bytes, past max_"):
+        inflate_sample(big, "x", max_length=1 << 20)

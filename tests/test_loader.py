@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 from collections import Counter
 
 import numpy as np
@@ -12,7 +13,7 @@ import torch
 from tests.dataset_factory import write_dataset
 from tests.http_server import Faults, http_server_fixture  # noqa: F401
 from wdsloader import ReadOptions, create_loader, set_epoch
-from wdsloader.errors import ManifestError, ShardFormatError
+from wdsloader.errors import DecodeError, ManifestError, ShardFormatError
 from wdsloader.format import Manifest
 from wdsloader.stream.config import resolve_config, resolve_read_options
 
@@ -192,12 +193,33 @@ def test_missing_manifest_shard_and_split_are_reported(tmp_path, ds):
         create_loader(str(root), "train", batch_size=2)
 
 
+@pytest.mark.parametrize("gather", [True, False])
+def test_symbolic_dims_are_checked_against_the_data(tmp_path, gather):
+    """The manifest says ``v`` is ``["D"]`` with ``D=4`` but the data hold 3 values: an error
+    naming shard, sample key, field, expected and found (as for a literal shape), never a
+    (B, 3) batch while ``output_schema()`` says 4."""
+    from build_shards import build_shards
+
+    rows = [{"__key__": f"k{i}", "v": np.arange(3, dtype=np.float32)} for i in range(8)]
+    build_shards(rows, tmp_path, splits={"train": 1.0})
+    manifest = Manifest.load(str(tmp_path)).to_dict()
+    manifest["schema"]["v"]["shape"], manifest["dims"] = ["D"], {"D": 4}
+    (tmp_path / "manifest.json").write_text(json.dumps(manifest))
+    loader = create_loader(tmp_path, "train", batch_size=4, shuffle=False, gather=gather)
+    with pytest.raises(
+        DecodeError,
+        match=r"train/train-\S+\.tar: sample 'k0', field 'v' \(member k0\.v\.npy\) does not "
+        r"match the schema: shape \[3\], schema says \['D'\] with D=4",
+    ):
+        next(iter(loader))
+
+
 def test_corrupt_shard_raises_with_location_or_is_skipped(tmp_path):
     root = tmp_path / "corrupt"
     write_dataset(str(root), {"train": [6, 6]})
     shard = root / "train" / "shard-000001.tar"
     data = bytearray(shard.read_bytes())
-    offsets = np.fromfile(str(shard) + ".idx", dtype="<u8")
+    offsets = np.fromfile(str(shard.parent / f".{shard.name}.wdsidx"), dtype="<u8")
     data[int(offsets[2]) + 5] ^= 0xFF  # the header of the third sample's first member
     shard.write_bytes(bytes(data))
     loader = create_loader(str(root), "train", batch_size=4, shuffle=False, drop_last=False)
@@ -293,10 +315,40 @@ def test_remote_reads_whole_spans_not_one_request_per_sample(http_server):
     assert len(keys) == len(set(keys)) == len(loader) * 64
 
 
-def test_options_after_batch_size_are_keyword_only(ds):
-    with pytest.raises(TypeError, match="3 positional arguments but 4 were given"):
-        create_loader(ds, "train", 4, 2)
-    assert len(create_loader(ds, "train", 4)) == sum(COUNTS) // 4  # the seed's positional order
+def test_the_seed_000_positional_order_then_keyword_only(ds):
+    """Seed 000's ``create_loader(dataset_dir, split, batch_size, num_workers, distributed,
+    epoch, drop_last, pin_memory)`` is called by position; everything after is keyword-only."""
+    by_position = create_loader(ds, "train", 4, 2, False, 1, False, False)
+    by_name = create_loader(
+        ds, "train", batch_size=4, num_workers=2, distributed=False, epoch=1, drop_last=False,
+        pin_memory=False,
+    )  # fmt: skip
+    assert by_position.num_workers == 2 and by_position.pin_memory is False
+    assert len(by_position) == len(by_name) == -(-sum(COUNTS) // 4)  # drop_last=False
+    same_batches(run(by_position), run(by_name))  # epoch 1 of both
+    with pytest.raises(TypeError, match="from 3 to 8 positional arguments but 9 were given"):
+        create_loader(ds, "train", 4, 0, False, 0, None, True, 0)
+
+
+def test_manifest_property_gives_the_dims_validate_batch_needs(ds):
+    """The README's ``validate_batch(batch, loader.output_schema(), dims=loader.manifest.dims)``."""
+    from wdsloader import validate_batch
+
+    loader = create_loader(ds, "val", batch_size=4)
+    assert loader.manifest == Manifest.load(ds) and loader.manifest.dims == {"D": 4}
+    validate_batch(next(iter(loader)), loader.output_schema(), dims=loader.manifest.dims)
+
+
+def test_stats_are_cumulative_and_epoch_stats_count_one_epoch(ds):
+    loader = create_loader(ds, "val", batch_size=4, num_workers=1)
+    assert loader.epoch_stats["samples"] == 0
+    for epoch in (1, 2):
+        batches = run(loader)
+        assert loader.stats["samples"] == 17 * epoch and loader.stats["batches"] == 5 * epoch
+        assert loader.epoch_stats["samples"] == 17 and loader.epoch_stats["batches"] == 5
+    run(loader, 2)  # a pass stopped after 2 batches
+    assert loader.epoch_stats["samples"] >= 8 and loader.stats["samples"] >= 34 + 8
+    assert len(batches) == 5
 
 
 @pytest.mark.parametrize(

@@ -15,7 +15,7 @@ import pytest
 from build_shards import build_shards
 from tests.dataset_factory import write_dataset
 from wdsloader import create_loader
-from wdsloader.mix import Source
+from wdsloader.mix import MixSource
 from wdsloader.plan import Resume
 
 DIM = 1024  # 4 KiB per sample
@@ -106,7 +106,7 @@ def declared(tmp_path_factory) -> dict[int, list]:
 def _to_first_read(roots: list, kind: str, resume: bool) -> tuple[float, int]:
     """``(seconds, tracemalloc peak)`` from a pass's start to its first read (the best of 3)
     over ``roots[0]`` or a mix of both (one worker: ``num_workers=0``)."""
-    mix = [Source(roots[0], weight=1.0), Source(roots[1], weight=3.0)]
+    mix = [MixSource(roots[0], weight=1.0), MixSource(roots[1], weight=3.0)]
     src = roots[0] if kind == "single" else mix
     options = {} if kind == "single" else {"batching": kind}
     loader = create_loader(src, "train", 256, check_shards=False, pin_memory=False, **options)

@@ -332,3 +332,49 @@ def test_one_integer_check_for_arguments_and_manifest_counts():
         plan.PlanConfig(counts=(4.0,), batch_size=2, seed=0)
     with pytest.raises(ValueError, match=r"^epoch must be an integer, got 1.5$"):
         fixed([1.0]).probabilities(1.5, ("a",))
+
+
+# -- required and unknown top-level keys ----------------------------------------------------------
+@pytest.mark.parametrize("missing", ["splits", "schema"])
+def test_a_manifest_without_splits_or_schema_is_refused(missing):
+    doc = _with(lambda d: d.pop(missing))
+    with pytest.raises(ManifestError, match=rf"^ds/manifest\.json: missing {missing!r}"):
+        Manifest.from_dict(doc, source="ds/manifest.json")
+
+
+def test_the_cli_refuses_a_manifest_without_splits(tmp_path, capsys):
+    from wdsloader.cli import main
+
+    (tmp_path / "manifest.json").write_text('{"format": "wdsloader", "version": "1.0"}')
+    for command in ("info", "validate"):
+        assert main([command, str(tmp_path)]) == 2
+        err = capsys.readouterr().err
+        assert err == (
+            f"wdsloader: error: {tmp_path}/manifest.json: missing 'schema', 'splits' (a manifest "
+            "lists its fields under 'schema' and its shards under 'splits')\n"
+        )
+
+
+def test_unknown_top_level_keys_warn(caplog):
+    doc = _with(lambda d: d.update(colour="red", extra=1))
+    with caplog.at_level("WARNING", logger="wdsloader"):
+        m = Manifest.from_dict(doc, source="ds/manifest.json")
+    assert m.num_samples == 7
+    warned = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert warned == [
+        "ds/manifest.json: unknown top-level key(s) 'colour', 'extra' ignored; known: "
+        "['build', 'dims', 'format', 'loader_defaults', 'schema', 'splits', 'totals', 'version']"
+    ]
+
+
+def test_the_repr_is_short():
+    doc = copy.deepcopy(VALID)
+    doc["splits"]["train"]["shards"] *= 500
+    m = Manifest.from_dict(doc)
+    text = repr(m)
+    assert SHA not in text and len(text) < 300
+    assert text == (
+        "Manifest(format='wdsloader 1.0', splits={'train': '3,500 samples in 1,000 shards'}, "
+        "fields=['vec', 'steer_a', 'idx', 'meta'], dims={'D': 4})"
+    )
+    assert str(m) == text

@@ -17,7 +17,7 @@ from wdsloader import create_loader
 from wdsloader.curriculum import linear
 from wdsloader.errors import StateMismatchError
 from wdsloader.format import FieldSpec, Manifest
-from wdsloader.mix import Source
+from wdsloader.mix import MixSource
 
 SIZES = {"small": [40], "mid": [150, 250], "big": [1000, 1000, 1000, 1000]}
 BATCH = 10
@@ -31,12 +31,12 @@ def data(tmp_path_factory) -> Path:
     return root
 
 
-def _sources(data: Path) -> list[Source]:
+def _sources(data: Path) -> list[MixSource]:
     # small: 100 a epoch (2.5 passes), mid: once, big: the 1000 the epoch leaves (a quarter)
     return [
-        Source(data / "small", samples=100),
-        Source(data / "mid", repeat=1),
-        Source(data / "big", weight=1.0),
+        MixSource(data / "small", samples=100),
+        MixSource(data / "mid", repeat=1),
+        MixSource(data / "big", weight=1.0),
     ]
 
 
@@ -116,7 +116,11 @@ def _weights_schedule():
 @pytest.mark.parametrize("stop", [(0, 75), (0, 31), (1, 7), (2, 40)])
 def test_resume_across_epochs_and_weight_changes_equals_the_uninterrupted_run(data, stop):
     def make():
-        srcs = [Source(data / "small", repeat=2.5), Source(data / "mid"), Source(data / "big")]
+        srcs = [
+            MixSource(data / "small", repeat=2.5),
+            MixSource(data / "mid"),
+            MixSource(data / "big"),
+        ]
         return _loader(data, srcs, weights=_weights_schedule(), epoch_samples=1100, num_workers=0)
 
     full = _play(make(), 3)["seen"]
@@ -158,7 +162,7 @@ def test_set_epoch_reaches_persistent_workers(data):
 
 
 def test_stratified_batches_hold_each_sources_exact_share(data):
-    srcs = [Source(data / n, weight=w) for n, w in (("small", 0.1), ("mid", 0.3), ("big", 0.6))]
+    srcs = [MixSource(data / n, weight=w) for n, w in (("small", 0.1), ("mid", 0.3), ("big", 0.6))]
     loader = _loader(data, srcs, batching="stratified", epoch_samples=2000)
     batches = [Counter(b["__source__"].tolist()) for b in loader]
     assert len(batches) == 200 and all(c == {0: 1, 1: 3, 2: 6} for c in batches)
@@ -180,7 +184,7 @@ def _write_wide(root: Path) -> None:
 
 def test_sources_whose_schemas_disagree_are_an_error_naming_both_specs(data, tmp_path):
     _write_wide(tmp_path / "wide")
-    srcs = [Source(data / "small", weight=1), Source(tmp_path / "wide", weight=1)]
+    srcs = [MixSource(data / "small", weight=1), MixSource(tmp_path / "wide", weight=1)]
     with pytest.raises(
         ValueError,
         match=r"sources 'small' and 'wide' disagree on field 'vec': small: ext='vec.npy', "
@@ -199,7 +203,7 @@ def test_a_field_missing_from_a_source_is_an_error(data, tmp_path):
         str(tmp_path / "bare"), "train", [5], lambda i, s: (f"k{i}", [("idx.cls", b"1")])
     )
     manifest.save(str(tmp_path / "bare"))
-    srcs = [Source(data / "small", weight=1), Source(tmp_path / "bare", weight=1)]
+    srcs = [MixSource(data / "small", weight=1), MixSource(tmp_path / "bare", weight=1)]
     with pytest.raises(
         ValueError, match=r"field 'vec' is in sources \['small'\] but not in \['bare'\]"
     ):
@@ -208,7 +212,7 @@ def test_a_field_missing_from_a_source_is_an_error(data, tmp_path):
 
 def test_a_weighted_source_without_samples_in_the_split_is_named_with_the_split(data, tmp_path):
     write_dataset(str(tmp_path / "evalonly"), {"train": [], "val": [6]})
-    srcs = [Source(data / "small", weight=1), Source(tmp_path / "evalonly", weight=5)]
+    srcs = [MixSource(data / "small", weight=1), MixSource(tmp_path / "evalonly", weight=5)]
     with pytest.raises(
         ValueError,
         match=r"^sources \['evalonly'\] have no samples in split 'train' but a quota of \[200\] "
@@ -220,7 +224,7 @@ def test_a_weighted_source_without_samples_in_the_split_is_named_with_the_split(
 def test_a_state_from_another_mix_is_refused_naming_the_mix(data):
     first = _play(_loader(data), 1, stop=(0, 3))["state"]
     srcs = _sources(data)
-    srcs[0] = Source(data / "small", samples=50)
+    srcs[0] = MixSource(data / "small", samples=50)
     other = _loader(data, srcs, epoch_samples=1450)
     with pytest.raises(StateMismatchError, match=r"mix saved='mix-feistel/1:mixed:small,mid,big:"):
         other.load_state_dict(first)
@@ -235,11 +239,11 @@ def test_mix_options_need_a_mix_and_valid_values(data):
     with pytest.raises(ValueError, match=r"batching must be one of \('mixed', 'stratified'\)"):
         create_loader(_sources(data), "train", 4, batching="random", epoch_samples=200)
     with pytest.raises(ValueError, match=r"sources share the names \['small'\]"):
-        create_loader([Source(data / "small"), Source(data / "small")], "train", 4)
+        create_loader([MixSource(data / "small"), MixSource(data / "small")], "train", 4)
 
 
 def test_stratified_resumes_exactly_but_not_on_another_topology(data):
-    srcs = [Source(data / n, weight=w) for n, w in (("small", 0.1), ("mid", 0.3), ("big", 0.6))]
+    srcs = [MixSource(data / n, weight=w) for n, w in (("small", 0.1), ("mid", 0.3), ("big", 0.6))]
 
     def make(**kw):
         return _loader(data, srcs, batching="stratified", epoch_samples=600, **kw)
@@ -259,7 +263,7 @@ def test_a_curriculum_the_sources_share_applies_to_every_sample(tmp_path, gather
 
     a = write_curriculum_dataset(tmp_path / "a", [30], CURR)
     b = write_curriculum_dataset(tmp_path / "b", [11, 9], CURR)
-    srcs = [Source(a, repeat=1), Source(b, repeat=2)]
+    srcs = [MixSource(a, repeat=1), MixSource(b, repeat=2)]
     loader = create_loader(srcs, "train", 7, source_field="src", gather=gather, drop_last=False)
     seen = Counter()
     for batch in loader:

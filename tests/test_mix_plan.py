@@ -8,6 +8,7 @@ import pickle
 from collections import Counter
 from dataclasses import replace
 from fractions import Fraction
+from typing import Any
 
 import numpy as np
 import pytest
@@ -15,7 +16,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from wdsloader.curriculum import cosine, fixed, from_callable, linear, steps
-from wdsloader.mix import MixSpec, Source, mix_epoch, mix_quotas_for
+from wdsloader.mix import MixSource, MixSpec, mix_epoch, mix_quotas_for
 from wdsloader.mix import source as source_module
 from wdsloader.mix.source import epoch_offsets_for
 from wdsloader.plan import PlanConfig, Resume
@@ -99,43 +100,45 @@ def test_quotas_are_the_largest_remainder_of_the_weights(sizes, data, epoch_samp
 
 def test_source_forms_and_their_quotas():
     sizes = [1000, 50, 7]
-    web, code, tiny = Source("s3://b/web/", weight=0.7), Source("./code", repeat=3), Source("t")
-    assert web.name == "web" and code.name == "code"
-    assert mix_quotas_for([Source("a", weight=0.7), Source("b", weight=0.3)], [10, 10], 0) == (
-        14,
-        6,
-    )  # SUM of the weighted sizes, 0.7/0.3 of it
-    assert mix_quotas_for([web, code, Source("t", samples=5)], sizes, 0, epoch_samples=505) == (
-        350,
-        150,
-        5,
+    web, code, tiny = (
+        MixSource("s3://b/web/", weight=0.7),
+        MixSource("./code", repeat=3),
+        MixSource("t"),
     )
-    assert mix_quotas_for([Source("a"), Source("b")], [3, 4], 0) == (3, 4)  # each once
-    assert mix_quotas_for([Source("a", repeat=0.25), Source("b", repeat=2.5)], [10, 3], 0) == (2, 7)
+    assert web.name == "web" and code.name == "code"
+    two = [MixSource("a", weight=0.7), MixSource("b", weight=0.3)]
+    assert mix_quotas_for(two, [10, 10], 0) == (14, 6)  # SUM of the weighted sizes, 0.7/0.3 of it
+    five = MixSource("t", samples=5)
+    assert mix_quotas_for([web, code, five], sizes, 0, epoch_samples=505) == (350, 150, 5)
+    assert mix_quotas_for([MixSource("a"), MixSource("b")], [3, 4], 0) == (3, 4)  # each once
+    rep = [MixSource("a", repeat=0.25), MixSource("b", repeat=2.5)]
+    assert mix_quotas_for(rep, [10, 3], 0) == (2, 7)
     with pytest.raises(ValueError, match=r"give one of weight=, samples= or repeat=, not"):
-        Source("a", weight=1, samples=3)
+        MixSource("a", weight=1, samples=3)
     with pytest.raises(ValueError, match=r"weight=-1 must be finite, >= 0"):
-        Source("a", weight=-1)
+        MixSource("a", weight=-1)
     with pytest.raises(ValueError, match=r"sources share the names \['x'\]"):
-        mix_quotas_for([Source("a/x"), Source("b/x")], [1, 1], 0)
+        mix_quotas_for([MixSource("a/x"), MixSource("b/x")], [1, 1], 0)
     with pytest.raises(ValueError, match=r"sources \['t'\] have no weight=, samples= or repeat="):
         mix_quotas_for([web, tiny], sizes[:2], 0)
     with pytest.raises(ValueError, match=r"sources \['web'\] have a weight= and the mix a weights"):
         mix_quotas_for([web, code], sizes[:2], 0, weights=steps({0: {"web": 1.0}}))
     with pytest.raises(ValueError, match=r"sources \['b'\] have no samples but a quota of \[3\]"):
-        mix_quotas_for([Source("a", weight=1), Source("b", samples=3)], [4, 0], 0)
+        mix_quotas_for([MixSource("a", weight=1), MixSource("b", samples=3)], [4, 0], 0)
     with pytest.raises(
         ValueError,
         match=r"^sources \['b', 'c'\] have no samples in split 'val' but a quota of \[2, 5\] "
         r"samples per epoch: leave them out of this split's mix$",
     ):
-        sources = [Source("a", weight=1), Source("b", weight=1), Source("c", samples=5)]
+        sources = [MixSource("a", weight=1), MixSource("b", weight=1), MixSource("c", samples=5)]
         mix_quotas_for(sources, [4, 0, 0], 0, split="val")
 
 
 def test_counts_past_int64_name_the_source_or_the_split():
-    with pytest.raises(ValueError, match=r"^Source 'x/a': samples must be <= 9223372036854775807"):
-        Source("x/a", samples=2**63)
+    with pytest.raises(
+        ValueError, match=r"^MixSource 'x/a': samples must be <= 9223372036854775807"
+    ):
+        MixSource("x/a", samples=2**63)
     half = 2**62  # each fits int64, two of them do not
     with pytest.raises(
         ValueError,
@@ -144,18 +147,18 @@ def test_counts_past_int64_name_the_source_or_the_split():
         r"'b': 4611686018427387904\}$",
     ):
         mix_quotas_for(
-            [Source("a", samples=half), Source("b", samples=half)], [1, 1], 0, split="train"
+            [MixSource("a", samples=half), MixSource("b", samples=half)], [1, 1], 0, split="train"
         )
     with pytest.raises(ValueError, match=r"epoch would hold 9223372036854775808 samples.*'a': 46"):
-        mix_quotas_for([Source("a", weight=1.0), Source("b", repeat=1)], [half, half], 0)
+        mix_quotas_for([MixSource("a", weight=1.0), MixSource("b", repeat=1)], [half, half], 0)
     with pytest.raises(ValueError, match=r"^epoch_samples must be <= 9223372036854775807"):
-        mix_quotas_for([Source("a", weight=1.0)], [5], 0, epoch_samples=2**63)
+        mix_quotas_for([MixSource("a", weight=1.0)], [5], 0, epoch_samples=2**63)
     with pytest.raises(
         ValueError,
         match=r"^the sources hold 9223372036854775808 samples in split 'train', more than an int64 "
         r"holds \(9223372036854775807\): \{'a': 4611686018427387904, 'b': 4611686018427387904\}$",
     ):
-        sources = (Source("a", weight=1.0), Source("b", weight=1.0))
+        sources = (MixSource("a", weight=1.0), MixSource("b", weight=1.0))
         MixSpec(sources=sources, sizes=(half, half), shards=(1, 1), epoch_samples=10, split="train")
     with pytest.raises(ValueError, match=r"^counts sum to 9223372036854775808 samples, more than"):
         PlanConfig(counts=(half, half), batch_size=1)
@@ -176,7 +179,7 @@ def test_a_mix_at_an_epoch_near_the_int64_limit_plans_its_batches():
 
 
 def test_a_weight_schedule_gives_each_epoch_its_quotas_and_streams_continue():
-    sources = [Source("web"), Source("code"), Source("tiny", samples=4)]
+    sources = [MixSource("web"), MixSource("code"), MixSource("tiny", samples=4)]
     sizes = [100, 10, 3]
     sched = linear({"web": 0.9, "code": 0.1}, {"web": 0.5, "code": 0.5}, epochs=2)
     plans = [mix_epoch(sources, sizes, e, weights=sched, seed=5) for e in range(4)]
@@ -224,10 +227,10 @@ SCHEDULES = {
 }
 
 
-def schedule_mix(kind: str) -> list[Source]:
+def schedule_mix(kind: str) -> list[MixSource]:
     if SCHEDULES[kind] is None:
-        return [Source("a", weight=1.0), Source("b", weight=2.3), Source("c", samples=5)]
-    return [Source("a"), Source("b"), Source("c", repeat=1.5)]
+        return [MixSource("a", weight=1.0), MixSource("b", weight=2.3), MixSource("c", samples=5)]
+    return [MixSource("a"), MixSource("b"), MixSource("c", repeat=1.5)]
 
 
 @settings(max_examples=30, deadline=None)
@@ -515,3 +518,28 @@ def test_topology_and_epoch_errors():
     me = MixEpoch(sizes=(4,), quotas=(4,), offsets=(0,))
     with pytest.raises(ValueError, match=r"rank"):
         mix_worker_batches(me, MixTopology(batch_size=2, world_size=2), rank=2, worker=0)
+
+
+def test_one_source_and_one_batch_old_names_warn():
+    """``Source`` is the build input adapter only, ``Batch`` the training batch only: the mix's
+    ``Source`` is ``MixSource`` and the mix plan's ``Batch`` is ``MixBatchIds``; their old names
+    resolve until 0.2.0 with a DeprecationWarning naming the new import."""
+    import build_shards
+    import wdsloader
+    import wdsloader.mix.source
+    import wdsloader.plan.mix
+    from build_shards.source_base import Source as BuildInput
+    from wdsloader.plan.mix import MixBatchIds
+
+    assert "MixSource" in wdsloader.__all__ and "Source" not in wdsloader.__all__
+    new = r"`from wdsloader.mix import MixSource`"
+    for module in (wdsloader.mix, wdsloader.mix.source):
+        with pytest.warns(
+            DeprecationWarning, match=rf"{module.__name__}.Source is deprecated.*{new}"
+        ):
+            assert module.Source is MixSource
+    with pytest.warns(DeprecationWarning, match=r"`from wdsloader import MixSource`"):
+        assert wdsloader.Source is MixSource
+    with pytest.warns(DeprecationWarning, match=r"`from wdsloader.plan.mix import MixBatchIds`"):
+        assert wdsloader.plan.mix.Batch is MixBatchIds
+    assert build_shards.Source is BuildInput and wdsloader.Batch == dict[str, Any]

@@ -304,7 +304,12 @@ def test_a_short_loader_cycles_and_an_empty_one_is_an_error():
     mdl = MultiDataLoader(lists(1, 4), C(sampling_strategy=S.SEQUENTIAL,
                                          epoch_length_policy=P.MAX_OF_LENGTHS))  # fmt: skip
     assert [s.batch for s in mdl] == ["a0"] * 4 + ["b0", "b1", "b2", "b3"]
-    empty = MultiDataLoader([[], ["b0"]],
+
+    class Hollow(list):  # claims a length, yields nothing (len() 0 is refused up front)
+        def __len__(self):
+            return 1
+
+    empty = MultiDataLoader([Hollow(), ["b0"]],
                             C(epoch_length_policy=P.FIXED_NUM_STEPS, steps_per_epoch=2))  # fmt: skip
     with pytest.raises(RuntimeError, match=r"Loader 'dl0' exhausted even after cycling"):
         list(empty)
@@ -371,7 +376,7 @@ def test_set_epoch_reaches_samplers_and_loaders():
 def test_top_level_exports():
     assert wdsloader.MultiDataLoader is MultiDataLoader
     assert wdsloader.SamplingStrategy is SamplingStrategy
-    assert wdsloader.EpochLengthPolicy is EpochLengthPolicy
+    assert wdsloader.mix.EpochLengthPolicy is EpochLengthPolicy  # not top level: a config field
     assert wdsloader.MultiDataLoaderConfig is MultiDataLoaderConfig
 
 

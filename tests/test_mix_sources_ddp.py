@@ -30,10 +30,10 @@ pytestmark = pytest.mark.slow
 
 def _loader(data: Path):
     from wdsloader import create_loader
-    from wdsloader.mix import Source
+    from wdsloader.mix import MixSource
 
-    sources = [Source(data / "web", weight=0.6), Source(data / "code", weight=0.3),
-               Source(data / "tiny", weight=0.1)]  # fmt: skip
+    sources = [MixSource(data / "web", weight=0.6), MixSource(data / "code", weight=0.3),
+               MixSource(data / "tiny", weight=0.1)]  # fmt: skip
     return create_loader(sources, "train", BATCH, distributed=True, seed=5, num_workers=1,
                          epoch_samples=400, source_field="src", shuffle_window=32)  # fmt: skip
 

@@ -330,7 +330,7 @@ def test_worker_processes_place_fields_too(root):
 
 
 def test_a_mix_of_sources_places_fields_too(root, tmp_path, seen):
-    from wdsloader.mix import Source
+    from wdsloader.mix import MixSource
 
     other = str(tmp_path / "other")
     rows = [
@@ -338,7 +338,7 @@ def test_a_mix_of_sources_places_fields_too(root, tmp_path, seen):
         for i in range(20)
     ]
     build_shards(rows, other, schema={"blob": {"dtype": "uint8"}}, shard_max_count=8)
-    sources = [Source(root, weight=1.0), Source(other, weight=1.0)]
+    sources = [MixSource(root, weight=1.0), MixSource(other, weight=1.0)]
     loader = create_loader(
         sources, "train", 8, seed=2, fields=["blob", "emb", "label"], source_field="src"
     )

@@ -215,3 +215,58 @@ def test_build_command_errors_show_no_password(http_server, capsys):
     assert info.value.code == 2
     shown = http_server.url.replace("http://", "http://***@")
     assert capsys.readouterr().err == f"build-shards: error: {shown}/nothing-here: no such folder\n"
+
+
+# -- mix sources -----------------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    "url, name",
+    [
+        (f"http://alice:{PASSWORD}@127.0.0.1:8080/", "127.0.0.1:8080"),
+        (f"http://alice:{PASSWORD}@127.0.0.1:8080/data/ds/", "ds"),
+        (f"https://{TOKEN}@host.example/ds?X-Amz-Signature={SIGNATURE}#frag", "ds"),
+        (f"https://host.example/?token={TOKEN}", "host.example"),
+        (f"s3://{PASSWORD}@bucket", "bucket"),
+        ("/data/local/ds/", "ds"),
+    ],
+)
+def test_a_sources_default_name_carries_no_userinfo_or_query(url, name):
+    from wdsloader.mix import MixSource
+
+    source = MixSource(url, weight=1)
+    assert source.name == name
+    assert source.url == url  # what is read is unchanged
+    for secret in SECRETS:
+        assert secret not in repr(source)
+    with pytest.raises(ValueError) as info:
+        MixSource(url, weight=1, samples=2)
+    assert str(info.value).startswith(f"MixSource {redact(url)!r}: give one of weight=")
+    assert not any(secret in str(info.value) for secret in SECRETS)
+
+
+def test_a_source_name_carrying_credentials_is_refused():
+    from wdsloader.mix import MixSource
+
+    with pytest.raises(ValueError, match=r"name 'http://\*\*\*@h/x' carries credentials") as info:
+        MixSource("/data/ds", weight=1, name=f"http://bob:{PASSWORD}@h/x")
+    assert PASSWORD not in str(info.value)
+
+
+def test_a_mix_over_a_url_with_a_password_shows_it_nowhere(http_server, caplog):
+    """The password of a mixed source's URL reaches no stats key, no state (its fingerprint),
+    no schema error and no log line."""
+    from wdsloader.mix import MixSource
+
+    write_dataset(str(http_server.root), {"train": [4]})  # at the server's root: no path
+    write_dataset(str(http_server.root / "b"), {"train": [6]})
+    base = http_server.url.replace("http://", f"http://bob:{PASSWORD}@")
+    caplog.set_level(logging.DEBUG, logger="wdsloader")
+    sources = [MixSource(f"{base}/", repeat=1), MixSource(f"{base}/b", repeat=1)]
+    loader = create_loader(sources, "train", 2, seed=1)
+    batches = list(loader)
+    assert sum(len(b["__key__"]) for b in batches) == 10
+    shown = repr(loader.stats) + repr(loader.state_dict())
+    host = http_server.url.removeprefix("http://")
+    assert f"samples/{host}" in shown and "samples/b" in shown
+    for secret in SECRETS:
+        assert secret not in shown
+        assert not any(secret in r.getMessage() for r in caplog.records)

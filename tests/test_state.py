@@ -14,7 +14,7 @@ from tests.dataset_factory import SCHEMA, sample_members, write_dataset, write_s
 from wdsloader import StateMismatchError, WdsLoaderError, create_loader
 from wdsloader.collate import DefaultCollator
 from wdsloader.format import Manifest
-from wdsloader.stream import state as state_module
+from wdsloader.stream import fingerprint as fingerprint_module
 from wdsloader.stream.state import LoaderState
 
 COUNTS = [9, 7, 8]
@@ -79,7 +79,7 @@ def test_mismatch_names_the_part_that_differs(two_datasets):
         (lambda s: s["resume"].pop("world_size"), r"key resume\.'world_size' is missing"),
         (lambda s: s["resume"].update(batches_done=1.5), r"resume\.'batches_done' should be"),
         (lambda s: s["resume"].update(prior=[1]), r"'resume\.prior' should be dict, got list"),
-        (lambda s: s["resume"].update(world_size=0), r"resume point is invalid: world_size"),
+        (lambda s: s["resume"].update(world_size=0), r"resume\.'world_size' = 0 is out of bounds"),
         (lambda s: s.update(format="other"), r"not a wdsloader loader state"),
     ],
 )
@@ -220,7 +220,7 @@ def test_state_from_another_plan_version_is_refused(two_datasets, monkeypatch):
         r"plans with 'span-feistel/2'",
     ):
         loader(a).load_state_dict(old)
-    monkeypatch.setattr(state_module, "PLAN_ALGORITHM", ("span-feistel", 3))
+    monkeypatch.setattr(fingerprint_module, "PLAN_ALGORITHM", ("span-feistel", 3))
     with pytest.raises(StateMismatchError, match=r"plans with 'span-feistel/3'"):
         loader(a).load_state_dict(state)
 
@@ -234,3 +234,63 @@ def test_malformed_fingerprint_is_a_clear_error(two_datasets):
     state["fingerprint"] = "x"
     with pytest.raises(StateMismatchError, match=r"'fingerprint' should be dict, got str"):
         loader(a).load_state_dict(state)
+
+
+def _deep_prior(state, depth):
+    """``state`` whose resume has ``depth`` priors (alternating batch sizes 3 and 4)."""
+    link = None
+    for i in range(depth):
+        link = {**state["resume"], "batch_size": 3 + i % 2, "batches_done": 0, "prior": link}
+    state["resume"] = {**state["resume"], "batch_size": 5, "prior": link}
+    return state
+
+
+@pytest.mark.parametrize(
+    ("damage", "message"),
+    [
+        (
+            lambda s: s["resume"].update(num_workers=10**12),
+            r"resume\.'num_workers' = 1000000000000 is out of bounds \(from 1 to 65536\)",
+        ),
+        (
+            lambda s: s["resume"].update(batch_size=2**70),
+            r"resume\.'batch_size' = 1180591620717411303424 is out of bounds",
+        ),
+        (
+            lambda s: s.update(epoch=2**64),
+            r"'epoch' = 18446744073709551616 is out of bounds \(from 0 to 4611686018427387904\)",
+        ),
+        (lambda s: s.update(epoch=-1), r"'epoch' = -1 is out of bounds"),
+        (lambda s: s.update(num_samples=2**63), r"'num_samples' = 9223372036854775808 is out"),
+        (lambda s: s.update(span=10**400), r"'span' = 1329 bits is out of bounds"),
+        (
+            lambda s: s["resume"].update(world_size=2**14, num_workers=2**11),
+            r"resume\.'world_size' \* resume\.'num_workers' = 33554432 is above the bound 16777216",
+        ),
+        (
+            lambda s: _deep_prior(s, 5000),
+            r"'resume' is a chain of more than 256 elastic resumes within one epoch",
+        ),
+        (
+            lambda s: s.update(batches_done=7),
+            r"'batches_done' = 7 and 'resume\.batches_done' = 2 should be equal",
+        ),
+    ],
+)
+def test_tampered_numbers_are_refused_naming_the_key(two_datasets, damage, message):
+    a, _ = two_datasets
+    state = copy.deepcopy(state_after(a, 2))
+    damage(state)
+    with pytest.raises(StateMismatchError, match=message):
+        loader(a).load_state_dict(state)
+
+
+def test_a_tampered_state_object_is_refused_and_a_long_real_chain_loads(two_datasets):
+    a, _ = two_datasets
+    state = loader(a).state()
+    resume = dataclasses.replace(state.resume, num_workers=10**12)
+    with pytest.raises(StateMismatchError, match=r"resume\.'num_workers' = 10{12} is out of"):
+        loader(a).load_state_dict(dataclasses.replace(state, resume=resume))
+    chained = _deep_prior(copy.deepcopy(state_after(a, 0)), 255)  # the longest chain accepted
+    assert len(LoaderState.from_dict(chained).resume.chain()) == 256
+    assert LoaderState.from_dict(chained).to_dict() == chained

@@ -1,4 +1,4 @@
-"""The factory and the data module take a list of Source like create_loader does: a mix of built
+"""The factory and the data module take a list of MixSource like create_loader does: a mix of built
 datasets with exact per-epoch quotas, and the splits every source has."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import pytest
 
 from tests.dataset_factory import write_dataset
 from wdsloader import DataLoaderConfig, DataLoaderFactory, UniversalDataModule
-from wdsloader.mix import Source
+from wdsloader.mix import MixSource
 
 
 @pytest.fixture(scope="module")
@@ -21,8 +21,8 @@ def data(tmp_path_factory) -> Path:
     return root
 
 
-def _sources(data: Path) -> list[Source]:
-    return [Source(data / "a", weight=0.75), Source(data / "b", weight=0.25)]
+def _sources(data: Path) -> list[MixSource]:
+    return [MixSource(data / "a", weight=0.75), MixSource(data / "b", weight=0.25)]
 
 
 def _per_source(loader) -> Counter:

@@ -30,6 +30,23 @@ def test_lm_task_spec_pads_and_masks_labels():
     assert torch.equal(batch["labels"][~pad], batch["input_ids"][~pad])
 
 
+def test_classification_task_spec_on_shards_with_an_hf_label_column(tmp_path):
+    """IMDB/GLUE name the class column ``label``: ``cls_tiny`` over our shards gives class ids
+    (B,) as ``labels``, never token-shifted LM labels of shape (B, T)."""
+    from build_shards import build_shards
+
+    rows = [{"__key__": f"r{i}", "text": words(3 + i, seed=i), "label": i % 2} for i in range(8)]
+    build_shards(rows, tmp_path, splits={"train": 1.0})
+    loader = DataLoaderFactory().create_dataloader(
+        str(tmp_path), CONFIG, task_spec=TaskSpec.cls_tiny(), tokenizer=tiny_tokenizer()
+    )
+    labels = {}
+    for batch in loader:
+        assert batch["labels"].shape == (4,) and "label" not in batch
+        labels.update(zip(batch["__key__"], batch["labels"].tolist(), strict=True))
+    assert labels == {r["__key__"]: r["label"] for r in rows}
+
+
 def test_vision_task_spec_normalises():
     images = [{"pixel_values": np.full((4, 4, 3), 255, np.uint8), "labels": i} for i in range(4)]
     loader = DataLoaderFactory().create_dataloader(images, CONFIG, task_spec=TaskSpec.vision_tiny())

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import shutil
 
 import pytest
 import torch
@@ -204,3 +206,71 @@ def test_waits_for_another_process_building_the_same_shards(corpus, tmp_path, mo
     monkeypatch.setattr(text_mod, "BUILD_WAIT_S", 0.0)
     with pytest.raises(TimeoutError, match="another process has been building these token shards"):
         create_dataloaders(train_path, None, tiny_tokenizer(), 4, 4, cache_dir=tmp_path / "c")
+
+
+def _only_folder(cache, before=()):
+    (new,) = set(os.listdir(cache)) - set(before)
+    return cache / new
+
+
+def test_a_cache_moved_under_another_name_is_refused_and_rebuild_replaces_it(corpus, tmp_path):
+    """A seq_length=4 cache moved under the seq_length=8 name (or a cache of another tokenizer
+    under this one's) is refused naming the folder and what differs, never served as
+    (B, 4) batches; ``rebuild=True`` builds it again."""
+    from wdsloader.errors import ManifestError
+
+    train_path, _, train_docs, _ = corpus
+    cache, tok = tmp_path / "cache", tiny_tokenizer()
+    create_dataloaders(train_path, None, tok, 4, SEQ, cache_dir=cache)
+    wanted = _only_folder(cache)
+    create_dataloaders(train_path, None, tok, 4, 4, cache_dir=cache)
+    short = _only_folder(cache, [wanted.name])
+    shutil.rmtree(wanted)
+    shutil.copytree(short, wanted)  # the seq_length=4 cache under the seq_length=8 name
+    with pytest.raises(
+        ManifestError,
+        match=rf"{re.escape(str(wanted))}: these cached token shards were not built for this "
+        rf"request: seq_length 4 \(requested {SEQ}\); stride 4 \(requested {SEQ}\); tokens "
+        rf"shape \[5\] \(requested \[{SEQ + 1}\]\).*pass rebuild=True to create_dataloaders",
+    ):
+        create_dataloaders(train_path, None, tok, 4, SEQ, cache_dir=cache)
+    train, _ = create_dataloaders(train_path, None, tok, 4, SEQ, cache_dir=cache, rebuild=True)
+    assert {tuple(r) for r in rows(train)} <= {tuple(r) for r in chunks(train_docs)}
+    create_dataloaders(train_path, None, tok, 4, SEQ, cache_dir=cache)  # now served as is
+
+    other = tiny_tokenizer(template=True)  # same vocabulary, another template: other tokens
+    before = os.listdir(cache)
+    create_dataloaders(train_path, None, other, 4, SEQ, cache_dir=cache)
+    shutil.rmtree(wanted)
+    shutil.copytree(_only_folder(cache, before), wanted)
+    with pytest.raises(ManifestError, match=r"not built for this request: tokenizer digest \w+"):
+        create_dataloaders(train_path, None, tok, 4, SEQ, cache_dir=cache)
+
+
+def test_a_broken_cache_advises_rebuild_which_create_dataloaders_accepts(
+    corpus, tmp_path, monkeypatch
+):
+    """The builder's "pass overwrite=True" cannot be followed through create_dataloaders: the
+    advice names ``rebuild=True``, which reaches the builder as ``overwrite=True``."""
+    from build_shards.errors import SourceChangedError
+
+    train_path, _, _, _ = corpus
+    real, overwrites = text_builder.build_text_shards, []
+
+    def changed(paths, output, *args, overwrite=False, **kwargs):
+        overwrites.append(overwrite)
+        if not overwrite:
+            raise SourceChangedError(
+                f"{output}: block 0 changed: pass overwrite=True to start over"
+            )
+        return real(paths, output, *args, overwrite=overwrite, **kwargs)
+
+    monkeypatch.setattr(text_builder, "build_text_shards", changed)
+    with pytest.raises(
+        SourceChangedError, match=r"block 0 changed: pass rebuild=True \(create_dataloaders\) to"
+    ):
+        create_dataloaders(train_path, None, tiny_tokenizer(), 4, SEQ, cache_dir=tmp_path / "c")
+    train, _ = create_dataloaders(
+        train_path, None, tiny_tokenizer(), 4, SEQ, cache_dir=tmp_path / "c", rebuild=True
+    )
+    assert overwrites == [False, True] and len(rows(train)) > 0

@@ -263,7 +263,7 @@ def test_a_record_without_a_length_is_refused_where_it_starts():
 def test_usual_headers_take_the_fast_path(monkeypatch):
     """Headers as our writer and tarfile (webdataset's ShardWriter) write them never reach the
     general checks: only the end-of-archive marker does (the walk's speed depends on it)."""
-    from wdsloader.format import ustar
+    from wdsloader.format import members as walk
 
     general: list[int] = []
 
@@ -271,8 +271,8 @@ def test_usual_headers_take_the_fast_path(monkeypatch):
         general.append(at)
         return checked(header, source, at)
 
-    checked = ustar._checked_size
-    monkeypatch.setattr(ustar, "_checked_size", counted)
+    checked = walk._checked_size
+    monkeypatch.setattr(walk, "_checked_size", counted)
     buf = io.BytesIO()
     with tarfile.open(fileobj=buf, mode="w", format=tarfile.PAX_FORMAT) as tf:
         for i in range(20):

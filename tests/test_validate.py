@@ -6,6 +6,7 @@ import json
 import os
 import pickle
 import re
+import shutil
 import uuid
 
 import numpy as np
@@ -507,11 +508,24 @@ def test_loader_batch_passes_the_manifest_schema(factory, built):
 
 
 # -- command line --------------------------------------------------------------------------------
+def test_cli_validate_counts_in_the_singular(factory, tmp_path, capsys):
+    root = tmp_path / "ds"
+    shutil.copytree(factory, root)
+    shard = Manifest.load(str(root)).splits["val"].shards[0]
+    data = bytearray((root / shard.path).read_bytes())
+    data[-1] ^= 1  # in the end-of-archive padding: only the sha256 changes
+    (root / shard.path).write_bytes(bytes(data))
+    assert main(["validate", str(root), "--split", "val"]) == 1
+    out = capsys.readouterr().out.strip().splitlines()
+    assert len(out) == 2 and "rule sha256" in out[0]
+    assert out[-1] == f"1 problem in {root}: 1 shard, 4 samples checked"
+
+
 def test_cli_validate_exit_codes(factory, tmp_path, capsys):
     assert main(["validate", factory]) == 0
     assert capsys.readouterr().out.strip() == "OK: 6 shards, 34 samples checked"
     assert main(["validate", factory, "--split", "val", "--deep"]) == 0
-    assert capsys.readouterr().out.strip() == "OK: 1 shards, 4 samples checked (deep)"
+    assert capsys.readouterr().out.strip() == "OK: 1 shard, 4 samples checked (deep)"
 
     shard = Manifest.load(factory).splits["train"].shards[1]
     os.remove(os.path.join(factory, shard.path))
@@ -565,3 +579,31 @@ def test_http_dataset_sizes_come_from_the_store_listing(http_server):
     assert report.ok, report.problems
     assert report.shards_checked == 2
     assert [r.path for r in http_server.requests() if r.method == "HEAD"] == []
+
+
+def test_deep_validation_of_pickle_members_needs_the_explicit_opt_in(tmp_path, capsys):
+    """An adopted dataset of ``.pyd`` members (webdataset's pickles) fails ``--deep`` by default
+    (pickle is never decoded unasked) and passes with ``--allow-pickle`` / ``allow_pickle=True``."""
+    import io
+    import tarfile
+
+    from build_shards.adopt import adopt
+
+    root = tmp_path / "pyd"
+    root.mkdir()
+    with tarfile.open(root / "s.tar", "w") as tf:
+        for i in range(3):
+            for ext, data in (("pyd", pickle.dumps({"i": i})), ("txt", b"t")):
+                info = tarfile.TarInfo(f"k{i}.{ext}")
+                info.size = len(data)
+                tf.addfile(info, io.BytesIO(data))
+    adopt(root)
+    refused = validate_dataset(str(root), deep=True)
+    assert len(refused.problems) == 3
+    assert refused.problems[0].startswith("s.tar: sample 'k0', field 'pyd', rule decode: ")
+    assert "pickle members can run arbitrary code" in refused.problems[0]
+    assert validate_dataset(str(root), deep=True, allow_pickle=True).ok
+    assert main(["validate", str(root), "--deep"]) == 1
+    capsys.readouterr()
+    assert main(["validate", str(root), "--deep", "--allow-pickle"]) == 0
+    assert capsys.readouterr().out.strip() == "OK: 1 shard, 3 samples checked (deep)"

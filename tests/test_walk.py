@@ -294,7 +294,7 @@ def _renamed(name: bytes):
     return buf, starts, np.array([end])
 
 
-@pytest.mark.parametrize("name", [b"k\x001.a", b"__k1.a", b"k1.b/c"])
+@pytest.mark.parametrize("name", [b"k\x001.a", b"__k1.a__", b"k1.b/c"])  # __NAME__: metadata
 def test_names_the_row_parser_reads_otherwise_leave_the_batch_to_it(name):
     from wdsloader.decode.gather import key_ends
     from wdsloader.decode.parse import parse_sample
@@ -307,6 +307,22 @@ def test_names_the_row_parser_reads_otherwise_leave_the_batch_to_it(name):
     else:  # the first member: the row parser skips it, its key is the second member's
         assert row[0] == "k1" and list(row[1]) == ["b"]
         assert key_ends(buf[:BLOCK].reshape(1, BLOCK)) is None
+
+
+def test_keys_led_by_two_underscores_take_the_whole_batch_path():
+    """``__k1.a`` is a member of sample ``__k1`` (webdataset's rule; a base64url hash may start
+    with ``__``): the batch path reads the keys the row parser reads, and walks the members."""
+    from wdsloader.decode.gather import sample_keys
+    from wdsloader.decode.parse import parse_sample
+
+    samples = [[(f"{k}.a", b"x"), (f"{k}.b", b"yz")] for k in ("__k1", "k2", "__k3__x")]
+    buf, starts, end = _tar(samples)
+    stops = np.array([*starts[1:], end])
+    keys = sample_keys(buf, np.array(starts))
+    rows = [parse_sample(buf.tobytes(), a, b)[0] for a, b in zip(starts, stops, strict=True)]
+    assert keys == rows == ["__k1", "k2", "__k3__x"]
+    found, _ = _walk(buf, np.array(starts), stops, keys)
+    assert list(found) == ["a", "b"] and found["b"][1].tolist() == [2, 2, 2]
 
 
 def _pax_shard(path, truncate: int | None = None) -> None:

@@ -1,6 +1,10 @@
 """The member walk as it was before its fast path (wdsloader 2026-11-23, ``format/ustar.py``),
 kept as the reference that tests/test_ustar_pax.py compares :func:`iter_members` with: on every
-input both must yield the same members or raise the same error (class and message)."""
+input both must yield the same members or raise the same error (class and message).
+
+Changes since, made to both: a sparse member (GNU typeflag ``S``, PAX ``GNU.sparse.*`` records)
+is refused (issue 20: its data are a map and compacted extents); a header that fails its
+checksum and starts with the gzip magic bytes is reported as gzip data."""
 
 # ruff: noqa: E501
 from __future__ import annotations
@@ -8,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 from wdsloader.errors import ShardFormatError
+from wdsloader.format.members import sparse_member_error
 from wdsloader.format.ustar import (
     BLOCK,
     MAX_EXTENSION_BYTES,
@@ -137,6 +142,11 @@ def reference_members(
             return
         if not checksum_ok(header):
             at = f"{source} at byte {base_offset + pos}"
+            if header.startswith(b"\x1f\x8b"):
+                raise ShardFormatError(
+                    f"{at}: gzip data (magic bytes 1f 8b), not a tar header: a gzip-compressed "
+                    "tar named .tar? decompress it first (gzip -dc)"
+                )
             raise ShardFormatError(f"{at}: corrupt tar header (checksum mismatch)")
         size = parse_octal(header[SIZE])
         if size is None:
@@ -157,6 +167,9 @@ def reference_members(
                 )
             name = _member_name(header, pax, long_name)
             start_offset = pos if first_header is None else first_header
+            if any(key.startswith("GNU.sparse.") for key in pax):
+                real = pax.get("GNU.sparse.name") or name
+                raise sparse_member_error(_Where(source, base_offset + start_offset), real)
             yield name, base_offset + start_offset, base_offset + data_offset, size
             long_name, pax, first_header = None, {}, None
         elif typeflag == b"L":
@@ -171,7 +184,18 @@ def reference_members(
                     f"{where}: member data ({size} bytes) runs past the end of the data "
                     f"(truncated shard?)"
                 )
+            if typeflag == b"S":
+                chain = (
+                    where if first_header is None else _Where(source, base_offset + first_header)
+                )
+                raise sparse_member_error(chain, _member_name(header, pax, long_name))
             long_name, pax, first_header = None, {}, None
         pos = data_offset + padded(size)
     if pos < limit:
-        raise ShardFormatError(f"{source} at byte {base_offset + pos}: truncated tar header")
+        at = f"{source} at byte {base_offset + pos}"
+        if bytes(view[pos : pos + 2]) == b"\x1f\x8b":
+            raise ShardFormatError(
+                f"{at}: gzip data (magic bytes 1f 8b), not a tar header: a gzip-compressed "
+                "tar named .tar? decompress it first (gzip -dc)"
+            )
+        raise ShardFormatError(f"{at}: truncated tar header")

@@ -3,6 +3,12 @@
 The read side of the project; :mod:`wdsloader.format` is the on-disk contract that
 ``build_shards`` writes. Names are imported on first use, so ``import wdsloader`` (and the
 format layer the builder uses) does not import torch.
+
+The top level holds what training code imports: the loader, its options and state, mixing, the
+training API (factory, data modules, seeding, step accounting, profiling), validation and the
+error classes. The parts below it (plan, decode, format, io, stream internals) are imported from
+their subpackages: ``from wdsloader.stream import ShardStreamDataset``. A name that left the top
+level still resolves there until wdsloader 0.2.0, with a ``DeprecationWarning`` naming its import.
 """
 
 # ruff: noqa: F401 - the TYPE_CHECKING imports name what __all__ (from _EXPORTS) lists
@@ -18,12 +24,6 @@ _EXPORTS = {
     "CollatorRegistry": "wdsloader.collate",
     "TaskSpec": "wdsloader.collate",
     "Curriculum": "wdsloader.curriculum",
-    "Schedule": "wdsloader.curriculum",
-    "ShardStreamDataset": "wdsloader.stream",
-    "SampleDecoder": "wdsloader.decode",
-    "get_decoder": "wdsloader.decode",
-    "parse_sample": "wdsloader.decode",
-    "register_decoder": "wdsloader.decode",
     "DecodeError": "wdsloader.errors",
     "ManifestError": "wdsloader.errors",
     "PickleNotAllowedError": "wdsloader.errors",
@@ -32,27 +32,18 @@ _EXPORTS = {
     "ShardReadError": "wdsloader.errors",
     "SkipLimitError": "wdsloader.errors",
     "StateMismatchError": "wdsloader.errors",
+    "StorageSetupError": "wdsloader.errors",
     "WdsLoaderError": "wdsloader.errors",
     "WorkerDiedError": "wdsloader.errors",
-    "EpochLengthPolicy": "wdsloader.mix",
     "MultiDataLoader": "wdsloader.mix",
     "MultiDataLoaderConfig": "wdsloader.mix",
     "SamplingStrategy": "wdsloader.mix",
-    "Source": "wdsloader.mix",
+    "MixSource": "wdsloader.mix",
     "ReadOptions": "wdsloader.io",
-    "ShardStore": "wdsloader.io",
-    "FieldSpec": "wdsloader.format",
-    "Manifest": "wdsloader.format",
-    "ShardInfo": "wdsloader.format",
-    "SplitInfo": "wdsloader.format",
-    "DevicePrefetcher": "wdsloader.stream",
-    "LoaderConfig": "wdsloader.stream",
     "LoaderState": "wdsloader.stream",
     "WdsDataLoader": "wdsloader.stream",
     "create_loader": "wdsloader.stream",
     "set_epoch": "wdsloader.stream",
-    "PlanConfig": "wdsloader.plan",
-    "Resume": "wdsloader.plan",
     "BatchValidationError": "wdsloader.errors",
     "ValidationReport": "wdsloader.validate",
     "validate_batch": "wdsloader.validate",
@@ -63,7 +54,6 @@ _EXPORTS = {
     "create_optimized_dataloader": "wdsloader.training",
     "seed_worker": "wdsloader.training",
     "Batch": "wdsloader.training",
-    "ProfileResult": "wdsloader.training",
     "get_epoch_length": "wdsloader.training",
     "get_train_dataloader_steps": "wdsloader.training",
     "get_val_dataloader_steps": "wdsloader.training",
@@ -75,13 +65,34 @@ _EXPORTS = {
 
 __all__ = sorted(_EXPORTS)
 
-__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
+# Names that left the top level: they still resolve, with a DeprecationWarning naming the import.
+_MOVED = {
+    "ShardStreamDataset": ("wdsloader.stream", "ShardStreamDataset"),
+    "LoaderConfig": ("wdsloader.stream", "LoaderConfig"),
+    "PlanConfig": ("wdsloader.plan", "PlanConfig"),
+    "Resume": ("wdsloader.plan", "Resume"),
+    "ShardStore": ("wdsloader.io", "ShardStore"),
+    "SampleDecoder": ("wdsloader.decode", "SampleDecoder"),
+    "get_decoder": ("wdsloader.decode", "get_decoder"),
+    "parse_sample": ("wdsloader.decode", "parse_sample"),
+    "register_decoder": ("wdsloader.decode", "register_decoder"),
+    "FieldSpec": ("wdsloader.format", "FieldSpec"),
+    "Manifest": ("wdsloader.format", "Manifest"),
+    "ShardInfo": ("wdsloader.format", "ShardInfo"),
+    "SplitInfo": ("wdsloader.format", "SplitInfo"),
+    "Schedule": ("wdsloader.curriculum", "Schedule"),
+    "EpochLengthPolicy": ("wdsloader.mix", "EpochLengthPolicy"),
+    "ProfileResult": ("wdsloader.training", "ProfileResult"),
+    "DevicePrefetcher": ("wdsloader.stream", "DevicePrefetcher"),
+    "Source": ("wdsloader", "MixSource"),  # renamed: build_shards.Source is a build input
+}
+
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS, _MOVED)
 
 
 if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs
     from wdsloader.collate import CollatorRegistry, TaskSpec
-    from wdsloader.curriculum import Curriculum, Schedule
-    from wdsloader.decode import SampleDecoder, get_decoder, parse_sample, register_decoder
+    from wdsloader.curriculum import Curriculum
     from wdsloader.errors import (
         BatchValidationError,
         DecodeError,
@@ -92,24 +103,14 @@ if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs
         ShardReadError,
         SkipLimitError,
         StateMismatchError,
+        StorageSetupError,
         WdsLoaderError,
         WorkerDiedError,
     )
-    from wdsloader.format import FieldSpec, Manifest, ShardInfo, SplitInfo
-    from wdsloader.io import ReadOptions, ShardStore
-    from wdsloader.mix import (
-        EpochLengthPolicy,
-        MultiDataLoader,
-        MultiDataLoaderConfig,
-        SamplingStrategy,
-        Source,
-    )
-    from wdsloader.plan import PlanConfig, Resume
+    from wdsloader.io import ReadOptions
+    from wdsloader.mix import MixSource, MultiDataLoader, MultiDataLoaderConfig, SamplingStrategy
     from wdsloader.stream import (
-        DevicePrefetcher,
-        LoaderConfig,
         LoaderState,
-        ShardStreamDataset,
         WdsDataLoader,
         create_loader,
         set_epoch,
@@ -119,7 +120,6 @@ if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs
         DataLoaderConfig,
         DataLoaderFactory,
         DataModuleProtocol,
-        ProfileResult,
         UniversalDataModule,
         create_dataloaders,
         create_optimized_dataloader,

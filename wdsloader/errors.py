@@ -22,6 +22,12 @@ class ShardReadError(WdsLoaderError, OSError):
     """Reading a shard failed for good: retries exhausted or a non-transient storage error."""
 
 
+class StorageSetupError(WdsLoaderError, OSError):
+    """The storage cannot be used as configured: a missing bucket, an endpoint that does not
+    answer, missing or refused credentials. The message is one line naming the URL (credentials
+    redacted) and what to check."""
+
+
 class SchemaError(WdsLoaderError, ValueError):
     """A sample does not match the declared or inferred schema."""
 

@@ -75,7 +75,7 @@ def write_block(
 
 def record_bytes(record: BlockRecord) -> int:
     """The bytes of the shards a block wrote."""
-    return sum(s.num_bytes for shards in record.splits.values() for s in shards)
+    return sum(s.num_bytes for s in record.all_shards())
 
 
 class Engine(Protocol):
@@ -87,6 +87,11 @@ class Engine(Protocol):
     def prepare(self, src: Source) -> Source:
         """The source as this engine's runners read it (the same items in the same order), or a
         :class:`~build_shards.errors.BuildError` when this engine cannot read it."""
+        ...
+
+    def expect(self, seconds: float | None) -> None:
+        """The estimated seconds of work of the blocks left (None: unknown), before :meth:`run`:
+        an engine may run a small build with fewer processes."""
         ...
 
     def run(

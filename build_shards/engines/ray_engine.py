@@ -75,6 +75,9 @@ class RayEngine:
             log.info("connected to Ray: %s", ray.cluster_resources())
         return ray
 
+    def expect(self, seconds: float | None) -> None:
+        """Ray runs a task per block whatever the size (the cluster is already running)."""
+
     def close(self) -> None:
         if self._started:
             self._started = False

@@ -7,6 +7,7 @@ import json
 import sys
 from typing import Any
 
+from wdsloader.io.setup_errors import setup_error
 from wdsloader.io.storage import parse_storage_options
 from wdsloader.redact import redact, secrets_of
 
@@ -39,6 +40,7 @@ def _info(args: argparse.Namespace) -> int:
         extra = f" {spec.dtype}" if spec.dtype else ""
         extra += f" {spec.shape}" if spec.shape is not None else ""
         extra += f" range={spec.range}" if spec.range else ""
+        extra += " optional" if spec.optional else ""
         print(f"  {field:20s} .{spec.ext}{extra}")
     if m.dims:
         print("dims: " + ", ".join(f"{k}={v}" for k, v in m.dims.items()))
@@ -104,16 +106,23 @@ def _validate(args: argparse.Namespace) -> int:
         deep=args.deep,
         storage_options=parse_storage_options(args.storage_option),
         progress=True,
+        allow_pickle=args.allow_pickle,
     )
     for line in report.problems:
         print(line)
-    checked = f"{report.shards_checked} shards, {report.samples_checked} samples checked"
+    shards, samples = report.shards_checked, report.samples_checked
+    checked = f"{_count(shards, 'shard')}, {_count(samples, 'sample')} checked"
     mode = " (deep)" if args.deep else ""
     if report.ok:
         print(f"OK: {checked}{mode}")
         return 0
-    print(f"{len(report.problems)} problems in {redact(args.dataset)}: {checked}{mode}")
+    print(f"{_count(len(report.problems), 'problem')} in {redact(args.dataset)}: {checked}{mode}")
     return 1
+
+
+def _count(n: int, noun: str) -> str:
+    """``1 shard``, ``2 shards``."""
+    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
 
 
 def _bench(args: argparse.Namespace) -> int:
@@ -174,6 +183,12 @@ def main(argv: list[str] | None = None) -> int:
                 action="store_true",
                 help="also read, decode and check every sample (dtypes, shapes, NaN/Inf, ranges)",
             )
+            p.add_argument(
+                "--allow-pickle",
+                action="store_true",
+                help="with --deep: decode pickle members (.pyd, .pkl) and object arrays; they "
+                "can run arbitrary code: trusted data only",
+            )
         elif name == "bench":
             p.add_argument("--split", default="train")
             p.add_argument("--num-workers", type=int, default=4)
@@ -187,18 +202,24 @@ def main(argv: list[str] | None = None) -> int:
     commands = {"info": _info, "head": _head, "validate": _validate, "bench": _bench}
     try:
         return commands[args.command](args)
-    except (WdsLoaderError, ValueError, OSError) as exc:
-        print(f"wdsloader: error: {redact(exc, _secrets(args))}", file=sys.stderr)
+    except Exception as exc:  # user errors and storage set-up mistakes: one line, exit 2
+        shown = setup_error(exc, args.dataset, _options(args)) or exc
+        if not isinstance(shown, (WdsLoaderError, ValueError, OSError)):
+            raise  # a bug: its traceback
+        print(f"wdsloader: error: {redact(shown, _secrets(args))}", file=sys.stderr)
         return 2
+
+
+def _options(args: argparse.Namespace) -> dict[str, Any]:
+    try:
+        return parse_storage_options(args.storage_option)
+    except ValueError:
+        return {}
 
 
 def _secrets(args: argparse.Namespace) -> tuple[str, ...]:
     """The credentials given on the command line, masked in error messages."""
-    try:
-        options = parse_storage_options(args.storage_option)
-    except ValueError:
-        options = {}
-    return secrets_of(options, args.dataset)
+    return secrets_of(_options(args), args.dataset)
 
 
 if __name__ == "__main__":

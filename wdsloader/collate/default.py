@@ -58,18 +58,46 @@ def _stack_tensors(
     return torch.stack(values)
 
 
-def _numbers(name: str, values: list[Any]) -> Any:
+def _floats(
+    name: str, values: list[Any], samples: Sequence[dict[str, Any]], float64: bool
+) -> torch.Tensor:
+    """Python floats (and ints) -> float32, or float64 when ``float64``; a finite value that
+    float32 (or float64) cannot hold is a ValueError naming the field, sample and value."""
+    try:
+        array = np.asarray(values, dtype=np.float64)
+    except OverflowError:  # an int beyond float64
+        i = next(i for i, v in enumerate(values) if abs(v) > np.finfo(np.float64).max)
+        raise ValueError(
+            f"field {name!r} of sample {sample_key(samples[i], i)} holds an int beyond "
+            "float64's range"
+        ) from None
+    if float64:
+        return torch.from_numpy(array)
+    with np.errstate(over="ignore"):
+        narrow = array.astype(np.float32)
+    over = np.flatnonzero(np.isinf(narrow) & np.isfinite(array))
+    if over.size:
+        i = int(over[0])
+        raise ValueError(
+            f"field {name!r} of sample {sample_key(samples[i], i)} holds {values[i]!r}, which "
+            f"float32 cannot hold (it would become inf); keep the field float64 with "
+            f"collate_options={{'float64': [{name!r}]}} (DefaultCollator(float64=[{name!r}]))"
+        )
+    return torch.from_numpy(narrow)
+
+
+def _numbers(name: str, values: list[Any], samples: Sequence[dict[str, Any]], float64: bool) -> Any:
     """Python or numpy scalars -> a tensor, or None when they are not numbers of one kind."""
     types = set(map(type, values))
     if types == {bool}:
         return torch.tensor(values, dtype=torch.bool)
+    if types <= {int, float} and (float in types or float64):
+        return _floats(name, values, samples, float64)
     if types == {int}:
         try:
             return torch.tensor(values, dtype=torch.int64)
         except RuntimeError as exc:  # an int beyond int64
             raise ValueError(f"field {name!r}: {exc}") from None
-    if types <= {int, float} and float in types:
-        return torch.tensor(values, dtype=torch.float32)
     if len(types) == 1 and issubclass(next(iter(types)), np.generic):
         dtypes = {v.dtype for v in values}
         if len(dtypes) == 1 and values[0].dtype.kind in _NUMERIC:
@@ -78,10 +106,15 @@ def _numbers(name: str, values: list[Any]) -> Any:
 
 
 def collate_field(
-    name: str, values: list[Any], samples: Sequence[dict[str, Any]], must: bool = False
+    name: str,
+    values: list[Any],
+    samples: Sequence[dict[str, Any]],
+    must: bool = False,
+    float64: bool = False,
 ) -> Any:
     """One field of the default collator (see :class:`DefaultCollator`); ``must``: the field was
-    asked to be stacked (lists and scalars too), so what cannot stack is a ValueError."""
+    asked to be stacked (lists and scalars too), so what cannot stack is a ValueError;
+    ``float64``: its Python numbers become float64."""
     first = values[0]
     if name == "__key__":
         return values
@@ -92,7 +125,7 @@ def collate_field(
         return _stack_arrays(name, values, samples, must)
     if isinstance(first, torch.Tensor):
         return _stack_tensors(name, values, samples, must)
-    numbers = _numbers(name, values)
+    numbers = _numbers(name, values, samples, float64)
     if numbers is not None:
         return numbers
     if must:
@@ -107,10 +140,17 @@ class DefaultCollator:
     - numpy arrays of one shape and dtype -> ``torch.from_numpy`` of the stacked array; torch
       tensors of one shape and dtype -> ``torch.stack``;
     - Python ``bool`` -> bool tensor; ``int`` -> int64; ``float`` (or ints mixed with floats)
-      -> **float32** (the dtype models train in; keep float64 data as numpy arrays); numpy
-      scalars of one numeric dtype -> a tensor of that dtype;
+      -> **float32** (the dtype models train in; keep float64 data as numpy arrays), or
+      float64 for the fields named in ``float64`` (their ints too, so every batch has one
+      dtype); a finite float that float32 cannot hold (e.g. ``1e300``) is a ValueError naming
+      the field, the sample and the value, never a silent inf; numpy scalars of one numeric
+      dtype -> a tensor of that dtype;
     - ``__key__``, str, bytes, dict, list, None, string arrays, ragged arrays (shapes or dtypes
       that differ) and anything mixed -> a Python list.
+
+    Fields named in ``optional`` (the schema's optional fields: the loader passes them) are
+    always a Python list, ``None`` where a sample lacks the value, so that their type does not
+    change from one batch to the next.
 
     Fields named in ``stack`` must become tensors (lists of numbers of one length too): one
     that cannot is a ValueError naming the field and the two samples that differ. Every sample
@@ -118,12 +158,30 @@ class DefaultCollator:
     every registered factory) and not used.
     """
 
-    __slots__ = ("stack",)
+    __slots__ = ("float64", "optional", "stack")
 
-    def __init__(self, task_spec: TaskSpec | None = None, *, stack: Iterable[str] = ()) -> None:
-        if isinstance(stack, str):
-            raise TypeError(f"stack takes field names, got the string {stack!r}")
+    def __init__(
+        self,
+        task_spec: TaskSpec | None = None,
+        *,
+        stack: Iterable[str] = (),
+        float64: Iterable[str] = (),
+        optional: Iterable[str] = (),
+    ) -> None:
+        for option, value in (("stack", stack), ("float64", float64), ("optional", optional)):
+            if isinstance(value, str):
+                raise TypeError(f"{option} takes field names, got the string {value!r}")
         self.stack: tuple[str, ...] = tuple(stack)
+        self.float64: tuple[str, ...] = tuple(float64)
+        self.optional: tuple[str, ...] = tuple(optional)
+        both = sorted(set(self.stack) & set(self.optional))
+        if both:
+            raise ValueError(f"optional fields {both} cannot be stacked: a sample may lack them")
+
+    def _field(self, name: str, values: list[Any], samples: Sequence[dict[str, Any]]) -> Any:
+        if name in self.optional:
+            return list(values)
+        return collate_field(name, values, samples, name in self.stack, name in self.float64)
 
     def __call__(self, samples: list[dict[str, Any]]) -> dict[str, Any]:
         names = check_batch(samples, "default")
@@ -133,9 +191,7 @@ class DefaultCollator:
                 f"default: stack names {missing}, which sample {sample_key(samples[0], 0)} "
                 f"lacks; its fields: {sorted(names)}"
             )
-        return {
-            n: collate_field(n, [s[n] for s in samples], samples, n in self.stack) for n in names
-        }
+        return {n: self._field(n, [s[n] for s in samples], samples) for n in names}
 
     def collate_columns(self, columns: dict[str, Any]) -> dict[str, Any]:
         """The same batch from columns (``field -> (n, ...) array`` for fields gathered for the
@@ -145,23 +201,27 @@ class DefaultCollator:
         samples = [{"__key__": k} for k in keys] if keys is not None else [{}] * n
         out: dict[str, Any] = {}
         for name, values in columns.items():
-            if isinstance(values, np.ndarray) and values.dtype.kind in _NUMERIC:
+            if name in self.optional:
+                out[name] = list(values)
+            elif isinstance(values, np.ndarray) and values.dtype.kind in _NUMERIC:
                 out[name] = torch.from_numpy(values)
             else:
-                out[name] = collate_field(name, list(values), samples, name in self.stack)
+                out[name] = self._field(name, list(values), samples)
         return out
 
     def __eq__(self, other: object) -> bool:
-        return type(other) is DefaultCollator and other.stack == self.stack
+        return type(other) is DefaultCollator and other.__getstate__() == self.__getstate__()
 
     def __hash__(self) -> int:
-        return hash((DefaultCollator, self.stack))
+        return hash((DefaultCollator, *self.__getstate__()))
 
     def __repr__(self) -> str:
-        return f"DefaultCollator(stack={self.stack!r})" if self.stack else "DefaultCollator()"
+        named = (("stack", self.stack), ("float64", self.float64), ("optional", self.optional))
+        options = [f"{k}={v!r}" for k, v in named if v]
+        return f"DefaultCollator({', '.join(options)})"
 
-    def __getstate__(self) -> tuple[str, ...]:
-        return self.stack
+    def __getstate__(self) -> tuple[tuple[str, ...], ...]:
+        return self.stack, self.float64, self.optional
 
-    def __setstate__(self, state: tuple[str, ...]) -> None:
-        self.stack = state
+    def __setstate__(self, state: tuple[tuple[str, ...], ...]) -> None:
+        self.stack, self.float64, self.optional = state

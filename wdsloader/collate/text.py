@@ -31,6 +31,11 @@ _DEFAULTS: dict[str, Any] = {
 }
 
 
+def is_classification(task_spec: TaskSpec | None) -> bool:
+    """True for a classification task (``classification``, ``text_classification`` ...)."""
+    return task_spec is not None and task_spec.task_type.endswith("classification")
+
+
 def is_tokenizers_lib(tokenizer: Any) -> bool:
     """True for a ``tokenizers.Tokenizer`` (as opposed to a ``transformers`` tokenizer)."""
     return hasattr(tokenizer, "encode_batch") and hasattr(tokenizer, "get_vocab_size")
@@ -124,6 +129,14 @@ class TextCollator:
     ["pad_token_id"]``; ``padding_side`` defaults to the tokenizer's. Options come from the
     keyword arguments, else ``task_spec.preprocessing_config`` (same keys); ``label_field``
     defaults to ``task_spec.target_field``, else ``"labels"``.
+
+    A classification task (``task_spec.task_type`` ending in ``classification``) never gets
+    language-model labels: ``labels`` holds the class ids (int64, shape (B,); or multi-label
+    vectors of one length, stacked) of ``label_field`` when given, else of the first of
+    ``task_spec.target_field``, ``"labels"`` and ``"label"`` (the Hugging Face column name)
+    that the samples carry, and that field is not repeated in the batch. Samples carrying none
+    of them, or a value that is not a class id, are a ValueError naming the fields and the
+    sample; ``mlm=True`` with a classification task is a ValueError.
     """
 
     def __init__(
@@ -158,7 +171,18 @@ class TextCollator:
         self.text_field: str = o["text_field"]
         self.ids_field: str = o["ids_field"]
         target = task_spec.target_field if task_spec is not None else None
-        self.label_field: str = o["label_field"] or target or "labels"
+        self.task_name = task_spec.name if task_spec is not None else None
+        self.task_type = task_spec.task_type if task_spec is not None else None
+        self.classification = is_classification(task_spec)
+        if self.classification and self.mlm:
+            raise ValueError(
+                f"text: mlm=True makes token labels, but task {self.task_name!r} is a "
+                f"classification task (task_type {self.task_type!r})"
+            )
+        candidates = (target, "labels", "label") if self.classification else (target, "labels")
+        named = (o["label_field"],) if o["label_field"] else candidates
+        self.label_fields: tuple[str, ...] = tuple(dict.fromkeys(f for f in named if f))
+        self.label_field: str = self.label_fields[0]
         for name in ("pad_to_multiple_of", "max_length"):
             if o[name] is not None and (not isinstance(o[name], int) or o[name] < 1):
                 raise ValueError(f"text: {name} must be a positive int, got {o[name]!r}")
@@ -228,8 +252,39 @@ class TextCollator:
         return torch.from_numpy(ids), torch.from_numpy(mask)
 
     # -- labels ---------------------------------------------------------------------------------
-    def _sample_labels(self, samples: list[dict[str, Any]]) -> torch.Tensor:
-        f = self.label_field
+    def _label_field(self, samples: list[dict[str, Any]], names: Sequence[str]) -> str | None:
+        """The field the labels come from: the first of ``label_fields`` the samples carry."""
+        found = next((f for f in self.label_fields if f in names), None)
+        if found is None and self.classification:
+            raise ValueError(
+                f"text: task {self.task_name!r} is a classification task (task_type "
+                f"{self.task_type!r}): its class ids come from one of the fields "
+                f"{list(self.label_fields)}, but sample {sample_key(samples[0], 0)} has only "
+                f"{sorted(names)}; name the field with label_field= (or the task's target_field)"
+            )
+        return found
+
+    def _class_ids(self, samples: list[dict[str, Any]], f: str) -> torch.Tensor:
+        """Class ids (int64, (B,)) or multi-label vectors of one length (stacked)."""
+        arrays: list[np.ndarray] = []
+        for i, s in enumerate(samples):
+            v = s[f]
+            a = np.asarray(v.numpy() if isinstance(v, torch.Tensor) else v)
+            scalar = a.ndim == 0 and a.dtype.kind in "iub"
+            vector = a.ndim == 1 and a.dtype.kind in "iubf"
+            if not (scalar or vector) or (arrays and a.shape != arrays[0].shape):
+                raise ValueError(
+                    f"text: field {f!r} of sample {sample_key(s, i)} must hold an integer class "
+                    f"id or a multi-label vector of one length (classification task "
+                    f"{self.task_name!r}), got {describe(v)}"
+                )
+            arrays.append(a)
+        stacked = np.stack(arrays)
+        if stacked.dtype.kind == "f":
+            return torch.from_numpy(stacked.astype(np.float32))
+        return torch.from_numpy(stacked.astype(np.int64))
+
+    def _sample_labels(self, samples: list[dict[str, Any]], f: str) -> torch.Tensor:
         values = [s[f] for s in samples]
         arrays = [np.asarray(v.numpy() if isinstance(v, torch.Tensor) else v) for v in values]
         if all(a.ndim == 0 and a.dtype.kind in "iub" for a in arrays):
@@ -252,17 +307,19 @@ class TextCollator:
         used = self.ids_field if self.ids_field in names else self.text_field
         ids, mask = self._pad(self._rows(samples, names), self.pad_id)
         batch: dict[str, Any] = {"input_ids": ids, "attention_mask": mask}
-        if self.label_field in names:
+        label = self._label_field(samples, names)
+        if label is not None:
             if self.mlm:
                 raise ValueError(
-                    f"text: mlm=True makes the labels, but the samples carry {self.label_field!r}"
+                    f"text: mlm=True makes the labels, but the samples carry {label!r}"
                 )
-            batch["labels"] = self._sample_labels(samples)
+            own = self._class_ids if self.classification else self._sample_labels
+            batch["labels"] = own(samples, label)
         elif self.masker is not None:
             batch["input_ids"], batch["labels"] = self._masked(self.masker, ids, mask)
         else:
             batch["labels"] = ids.masked_fill(mask == 0, IGNORE_INDEX)
-        rest = [n for n in names if n not in (used, "attention_mask", self.label_field)]
+        rest = [n for n in names if n not in (used, "attention_mask", label)]
         if rest:
             batch.update(DefaultCollator()([{n: s[n] for n in rest} for s in samples]))
         return batch

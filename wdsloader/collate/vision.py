@@ -105,7 +105,9 @@ def _channels_first(image: np.ndarray | torch.Tensor, layout: str) -> torch.Tens
 
 class VisionCollator:
     """The ``vision`` collator: ``image_field`` of each sample -> ``pixel_values``, a float32
-    (B, C, H, W) tensor, and ``label_field`` -> ``labels`` (int64) when the samples have it.
+    (B, C, H, W) tensor, and ``label_field`` -> ``labels`` (int64) when the samples have it
+    (for a classification task without an explicit ``label_field``, also ``labels`` or the
+    Hugging Face column name ``label``).
 
     Images are numpy arrays, torch tensors or PIL images, HW (grayscale), HWC or CHW
     (``layout="auto"`` tells them apart by where the 1, 3 or 4 channels are; pass ``"chw"`` or
@@ -135,6 +137,7 @@ class VisionCollator:
         )  # fmt: skip
         config = dict(task_spec.preprocessing_config) if task_spec is not None else {}
         opts: dict[str, Any] = {k: v if v is not None else config.get(k) for k, v in given.items()}
+        named = opts["label_field"]
         if task_spec is not None:
             fields = task_spec.input_fields
             opts["image_field"] = opts["image_field"] or (fields[0] if fields else None)
@@ -146,6 +149,10 @@ class VisionCollator:
         self.stats = _statistics(True if norm is None else norm, opts["mean"], opts["std"])
         self.image_field: str = opts["image_field"] or "pixel_values"
         self.label_field: str = opts["label_field"] or "labels"
+        classification = task_spec is not None and task_spec.task_type.endswith("classification")
+        # a classification task also reads the Hugging Face column name ``label``
+        extra = ("labels", "label") if classification and not named else ()
+        self.label_fields = tuple(dict.fromkeys((self.label_field, *extra)))
 
     def _image(self, sample: dict[str, Any], position: int) -> torch.Tensor:
         field = self.image_field
@@ -190,20 +197,20 @@ class VisionCollator:
                     f"{list(im.shape)}; cannot stack (resize the images first)"
                 )
         batch: dict[str, Any] = {"pixel_values": self._normalise(torch.stack(images))}
-        if self.label_field in names:
-            batch["labels"] = self._labels(samples)
-        rest = [n for n in names if n not in (self.image_field, self.label_field)]
+        label = next((f for f in self.label_fields if f in names), None)
+        if label is not None:
+            batch["labels"] = self._labels(samples, label)
+        rest = [n for n in names if n not in (self.image_field, label)]
         if rest:
             batch.update(DefaultCollator()([{n: s[n] for n in rest} for s in samples]))
         return batch
 
-    def _labels(self, samples: list[dict[str, Any]]) -> torch.Tensor:
-        values = [np.asarray(s[self.label_field]) for s in samples]
+    def _labels(self, samples: list[dict[str, Any]], field: str) -> torch.Tensor:
+        values = [np.asarray(s[field]) for s in samples]
         if any(v.dtype.kind not in "iub" or v.shape != values[0].shape for v in values):
             kinds = sorted({describe(v) for v in values})
             raise ValueError(
-                f"vision: field {self.label_field!r} must hold integer classes of one shape, "
-                f"got {kinds}"
+                f"vision: field {field!r} must hold integer classes of one shape, got {kinds}"
             )
         return torch.from_numpy(np.stack(values).astype(np.int64))
 

@@ -9,8 +9,10 @@ order, batching or resume. The schedules are re-exported here.
 
 from __future__ import annotations
 
+import enum
 import hashlib
 import logging
+import warnings
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -36,6 +38,44 @@ _HASH_PERSON = b"wdscurr1"
 _U53 = 1.0 / (1 << 53)
 
 
+class _Default(enum.Enum):
+    """``index_output``'s default (distinct from None, which means no index field)."""
+
+    INDEX = "<output>_variant"
+
+
+_STEERING = ("steering", "steering_variant")  # the implicit names until wdsloader 0.2.0
+
+
+def _output_names(
+    output: str | None, index_output: str | None | _Default
+) -> tuple[str, str | None]:
+    """``(output, index_output)`` with the defaults applied: ``<output>_variant`` for the index.
+    Until wdsloader 0.2.0 (where ``output`` is required), a curriculum without ``output`` names
+    its fields ``steering`` and ``steering_variant``, and one with another ``output`` but no
+    ``index_output`` names its index ``steering_variant``, each with a DeprecationWarning."""
+    if output is None:
+        warnings.warn(
+            "Curriculum without output=: the field is named 'steering' (index 'steering_variant')"
+            " until wdsloader 0.2.0, where output= is required; pass output= (and index_output=)",
+            DeprecationWarning,
+            stacklevel=3,
+        )
+        return _STEERING[0], _STEERING[1] if index_output is _Default.INDEX else index_output
+    if index_output is not _Default.INDEX:
+        return output, index_output
+    if output != _STEERING[0]:
+        warnings.warn(
+            f"Curriculum(output={output!r}) without index_output=: the index field is named "
+            f"'steering_variant' until wdsloader 0.2.0, then '{output}_variant'; pass "
+            "index_output= (None: no index field)",
+            DeprecationWarning,
+            stacklevel=3,
+        )
+        return output, _STEERING[1]
+    return output, f"{output}_variant"
+
+
 # -- the curriculum ---------------------------------------------------------------------------
 def _shape_str(spec: FieldSpec) -> str:
     return f"{spec.encoding} {spec.dtype} {spec.shape}"
@@ -46,7 +86,10 @@ class Curriculum:
 
     ``variants`` maps variant names, in declared order, to stored schema fields (``None`` for the
     synthetic zero variant: zeros with the others' shape and dtype). ``output`` names the produced
-    field; ``index_output`` (unless None) an int64 field holding the variant's declared position.
+    field; ``index_output`` (unless None) an int64 field holding the variant's declared position
+    (default: ``<output>_variant``). Until wdsloader 0.2.0, ``output`` may be left out (the
+    fields are then ``steering`` and ``steering_variant``) and the index of another ``output`` is
+    ``steering_variant`` by default, each with a DeprecationWarning.
     ``schedule`` gives the probabilities per epoch (default: :func:`zero_decay` when a variant is
     named ``"zero"``, else equal fixed probabilities). ``seed``, when set, is the seed the loader
     passes to :meth:`draw` in place of its own.
@@ -56,11 +99,12 @@ class Curriculum:
         self,
         variants: Mapping[str, str | None],
         *,
-        output: str = "steering",
-        index_output: str | None = "steering_variant",
+        output: str | None = None,
+        index_output: str | None | _Default = _Default.INDEX,
         schedule: Schedule | Callable[[int], ProbLike] | None = None,
         seed: int | None = None,
     ) -> None:
+        output, index_output = _output_names(output, index_output)
         if not isinstance(variants, Mapping):
             raise ValueError(
                 f"curriculum variants: expected a mapping name -> field, got "
@@ -208,8 +252,8 @@ class Curriculum:
         sched = data.get("schedule")
         return cls(
             data["variants"],
-            output=data.get("output", "steering"),
-            index_output=data.get("index_output", "steering_variant"),
+            output=data.get("output"),
+            index_output=data.get("index_output", _Default.INDEX),
             schedule=None if sched is None else schedule_from_dict(sched),
             seed=data.get("seed"),
         )

@@ -94,6 +94,7 @@ class ColumnarDecoder:
         elif raw:
             self.tables = field_tables(schema, raw, dims, shards, raw)
         self.others = [f for f in fields if f not in self.tables]
+        self.optional = frozenset(f for f in self.others if schema[f].optional)
         # the batch arrays of long rows: reused once nothing holds a batch (no page faults)
         self.out_pool = BufferPool(keep=4)
         # per shard: where parsing starts for the fields that are not gathered
@@ -382,7 +383,7 @@ class ColumnarDecoder:
         )
         for field in self.others:
             ext = self.decoder.field_decoder(field)[0]
-            if ext not in members:
+            if ext not in members and field not in self.optional:
                 return NotGatherable(f"the samples have no member .{ext} (field {field!r})")
         return members
 
@@ -432,6 +433,9 @@ class ColumnarDecoder:
         view = memoryview(buf)  # type: ignore[arg-type]
         for field in self.others:
             ext, fn = self.decoder.field_decoder(field)
+            if ext not in found:  # an optional field no sample of the batch has
+                out[field] = [None] * len(keys)
+                continue
             positions, sizes = found[ext]
             column = batch_decoder(fn)
             whole = None if column is None else column(buf, positions, sizes)

@@ -2,7 +2,7 @@
 
 Our writer puts fixed-size fields first and records, per shard, where each member's data sits
 relative to the sample's first header (:attr:`wdsloader.format.ShardInfo.layout`). With the
-sample starts from the ``.tar.idx``, a field of a whole batch is then one numpy gather over
+sample starts from the shard's index, a field of a whole batch is then one numpy gather over
 the buffer holding the read bytes, instead of a header parse and a decode per sample.
 
 Everything here is a pure function of numpy arrays. Anything unexpected (a header that is not
@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
 
+from wdsloader.format.keys import is_metadata
 from wdsloader.format.manifest import FieldSpec, ShardInfo
 
 if TYPE_CHECKING:
@@ -77,7 +78,8 @@ def keys_from_headers(headers: np.ndarray) -> list[str] | None:
 def key_ends(headers: np.ndarray) -> np.ndarray | None:
     """Where the key ends (its dot) in the name of each of ``(n, >= 512)`` first headers; None
     unless each is a plain ustar regular member named ``KEY.EXT`` (see :func:`sample_keys`) as
-    the row parser reads it: no directory part, no NUL before the dot, not ``__``-led."""
+    the row parser reads it: no directory part, no NUL before the dot, not a metadata name
+    (``__NAME__``, which webdataset and the row parser skip; ``__a.txt`` is a member)."""
     if not plain_regular(headers):  # a ustar prefix (or an old-style header's data), a link...
         return None
     names = name_fields(headers)
@@ -87,8 +89,10 @@ def key_ends(headers: np.ndarray) -> np.ndarray | None:
     ends = dot.argmax(axis=1)
     if not dot[np.arange(len(ends)), ends].all() or (ends == 0).any():
         return None  # a name without a dot, or starting with one
-    if ((names[:, 0] == _UNDERSCORE) & (names[:, 1] == _UNDERSCORE)).any():
-        return None  # webdataset skips such members
+    led = np.flatnonzero((names[:, 0] == _UNDERSCORE) & (names[:, 1] == _UNDERSCORE))
+    for j in led.tolist():  # rare: a key led by "__" (a hash...), or a metadata name
+        if is_metadata(names[j].tobytes().split(b"\0", 1)[0].decode("utf-8", "surrogateescape")):
+            return None  # webdataset skips such members
     nul = names == 0
     if (nul.argmax(axis=1) < ends)[nul.any(axis=1)].any():
         return None  # the name ends before its dot
@@ -314,6 +318,8 @@ def field_tables(
     out: dict[str, FieldTable] = {}
     for name in fields:
         spec = schema.get(name)
+        if spec is not None and spec.optional:
+            continue  # samples may lack it: found per sample
         if name in raw and spec is not None:
             table = FieldTable(spec, None, shards, raw=True)
             if table.nbytes >= 0:

@@ -23,14 +23,15 @@ class GroupedValue:
     With the built-in decoder of ``encoding`` (``fn``) the JSON value is the decoded value (a
     ``cls`` int, a ``txt`` str, a ``json`` value; type-checked); another decoder (passed with
     ``decoders=``) gets the bytes the field's own member would have held. A class, so it
-    pickles to worker processes.
+    pickles to worker processes. An ``optional`` field without an entry reads as None.
     """
 
-    __slots__ = ("name", "encoding", "fn", "types")
+    __slots__ = ("name", "encoding", "fn", "types", "optional")
 
-    def __init__(self, name: str, encoding: str, fn: Decoder) -> None:
+    def __init__(self, name: str, encoding: str, fn: Decoder, optional: bool = False) -> None:
         self.name = name
         self.encoding = encoding
+        self.optional = optional
         builtin, types = _BUILTIN[encoding]
         self.fn = None if fn is builtin else fn
         self.types = types
@@ -42,6 +43,8 @@ class GroupedValue:
         try:
             value = obj[self.name]
         except KeyError:
+            if self.optional:
+                return None
             raise DecodeError(
                 f"the grouped member has no entry {self.name!r} (it has {sorted(obj)[:20]})"
             ) from None
@@ -55,10 +58,12 @@ class GroupedValue:
         return value
 
     def __eq__(self, other: object) -> bool:
-        return isinstance(other, GroupedValue) and (self.name, self.encoding, self.fn) == (
+        mine = (self.name, self.encoding, self.fn, self.optional)
+        return isinstance(other, GroupedValue) and mine == (
             other.name,
             other.encoding,
             other.fn,
+            other.optional,
         )
 
     def __hash__(self) -> int:

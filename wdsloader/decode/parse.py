@@ -1,6 +1,6 @@
 """The row parser: the members of one sample's byte range.
 
-:func:`parse_sample` turns the byte range of one sample (as the ``.tar.idx`` gives it) into
+:func:`parse_sample` turns the byte range of one sample (as the shard's index gives it) into
 ``(key, {ext: memoryview})``.
 """
 
@@ -9,7 +9,8 @@ from __future__ import annotations
 from wdsloader.decode.codecs import Buffer
 from wdsloader.errors import ShardFormatError
 from wdsloader.format.keys import split_name
-from wdsloader.format.ustar import BLOCK, iter_members, plain_member
+from wdsloader.format.members import iter_members
+from wdsloader.format.ustar import BLOCK, plain_member
 
 
 class _NotPlain(Exception):
@@ -93,7 +94,7 @@ def _parse_general(
             raise ShardFormatError(
                 f"{source} at byte {member.header_offset}: data of member {member.name!r} "
                 f"({member.size} bytes) runs past the end of the sample range at byte "
-                f"{base_offset + stop} (stale or wrong .tar.idx?)"
+                f"{base_offset + stop} (stale or wrong shard index?)"
             )
         parts = split_name(member.name)
         if parts is not None:
@@ -111,7 +112,7 @@ def _member_error(key: str, mkey: str, ext: str, name: str, offset: int, source:
     if mkey != key:
         raise ShardFormatError(
             f"{source} at byte {offset}: member {name!r} belongs to sample {mkey!r}, but this "
-            f"range holds sample {key!r} (stale or wrong .tar.idx?)"
+            f"range holds sample {key!r} (stale or wrong shard index?)"
         )
     raise ShardFormatError(
         f"{source} at byte {offset}: sample {key!r} has the extension {ext!r} twice"
@@ -124,6 +125,6 @@ def _finish(
     if key is None:
         raise ShardFormatError(
             f"{source} at byte {offset}: no sample member (KEY.EXT) in this range "
-            "(stale or wrong .tar.idx?)"
+            "(stale or wrong shard index?)"
         )
     return key, out

@@ -59,45 +59,71 @@ class _SchemaMismatch(ValueError):
 
 
 class _NpyCheck:
-    """Post-decode check of an ``npy`` field against the schema's dtype and all-int shape.
+    """Post-decode check of an ``npy`` field against the schema's dtype and shape (literal
+    sizes and symbolic dims bound in the manifest's ``dims``; an unbound dim takes any size).
 
     A small class rather than a closure: the decoder travels to ``spawn``/``forkserver``
     workers by pickle.
     """
 
-    __slots__ = ("dtype", "shape")
+    __slots__ = ("declared", "dtype", "shape")
 
-    def __init__(self, dtype: np.dtype, shape: tuple[int, ...]) -> None:
+    def __init__(
+        self,
+        dtype: np.dtype,
+        shape: tuple[int | None, ...],
+        declared: tuple[int | str, ...] | None = None,
+    ) -> None:
         self.dtype = dtype
         self.shape = shape
+        self.declared = declared if declared is not None else shape
 
     def __call__(self, value: Any) -> Any:
         if not isinstance(value, np.ndarray):
             raise _SchemaMismatch(f"expected an array, got {type(value).__name__}")
         if value.dtype != self.dtype:
             raise _SchemaMismatch(f"dtype {value.dtype}, schema says {self.dtype}")
-        if value.shape != self.shape:
-            raise _SchemaMismatch(f"shape {list(value.shape)}, schema says {list(self.shape)}")
+        if value.ndim != len(self.shape) or any(
+            want is not None and want != got
+            for want, got in zip(self.shape, value.shape, strict=False)
+        ):
+            raise _SchemaMismatch(f"shape {list(value.shape)}, schema says {self._says()}")
         return value
 
+    def _says(self) -> str:
+        bound = [
+            (d, n) for d, n in zip(self.declared, self.shape, strict=True) if isinstance(d, str)
+        ]
+        if not bound:
+            return str(list(self.shape))
+        sizes = ", ".join(f"{d}={n}" for d, n in bound if n is not None)
+        return f"{list(self.declared)} with {sizes} (the manifest's dims)"
+
     def __eq__(self, other: object) -> bool:
-        return isinstance(other, _NpyCheck) and (self.dtype, self.shape) == (
+        return isinstance(other, _NpyCheck) and (self.dtype, self.shape, self.declared) == (
             other.dtype,
             other.shape,
+            other.declared,
         )
 
     def __hash__(self) -> int:
-        return hash((self.dtype, self.shape))
+        return hash((self.dtype, self.shape, self.declared))
 
     def __repr__(self) -> str:
-        return f"_NpyCheck({self.dtype}, {list(self.shape)})"
+        return f"_NpyCheck({self.dtype}, {list(self.declared)})"
 
 
-def _npy_check(spec: FieldSpec) -> _NpyCheck | None:
-    """A post-decode check of dtype and shape for an ``npy`` field with an all-int shape."""
-    if spec.dtype is None or spec.shape is None or not all(isinstance(d, int) for d in spec.shape):
+def _npy_check(spec: FieldSpec, dims: Mapping[str, int]) -> _NpyCheck | None:
+    """A post-decode check of dtype and shape for an ``npy`` field with a declared dtype and
+    shape, its symbolic dims bound by ``dims``."""
+    if spec.dtype is None or spec.shape is None:
         return None
-    return _NpyCheck(np.dtype(spec.dtype), tuple(int(d) for d in spec.shape))
+    shape = tuple(int(d) if isinstance(d, int) else dims.get(d) for d in spec.shape)
+    if all(isinstance(d, int) for d in spec.shape):
+        return _NpyCheck(np.dtype(spec.dtype), shape)
+    if all(n is None for d, n in zip(spec.shape, shape, strict=True) if isinstance(d, str)):
+        return None  # no dim bound: a variable-size field, as before
+    return _NpyCheck(np.dtype(spec.dtype), shape, tuple(spec.shape))
 
 
 class ClsCast:
@@ -161,6 +187,24 @@ class Then:
         return f"Then({self.fn!r}, {self.post!r})"
 
 
+class NoneOr:
+    """``post(value)``, None for None: the check of an optional field (picklable)."""
+
+    __slots__ = ("post",)
+
+    def __init__(self, post: Callable[[Any], Any]) -> None:
+        self.post = post
+
+    def __call__(self, value: Any) -> Any:
+        return None if value is None else self.post(value)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, NoneOr) and self.post == other.post
+
+    def __hash__(self) -> int:
+        return hash(self.post)
+
+
 _Step = tuple[str, str, Decoder, Callable[[Any], Any] | None]  # field, ext, decoder, post
 
 
@@ -169,8 +213,9 @@ class SampleDecoder:
 
     With a ``schema`` (field name -> :class:`FieldSpec`, as in the manifest) a field is read from
     the member ``spec.ext`` and decoded by its ``spec.encoding``; ``cls`` values are cast to the
-    declared numpy dtype and ``npy`` arrays whose declared shape has only ints are checked
-    against the declared dtype and shape. A raw-bytes field (``bin`` and the other encodings
+    declared numpy dtype and ``npy`` arrays are checked against the declared dtype and shape
+    (its ints and the symbolic dims bound in ``dims``, the manifest's ``dims``; a field whose
+    dims are all unbound is not checked). A raw-bytes field (``bin`` and the other encodings
     without a decoder of their own) declared ``dtype: "uint8"`` is decoded to a 1-D uint8
     array instead of ``bytes`` (:func:`~wdsloader.decode.codecs.decode_uint8`). Without a schema the field of a member ``ext`` is
     ``field_of_ext(ext)[0]`` (``jpg`` -> ``jpg``, ``seg.png`` -> ``seg``).
@@ -178,7 +223,8 @@ class SampleDecoder:
     ``fields`` limits decoding to those fields (default: all). ``decoders`` overrides decoders
     per encoding for this instance. ``allow_pickle=True`` (only for trusted data) unpickles
     ``pkl``/``pickle``/``pyd`` members and object arrays in ``npy``/``npz``, and loads ``pt``
-    with ``weights_only=False``. The output also holds ``"__key__"``.
+    with ``weights_only=False``. The output also holds ``"__key__"``. A field the schema marks
+    ``optional`` is None in a sample that lacks its member.
     """
 
     def __init__(
@@ -188,12 +234,14 @@ class SampleDecoder:
         *,
         allow_pickle: bool = False,
         decoders: Mapping[str, Decoder] | None = None,
+        dims: Mapping[str, int] | None = None,
     ) -> None:
         if isinstance(fields, str):
             raise TypeError(f"fields must be a sequence of field names, not the string {fields!r}")
         self.schema = dict(schema) if schema is not None else None
         self.fields = None if fields is None else tuple(dict.fromkeys(fields))
         self.allow_pickle = allow_pickle
+        self.dims = dict(dims or {})
         table = dict(_REGISTRY)
         if allow_pickle:
             table.update(TRUSTED_DECODERS)
@@ -205,6 +253,7 @@ class SampleDecoder:
         self._plan: list[_Step] | None = None
         self._steps: dict[str, _Step] = {}
         self._plans_by_exts: dict[tuple[str, ...], list[_Step]] = {}
+        self._optional = frozenset(f for f, s in (self.schema or {}).items() if s.optional)
         if self.schema is not None:
             wanted = self.fields if self.fields is not None else tuple(self.schema)
             unknown = [f for f in wanted if f not in self.schema]
@@ -238,13 +287,15 @@ class SampleDecoder:
         post: Callable[[Any], Any] | None = None
         fn = self.decoder_for(encoding)
         if spec.grouped:  # a value in the sample's JSON object of small fields
-            fn = GroupedValue(field, encoding, fn)
+            fn = GroupedValue(field, encoding, fn, bool(spec.optional))
         elif fn is decode_bytes and spec.dtype == "uint8":
             fn = decode_uint8  # raw bytes declared as a uint8 vector
         if encoding == "npy":
-            post = _npy_check(spec)
+            post = _npy_check(spec, self.dims)
         elif encoding == "cls":
             post = _cls_cast(spec)
+        if post is not None and spec.optional:
+            post = NoneOr(post)  # an optional grouped field without an entry reads as None
         step = self._steps[field] = (field, spec.ext.lower(), fn, post)
         return step
 
@@ -286,8 +337,12 @@ class SampleDecoder:
         plan = self._plan if self._plan is not None else self._plan_for(tuple(raw), key, source)
         out: dict[str, Any] = {"__key__": key}
         field = ext = ""
+        optional = self._optional
         try:
             for field, ext, fn, post in plan:
+                if optional and ext not in raw and field in optional:
+                    out[field] = None  # an optional field this sample lacks
+                    continue
                 value = fn(raw[ext])
                 out[field] = value if post is None else post(value)
         except Exception as exc:
@@ -312,6 +367,8 @@ class SampleDecoder:
             if field not in self.schema:
                 raise ValueError(f"unknown field {field!r}; the schema has: {sorted(self.schema)}")
             _, ext, fn, post = self._schema_step(field)
+            if field in self._optional and ext not in raw:
+                return None  # an optional field this sample lacks
         else:
             exts = [e for e in raw if field_of_ext(e)[0] == field]
             if len(exts) != 1:

@@ -34,7 +34,8 @@ from wdsloader.format.ustar import (
 
 MAX_MEMBERS = 64
 _PAX = ord("x")
-_PAX_OVERRIDES = (b"path=", b"size=")  # the PAX records that change a member's name or size
+# the PAX records that change a member's name, size or data (a sparse member: the parser refuses)
+_PAX_OVERRIDES = (b"path=", b"size=", b"GNU.sparse.")
 _NAME_BYTES = NAME.stop - NAME.start
 _REGULAR = np.array([0, ord("0"), ord("7")], dtype=np.uint8)
 

@@ -27,14 +27,9 @@ from wdsloader.format.manifest import (
     SplitInfo,
     check_version,
 )
+from wdsloader.format.members import Member, iter_members
 from wdsloader.format.npy import read_npy_header
-from wdsloader.format.ustar import (
-    BLOCK,
-    END_OF_ARCHIVE,
-    Member,
-    iter_members,
-    padded,
-)
+from wdsloader.format.ustar import BLOCK, END_OF_ARCHIVE, padded
 from wdsloader.format.writer import TarStreamWriter, encode_header, encode_member
 
 __all__ = [

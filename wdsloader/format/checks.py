@@ -70,6 +70,12 @@ def as_int(value: object, what: str, low: int | None = None, high: int | None = 
     return n
 
 
+def check_total(total: int, what: str) -> None:
+    """A sum of counts that must fit int64: ``"WHAT sum to N, more than an int64 holds"``."""
+    if total > MAX_INT:
+        raise InvalidField(f"{what} sum to {total}, more than an int64 holds ({MAX_INT})")
+
+
 def check_count(value: Any, where: str) -> int:
     """A non-negative integer that fits int64 (bools and floats refused)."""
     try:
@@ -98,6 +104,12 @@ def check_keys(value: dict[str, Any], where: str, required: set[str], allowed: s
         raise InvalidField(
             f"{where}: unknown key(s) {', '.join(map(repr, unknown))}; known: {sorted(allowed)}"
         )
+
+
+def check_optional(optional: Any, where: str) -> None:
+    """A field's ``optional`` flag: None or a bool."""
+    if optional is not None and not isinstance(optional, bool):
+        raise InvalidField(f"{where}.optional: expected true, false or null, got {optional!r}")
 
 
 def check_shape(value: Any, where: str) -> list[int | str] | None:

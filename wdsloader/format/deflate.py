@@ -5,7 +5,7 @@ mtime 0, OS "unknown"), one deflate stream, the CRC-32 and size of the whole tar
 stream is cut with a *full flush* after every sample: the compressor empties its output to a
 byte boundary (an empty stored block, the bytes ``00 00 ff ff``) and forgets what came before,
 so the compressed bytes of each sample inflate on their own with a raw inflater. The
-``.tar.idx`` holds those compressed offsets: sample ``i`` is the compressed bytes
+index (``.X.tar.gz.wdsidx``) holds those compressed offsets: sample ``i`` is the compressed bytes
 ``[idx[i], idx[i + 1])``; ``idx[n]`` is where the end-of-archive blocks start, compressed last
 with the gzip trailer.
 
@@ -25,6 +25,15 @@ import struct
 import zlib
 
 from wdsloader.errors import ShardFormatError
+from wdsloader.format.pax import pax_path_size, pax_size
+from wdsloader.format.ustar import (
+    BLOCK,
+    MAX_EXTENSION_BYTES,
+    SIZE,
+    TYPEFLAG,
+    padded,
+    parse_octal,
+)
 
 COMPRESSIONS = ("gzip",)
 """The values of a shard's ``compression`` in the manifest."""
@@ -80,28 +89,154 @@ def deflate_bound(n: int) -> int:
     return n + (n >> 12) + (n >> 14) + (n >> 25) + 13 + 2 * len(_FLUSH_MARK)
 
 
-def inflate_sample(span: bytes | memoryview, where: str) -> bytes:
+def inflate_sample(span: bytes | memoryview, where: str, max_length: int | None = None) -> bytes:
     """The tar bytes of one sample from its compressed bytes ``span`` (an index range of a
     gzip shard); :class:`ShardFormatError` starting with ``where`` (the shard and the sample)
-    when the span is not one whole flushed piece of deflate data holding whole tar blocks."""
+    when the span is not one whole flushed piece of deflate data holding whole tar blocks.
+
+    Inflation follows the sample's tar headers: a header, the data it declares (padded to 512
+    bytes), the next header. Anything else in the span (a zero block, or more data after the
+    last member: a decompression bomb or a corrupt shard) is a :class:`ShardFormatError` as
+    soon as it is inflated; the output is inflated in steps of at most 64 KiB past what the
+    headers declare, so memory stays bounded by the sample's declared size. With
+    ``max_length``, no more than ``max_length`` bytes are ever held (one more is inflated to
+    tell): a sample whose headers declare more, or whose data runs past them, is refused.
+    Only the headers' size fields are read here; the tar parser checks the headers after.
+    """
     if len(span) < len(_FLUSH_MARK) or span[-len(_FLUSH_MARK) :] != _FLUSH_MARK:
         raise ShardFormatError(
             f"{where}: compressed sample does not end at a flush point (a corrupt shard, or an "
             "index that does not match it; is this a .tar.gz written by another tool?)"
         )
-    z = zlib.decompressobj(-zlib.MAX_WBITS)
+    stream = _Inflating(span, where, max_length)
     try:
-        data = z.decompress(span)
+        stream.walk()
     except zlib.error as exc:
         raise ShardFormatError(f"{where}: corrupt compressed data: {exc}") from None
-    if z.eof or z.unused_data:
+    if stream.z.eof or stream.z.unused_data:
         raise ShardFormatError(
             f"{where}: the compressed stream ends inside the sample's range (corrupt data or "
             "an index that does not match the shard)"
         )
-    if not data or len(data) % 512:
+    data = stream.buf
+    if not data or len(data) % BLOCK:
         raise ShardFormatError(
             f"{where}: inflated to {len(data)} bytes, not a whole number of 512-byte tar "
             "blocks (corrupt compressed data)"
         )
-    return data
+    return bytes(data)
+
+
+_STEP = 1 << 16  # inflated bytes asked of zlib at least at a time (past the declared: at most)
+_EXTENSIONS = frozenset(b"xgLK")  # headers whose data describes the next member
+_PAX = ord("x")
+_TYPE_AT = TYPEFLAG.start
+_SIZE_AT, _SIZE_END = SIZE.start, SIZE.stop
+_SIZES: dict[bytes, int | None] = {}  # size fields seen (a shard repeats few): their values
+_SIZES_MAX = 4096
+
+
+def _size(field: bytes) -> int | None:
+    """The value of a tar size field (None when malformed), remembered."""
+    if len(_SIZES) >= _SIZES_MAX:
+        _SIZES.clear()
+    size = _SIZES[field] = parse_octal(field)
+    return size
+
+
+class _Inflating:
+    """One sample's raw deflate stream inflated as its tar headers say (see
+    :func:`inflate_sample`) into ``buf``."""
+
+    def __init__(self, span: bytes | memoryview, where: str, max_length: int | None) -> None:
+        self.z = zlib.decompressobj(-zlib.MAX_WBITS)
+        self.span = memoryview(span)
+        self.pos = 0
+        self.where = where
+        self.max_length = max_length
+        self.buf = bytearray()
+        self.spent = False  # the span is used up and zlib holds no more output
+
+    def fill(self, upto: int) -> bool:
+        """Inflate until ``buf`` holds ``upto`` bytes; False when the span ends first."""
+        buf, limit = self.buf, self.max_length
+        while len(buf) < upto:
+            want = max(upto - len(buf), _STEP)
+            if limit is not None and len(buf) + want > limit:
+                want = limit - len(buf)
+                if want == 0:
+                    if self._inflate(1):
+                        raise ShardFormatError(
+                            f"{self.where}: the sample inflates to more than max_length={limit} "
+                            "bytes"
+                        )
+                    return False
+            if not self._inflate(want):
+                return False
+        return True
+
+    def _inflate(self, n: int) -> int:
+        """Inflate up to ``n`` more bytes into ``buf``; how many came (0: the span is used up)."""
+        got = 0
+        while got < n and not self.spent:
+            data: bytes | memoryview = self.z.unconsumed_tail
+            if not data:
+                data = self.span[self.pos :]
+                self.pos = len(self.span)
+            chunk = self.z.decompress(data, n - got)
+            self.buf += chunk
+            got += len(chunk)
+            # all input taken and less output than asked for: zlib holds nothing more
+            self.spent = self.z.eof or (got < n and not self.z.unconsumed_tail)
+        return got
+
+    def walk(self) -> None:
+        """Every member, header and declared data, until the span is used up.
+
+        Only the size fields are read here (what bounds the inflation); the tar parser checks
+        every header afterwards, as in a plain shard."""
+        buf, limit = self.buf, self.max_length
+        at = 0  # where the next header starts
+        pax_size_raw: bytes | None = None
+        while len(buf) >= at + BLOCK or self.fill(at + BLOCK):
+            flag = buf[at + _TYPE_AT]
+            field = bytes(buf[at + _SIZE_AT : at + _SIZE_END])
+            size = _SIZES.get(field)
+            if size is None:
+                size = _size(field)
+            if size is None or (buf[at] == 0 and not buf[at : at + BLOCK].strip(b"\0")):
+                raise self._bad_header(at, size is None)
+            if flag in _EXTENSIONS:
+                if size > MAX_EXTENSION_BYTES:
+                    raise ShardFormatError(
+                        f"{self.where}: extension header of {size} bytes at byte {at} of the "
+                        f"inflated sample (more than {MAX_EXTENSION_BYTES})"
+                    )
+                if flag == _PAX and self.fill(at + BLOCK + size):
+                    data = bytes(buf[at + BLOCK : at + BLOCK + size])
+                    pax_size_raw = pax_path_size(data, self.where, at)[1]
+            else:
+                if pax_size_raw is not None:
+                    size = pax_size(pax_size_raw, f"{self.where}: byte {at}")
+                    pax_size_raw = None
+                if limit is not None and at + BLOCK + padded(size) > limit:
+                    raise ShardFormatError(
+                        f"{self.where}: the member at byte {at} of the inflated sample "
+                        f"declares {size} bytes, past max_length={limit}"
+                    )
+            at += BLOCK + padded(size)
+            if len(buf) < at and not self.fill(at):
+                return  # truncated: the caller's block check or the tar parser names it
+
+    def _bad_header(self, at: int, bad_size: bool) -> ShardFormatError:
+        if bad_size:
+            field = bytes(self.buf[at + SIZE.start : at + SIZE.stop])
+            return ShardFormatError(
+                f"{self.where}: corrupt tar header at byte {at} of the inflated sample (bad "
+                f"size field {field!r})"
+            )
+        return ShardFormatError(
+            f"{self.where}: more data than its tar headers declare: a zero block at byte {at} "
+            "of the inflated sample, after its members (a decompression bomb or a corrupt "
+            "shard)"
+        )

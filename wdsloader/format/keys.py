@@ -8,19 +8,40 @@ _FIELD_RE = re.compile(r"^[a-z0-9_][a-z0-9_\-]*$")
 MAX_KEY_BYTES = 80  # leaves room for ".field.ext" within the 100-byte ustar name
 
 
+_META_RE = re.compile(r"__[^/]*__($|/)")
+
+
+def is_metadata(name: str) -> bool:
+    """Whether webdataset skips a member as metadata: a name ``__NAME__`` (no ``/``), or one
+    that starts with such a folder or name (``__NAME__/...``); ``__a.txt`` is a sample member."""
+    if not name.startswith("__"):
+        return False
+    return ("/" not in name and name.endswith("__")) or _META_RE.match(name) is not None
+
+
 def split_name(name: str) -> tuple[str, str] | None:
     """``(key, ext)`` of a member name, or None for members webdataset skips.
 
     The key is the directory part plus the basename up to its first dot; the extension is the
     rest, lower-cased. Names without a dot in the basename, basenames starting with a dot and
-    ``__meta__``-style names are skipped, as webdataset does.
+    metadata names (:func:`is_metadata`: ``__NAME__``, ``__NAME__/...``) are skipped, as
+    webdataset does; a key may start with ``__`` (``__a.txt``: key ``__a``).
     """
     slash = name.rfind("/")
     base = name[slash + 1 :]
     dot = base.find(".")
-    if dot <= 0 or base.startswith("__"):
+    if dot <= 0 or (name[:2] == "__" and is_metadata(name)):
         return None
     return name[: slash + 1 + dot], base[dot + 1 :].lower()
+
+
+def skip_reason(name: str) -> str:
+    """Why :func:`split_name` skips ``name`` (it must be a name it skips)."""
+    if is_metadata(name):
+        return "a metadata name (__NAME__), which webdataset skips too"
+    if name[name.rfind("/") + 1 :].startswith("."):
+        return "a hidden name (starts with '.')"
+    return "no extension (a sample member is named KEY.EXT)"
 
 
 def validate_key(key: str) -> None:

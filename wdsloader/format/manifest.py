@@ -7,7 +7,7 @@ import os
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from wdsloader.errors import ManifestError
+from wdsloader.errors import ManifestError, StorageSetupError
 from wdsloader.format.checks import (
     MAX_INT,
     InvalidField,
@@ -18,13 +18,17 @@ from wdsloader.format.checks import (
     check_layout,
     check_list,
     check_obj,
+    check_optional,
     check_range,
     check_sha256,
     check_shape,
     check_str,
+    check_total,
     path_problem,
 )
 from wdsloader.format.deflate import COMPRESSIONS
+from wdsloader.format.toplevel import check_top_level
+from wdsloader.io.setup_errors import setup_errors_in_one_line
 from wdsloader.io.storage import join, url_to_fs, write_atomic
 from wdsloader.redact import redact, secrets_of
 
@@ -56,6 +60,9 @@ class FieldSpec:
     the JSON object of member ``ext`` (``fields.json``), shared with the sample's other small
     fields; it reads back as a member of ``encoding`` would (see
     :mod:`wdsloader.format.groups`).
+
+    ``optional``: samples may lack the field (their tar holds no such member, or their grouped
+    object no such entry: the WebDataset convention); the loader yields None for it.
     """
 
     ext: str
@@ -64,11 +71,13 @@ class FieldSpec:
     shape: list[Dim] | None = None
     range: list[float] | None = None
     grouped: bool | None = None
+    optional: bool | None = None
 
     def __post_init__(self) -> None:
         try:
             _check_spec_values(self.ext, self.encoding, self.dtype, self.shape, self.range, "")
             check_grouped(self.grouped, self.ext, self.encoding, "")
+            check_optional(self.optional, "")
         except InvalidField as exc:
             raise ManifestError(f"FieldSpec(ext={self.ext!r}){exc}") from None
         if isinstance(self.shape, tuple):
@@ -79,7 +88,12 @@ class FieldSpec:
     @property
     def fixed_size(self) -> bool:
         """True when every sample stores this field in the same number of bytes."""
-        return self.encoding == "npy" and self.shape is not None and self.dtype is not None
+        return (
+            self.encoding == "npy"
+            and self.shape is not None
+            and self.dtype is not None
+            and not self.optional
+        )
 
 
 @dataclass(slots=True, kw_only=True)
@@ -130,6 +144,17 @@ class Manifest:
     format: str = FORMAT_NAME
     version: str = FORMAT_VERSION
 
+    def __repr__(self) -> str:
+        """Short: format, samples and shards per split, fields, dims (``to_json()``: all)."""
+        splits = {
+            name: f"{split.num_samples:,} samples in {len(split.shards):,} shards"
+            for name, split in self.splits.items()
+        }
+        return (
+            f"Manifest(format='{self.format} {self.written_version()}', splits={splits}, "
+            f"fields={list(self.schema)}, dims={self.dims})"
+        )
+
     # -- derived -------------------------------------------------------------------------------
     @property
     def num_samples(self) -> int:
@@ -151,8 +176,8 @@ class Manifest:
     # -- (de)serialisation ---------------------------------------------------------------------
     def uses_extensions(self) -> bool:
         """Whether a wdsloader older than :data:`EXTENDED_VERSION` would misread this dataset
-        (a compressed shard, a grouped field)."""
-        return any(spec.grouped for spec in self.schema.values()) or any(
+        (a compressed shard, a grouped or optional field)."""
+        return any(spec.grouped or spec.optional for spec in self.schema.values()) or any(
             shard.compression is not None
             for split in self.splits.values()
             for shard in split.shards
@@ -199,6 +224,7 @@ class Manifest:
         except InvalidField as exc:
             raise ManifestError(f"{source}: {exc}") from None
         check_version(version, source=source)  # type: ignore[arg-type]
+        check_top_level(data, source)
         try:
             return cls._parse(data, version)  # type: ignore[arg-type]
         except InvalidField as exc:
@@ -226,12 +252,7 @@ class Manifest:
                 shards=[_shard_info(s, where, i) for i, s in enumerate(shards)]
             )
             for key in ("num_samples", "num_bytes"):  # read as int64 sample ids and offsets
-                total = getattr(splits[name], key)
-                if total > MAX_INT:
-                    raise InvalidField(
-                        f"{where}: its shards' {key} sum to {total}, more than an int64 holds "
-                        f"({MAX_INT})"
-                    )
+                check_total(getattr(splits[name], key), f"{where}: its shards' {key}")
         build = check_obj(data.get("build", {}), "build")
         check_depth(build, "build")
         defaults = check_obj(data.get("loader_defaults", {}), "loader_defaults")
@@ -278,7 +299,12 @@ class Manifest:
         secrets = secrets_of(storage_options, os.fspath(root))
         where = redact(f"{os.fspath(root).rstrip('/')}/{MANIFEST_NAME}", secrets)
         try:
-            raw = fs.cat_file(target)
+            with setup_errors_in_one_line(
+                f"{os.fspath(root).rstrip('/')}/{MANIFEST_NAME}", storage_options
+            ):
+                raw = fs.cat_file(target)
+        except StorageSetupError:
+            raise
         except FileNotFoundError:
             raise ManifestError(
                 f"{where}: manifest not found (is this a wdsloader dataset, and did its build "
@@ -330,7 +356,7 @@ GROUPABLE = ("cls", "json", "txt")
 """The encodings whose values may be grouped into one JSON member."""
 
 
-_SPEC_KEYS = {"ext", "encoding", "dtype", "shape", "range", "grouped"}
+_SPEC_KEYS = {"ext", "encoding", "dtype", "shape", "range", "grouped", "optional"}
 _SHARD_KEYS = {"path", "idx_path", "num_samples", "num_bytes", "sha256", "layout", "compression"}
 _SHARD_REQUIRED = _SHARD_KEYS - {"sha256", "layout", "compression"}
 
@@ -357,6 +383,7 @@ def _field_spec(spec: Any, where: str) -> FieldSpec:
         where,
     )
     check_grouped(spec.get("grouped"), spec["ext"], spec["encoding"], where)
+    check_optional(spec.get("optional"), where)
     if spec["encoding"] == "npy" and spec.get("dtype") is not None:
         check_array_dtype(spec["dtype"], f"{where}.dtype")
     return FieldSpec(**spec)

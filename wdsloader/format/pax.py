@@ -2,8 +2,9 @@
 (records ``LENGTH KEY=VALUE\\n``; webdataset's ``ShardWriter`` writes one holding the float
 ``mtime`` before every member) and GNU long names.
 
-Only the records that change what a reader sees are kept (``path`` and ``size``); every record
-is still checked, so a malformed one is refused wherever it stands.
+Only the records that change what a reader sees are kept (``path`` and ``size``, and whether
+``GNU.sparse.*`` records mark a sparse member); every record is still checked, so a malformed
+one is refused wherever it stands.
 """
 
 from __future__ import annotations
@@ -12,17 +13,22 @@ from wdsloader.errors import ShardFormatError
 
 _NEWLINE, _EQUALS = 0x0A, b"="
 _MAX_DIGITS = 20  # the space after a record's length lies within this many bytes of its start
+_SPARSE = b"GNU.sparse."  # the records of a sparse member (PAX formats 0.0, 0.1 and 1.0)
 
 
-def pax_path_size(data: bytes, source: str, at: int) -> tuple[bytes | None, bytes | None]:
+def pax_path_size(
+    data: bytes, source: str, at: int
+) -> tuple[bytes | None, bytes | None, bytes | None]:
     """The raw values of the ``path`` and ``size`` records of a PAX extended header's data
-    (the last record of a key wins; None where there is none).
+    (the last record of a key wins; None where there is none), and ``sparse``: None, or where a
+    ``GNU.sparse.*`` record marks the member as sparse (GNU tar ``-S``, bsdtar; its data are
+    then a map and the compacted extents), the value of ``GNU.sparse.name`` (``b""`` without).
 
     Raises :class:`ShardFormatError` naming ``source`` and ``at`` (the header's byte offset)
     for a record whose length does not frame ``LENGTH KEY=VALUE\\n`` or whose key is not
     UTF-8. NUL padding after the records is allowed.
     """
-    path = size = None
+    path = size = sparse = None
     pos, end = 0, len(data)
     while pos < end:
         space = data.find(b" ", pos, pos + _MAX_DIGITS)
@@ -47,8 +53,13 @@ def pax_path_size(data: bytes, source: str, at: int) -> tuple[bytes | None, byte
             path = data[eq + 1 : stop - 1]
         elif key == b"size":
             size = data[eq + 1 : stop - 1]
+        elif key[:11] == _SPARSE:
+            if key == b"GNU.sparse.name":
+                sparse = data[eq + 1 : stop - 1]
+            elif sparse is None:
+                sparse = b""
         pos = stop
-    return path, size
+    return path, size, sparse
 
 
 def _malformed(source: str, at: int, pos: int, why: str) -> ShardFormatError:

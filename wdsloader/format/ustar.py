@@ -1,32 +1,21 @@
-"""The ustar layout and its parsing: named header fields, scalar and whole-batch header checks,
-and a walk over the members of a buffer (the byte-level part of the format contract).
+"""The ustar layout and its parsing: named header fields, scalar and whole-batch header checks
+(the byte-level part of the format contract).
 
 A header is 512 bytes; its fields are the ``slice`` constants below (``header[SIZE]``), for a
 single header (bytes) and for a ``(n, 512)`` uint8 array of headers (``headers[:, SIZE]``)
 alike. Nothing outside this module indexes header bytes by number.
 
-Reading: :func:`iter_members` walks raw headers in a buffer. It understands the headers other
-writers add (PAX ``x``/``g``, GNU ``L`` long names, ustar ``prefix``) so shards written by
-webdataset, Python's ``tarfile`` or GNU tar parse too (the records themselves:
-:mod:`wdsloader.format.pax`); non-regular members are skipped. Headers in the usual form take
-an exact fast path; any other form goes through the general checks, with the same result.
 :func:`plain_member` is the fast check of one plain header; :func:`checksums_ok`,
-:func:`header_sizes` and :func:`plain_regular` check a batch of headers at once. Writing lives
-in :mod:`wdsloader.format.writer`.
-"""
+:func:`header_sizes` and :func:`plain_regular` check a batch of headers at once. The walk over
+the members of a buffer lives in :mod:`wdsloader.format.members`, writing in
+:mod:`wdsloader.format.writer`."""
 
 from __future__ import annotations
 
-import mmap
 import zlib
-from collections.abc import Iterator
-from typing import NamedTuple
 
 import numpy as np
 import numpy.typing as npt
-
-from wdsloader.errors import ShardFormatError
-from wdsloader.format.pax import gnu_long_name, pax_path_size, pax_size, pax_text
 
 BLOCK = 512
 END_OF_ARCHIVE = b"\0" * (2 * BLOCK)
@@ -239,201 +228,3 @@ def plain_regular(headers: Headers) -> bool:
 def name_fields(headers: Headers) -> Headers:
     """The ``(n, 100)`` name fields of ``(n, >= 512)`` headers (a view)."""
     return headers[:, NAME]
-
-
-class _Where:
-    """``"SOURCE at byte N"``, formatted only when an error message needs it."""
-
-    __slots__ = ("offset", "source")
-
-    def __init__(self, source: str, offset: int) -> None:
-        self.source = source
-        self.offset = offset
-
-    def __str__(self) -> str:
-        return f"{self.source} at byte {self.offset}"
-
-    def __format__(self, spec: str) -> str:
-        return format(str(self), spec)
-
-
-class Member(NamedTuple):
-    """One regular member found in a buffer: its name and where its data lies.
-
-    ``header_offset`` is where the member's first header starts, extension headers (PAX, GNU
-    long name) included, so a sample's byte range taken from it holds all of its headers.
-    """
-
-    name: str
-    header_offset: int
-    data_offset: int
-    size: int
-
-
-def _sliceable(buf: object, view: memoryview) -> bytes | mmap.mmap | None:
-    """The object whose slices are the bytes of ``view`` (bytes or an mmap), else None."""
-    obj = buf.obj if type(buf) is memoryview else buf
-    if type(obj) is not bytes and type(obj) is not mmap.mmap:
-        return None
-    if view.ndim != 1 or view.itemsize != 1 or not view.c_contiguous or view.nbytes != len(obj):
-        return None  # a part of obj, or a cast view
-    return obj
-
-
-def _checked_size(header: bytes, source: str, at: int) -> int:
-    """The size field of a header in any form, after the checksum; -1 at the end-of-archive
-    marker. Raises :class:`ShardFormatError` on a bad checksum or size field."""
-    if header[0] == 0 and not header.strip(b"\0"):
-        return -1
-    if not checksum_ok(header):
-        raise ShardFormatError(f"{source} at byte {at}: corrupt tar header (checksum mismatch)")
-    size = parse_octal(header[SIZE])
-    if size is None:
-        raise ShardFormatError(f"{source} at byte {at}: bad size field {header[SIZE]!r}")
-    return size
-
-
-# The fast path of the walk reads the checksum and size fields in the form our writer, tarfile
-# and GNU tar give them, through two small memos (a shard repeats few distinct fields).
-_MEMO_MAX = 4096
-_USUAL_SIZES: dict[bytes, int] = {}
-_USUAL_SUMS: dict[bytes, int] = {}
-
-
-def _usual_size(field: bytes) -> int:
-    """The value of a 12-byte size field of 11 octal digits and a NUL, else -1 (memoised)."""
-    digits = field[:11]
-    size = int(digits, 8) if field[11] == 0 and not digits.translate(None, _OCTAL_DIGITS) else -1
-    if len(_USUAL_SIZES) >= _MEMO_MAX:
-        _USUAL_SIZES.clear()
-    _USUAL_SIZES[field] = size
-    return size
-
-
-def _usual_sum(field: bytes) -> int:
-    """For a checksum field of six octal digits, a NUL and a space: the low half of the Adler-32
-    of an ASCII header with this field whose checksum holds, else -1 (memoised).
-
-    An ASCII header sums to at most 127 * 512 < 65521, so Adler-32's low half is exactly 1 plus
-    its byte sum, which is the checksum less 256 (the field counted as spaces) plus the field.
-    """
-    digits = field[:6]
-    usual = field[6:] == b"\0 " and not digits.translate(None, _OCTAL_DIGITS)
-    want = int(digits, 8) - 256 + sum(field) + 1 if usual else -1
-    if len(_USUAL_SUMS) >= _MEMO_MAX:
-        _USUAL_SUMS.clear()
-    _USUAL_SUMS[field] = want
-    return want
-
-
-def _extension_data(
-    view: memoryview, data_offset: int, size: int, stop: int, where: _Where
-) -> bytes:
-    """The data of a PAX or GNU long-name header, which must lie before ``stop``."""
-    if data_offset + size > stop:
-        raise ShardFormatError(
-            f"{where}: extension header data ({size} bytes) runs past the end of the data"
-        )
-    if size > MAX_EXTENSION_BYTES:
-        raise ShardFormatError(
-            f"{where}: extension header of {size} bytes (more than {MAX_EXTENSION_BYTES})"
-        )
-    return bytes(view[data_offset : data_offset + size])
-
-
-def _past_end(where: _Where, what: str, size: int) -> ShardFormatError:
-    return ShardFormatError(
-        f"{where}: {what} ({size} bytes) runs past the end of the data (truncated shard?)"
-    )
-
-
-def _plain_name(header: bytes) -> str:
-    """The name a header holds itself (:func:`member_name`, for a header as bytes)."""
-    nul = header.find(0, 0, NAME.stop)
-    name = header[: nul if nul >= 0 else NAME.stop].decode("utf-8", "surrogateescape")
-    if header[_PREFIX_AT] and header[_MAGIC5] == USTAR_MAGIC:
-        return field_text(header[PREFIX]) + "/" + name
-    return name
-
-
-_new_member = tuple.__new__  # Member(...) without the Python-level __new__ of a NamedTuple
-
-
-def iter_members(
-    buf: bytes | bytearray | memoryview | mmap.mmap,
-    start: int = 0,
-    end: int | None = None,
-    *,
-    base_offset: int = 0,
-    source: str = "<buffer>",
-) -> Iterator[Member]:
-    """Regular members whose headers lie in ``buf[start:end]``.
-
-    Offsets in the yielded members are ``base_offset`` plus the position in ``buf``, so a caller
-    that read a byte range of a shard gets shard offsets. Stops at the end-of-archive marker or at
-    ``end``. Raises :class:`ShardFormatError` naming ``source`` and the byte offset on a corrupt
-    header (checksum, size field, PAX record, GNU long name), a truncated header, or data that
-    runs past the buffer (extension headers: past ``end``). Every step moves forward by at
-    least one block, so any input ends in time linear in its length.
-    """
-    view = memoryview(buf)
-    total = len(view)
-    src = _sliceable(buf, view)
-    limit = total if end is None else end
-    stop = min(limit, total)
-    pos = start
-    long_name: str | None = None
-    pax_path: bytes | None = None
-    pax_size_raw: bytes | None = None
-    first = -1  # where the extension headers of the next member start; -1: none
-    adler32, sizes, sums = zlib.adler32, _USUAL_SIZES, _USUAL_SUMS
-    checksum_at, size_at, type_at = CHECKSUM, SIZE, _TYPE_AT
-    while pos + BLOCK <= stop:
-        header = src[pos : pos + BLOCK] if src is not None else view[pos : pos + BLOCK].tobytes()
-        field, size_field = header[checksum_at], header[size_at]
-        want = sums.get(field)
-        if want is None:
-            want = _usual_sum(field)
-        size = sizes.get(size_field)
-        if size is None:
-            size = _usual_size(size_field)
-        if want != adler32(header) & 0xFFFF or size < 0 or not header.isascii():
-            size = _checked_size(header, source, base_offset + pos)  # any form, or an error
-            if size < 0:
-                return
-        flag = header[type_at]
-        data_offset = pos + BLOCK
-        if flag == 0x30 or flag == 0 or flag == 0x37:  # a regular member
-            if pax_size_raw is not None or data_offset + size > total:
-                chain = _Where(source, base_offset + (pos if first < 0 else first))
-                what = "member data" if pax_size_raw is None else "PAX size"
-                size = size if pax_size_raw is None else pax_size(pax_size_raw, chain)
-                if data_offset + size > total:
-                    raise _past_end(chain, what, size)
-            if pax_path is not None:
-                name = pax_text(pax_path)
-            else:
-                name = long_name if long_name is not None else _plain_name(header)
-            at = base_offset + (pos if first < 0 else first)
-            yield _new_member(Member, (name, at, base_offset + data_offset, size))
-            long_name = pax_path = pax_size_raw = None
-            first = -1
-        elif flag == 0x78 or flag == 0x4C:  # "x": PAX records, "L": a GNU long name
-            at = base_offset + pos
-            if src is None or data_offset + size > stop or size > MAX_EXTENSION_BYTES:
-                data = _extension_data(view, data_offset, size, stop, _Where(source, at))
-            else:
-                data = src[data_offset : data_offset + size]
-            if flag == 0x78:
-                pax_path, pax_size_raw = pax_path_size(data, source, at)
-            else:
-                long_name = gnu_long_name(data, _Where(source, at))
-            first = pos if first < 0 else first
-        else:  # links, devices, directories, fifos, global PAX headers: skipped
-            if data_offset + size > total:
-                raise _past_end(_Where(source, base_offset + pos), "member data", size)
-            long_name = pax_path = pax_size_raw = None
-            first = -1
-        pos = data_offset + (size + BLOCK - 1) // BLOCK * BLOCK
-    if pos < limit:
-        raise ShardFormatError(f"{source} at byte {base_offset + pos}: truncated tar header")

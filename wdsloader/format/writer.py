@@ -179,6 +179,24 @@ class TarStreamWriter:
             return self.offset + deflate_bound(blocks * BLOCK) + deflate_bound(len(END_OF_ARCHIVE))
         return self.offset + blocks * BLOCK + len(END_OF_ARCHIVE)
 
+    def projected_raw_size(self, nbytes: int) -> int:
+        """File size after adding a sample of ``nbytes`` tar bytes with :meth:`write_raw`."""
+        if self._deflater is not None:
+            return self.offset + deflate_bound(nbytes) + deflate_bound(len(END_OF_ARCHIVE))
+        return self.offset + nbytes + len(END_OF_ARCHIVE)
+
+    def write_raw(self, sample: bytes, layout: dict[str, list[int]] | None) -> None:
+        """Append one sample's tar bytes as :meth:`write_sample` wrote them into another shard
+        (to pack shards together); ``layout``: that shard's (None: it had none, so this shard
+        gets none either)."""
+        self.offsets.append(self.offset)
+        if self._deflater is not None:
+            self._write(self._deflater.sample(sample))
+            return
+        self._write(sample)
+        self._last_frame = None
+        self._merge_layout(layout or {})
+
     def _write(self, data: bytes | bytearray) -> None:
         self._f.write(data)
         self._sha.update(data)

@@ -1,6 +1,6 @@
 """Bytes of shards for the loader's workers: indexes, byte ranges, checksums and a local shard cache.
 
-:class:`ShardStore` reads the ``.tar.idx`` and any ``[start, stop)`` byte ranges of the shards
+:class:`ShardStore` reads the shard indexes and any ``[start, stop)`` byte ranges of the shards
 under a dataset root that is a local folder or any fsspec URL.
 
 - Local roots: each shard is opened once (a small LRU of descriptors) and read with ``os.pread``.

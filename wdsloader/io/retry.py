@@ -14,7 +14,6 @@ import asyncio
 import errno
 import logging
 import posixpath
-import sys
 import time
 import urllib.parse
 from collections.abc import Callable
@@ -23,6 +22,7 @@ from typing import Any
 from wdsloader.errors import ShardFormatError, ShardReadError, WdsLoaderError
 from wdsloader.io.options import ReadOptions
 from wdsloader.io.storage import join
+from wdsloader.io.transient import is_transient, transient_cause
 
 logger = logging.getLogger(__name__)
 
@@ -131,25 +131,21 @@ class RemoteFiles:
         """Sleep before the next attempt, or raise the error the caller should see (its text
         and cause free of credentials: the storage error is described, not chained)."""
         at = f" at byte offset {offset}" if offset is not None else ""
-        cause = exc.__cause__
-        if (
-            isinstance(exc, FileNotFoundError)
-            and isinstance(cause, Exception)
-            and is_transient(cause)
-        ):
-            exc = cause  # fsspec's HTTP info() calls a file that did not answer "not found"
         if ranged and range_unsatisfiable(exc):
             raise truncated(url, offset or 0) from None
-        if isinstance(exc, FileNotFoundError):
-            raise FileNotFoundError(errno.ENOENT, "file not found", url) from None
-        if isinstance(exc, PermissionError):
-            raise PermissionError(
-                errno.EACCES, f"access denied ({self.describe(exc)})", url
-            ) from None
         if isinstance(exc, WdsLoaderError):
             raise exc
         if not is_transient(exc):
+            if isinstance(exc, FileNotFoundError):
+                raise FileNotFoundError(errno.ENOENT, "file not found", url) from None
+            if isinstance(exc, PermissionError):
+                raise PermissionError(
+                    errno.EACCES, f"access denied ({self.describe(exc)})", url
+                ) from None
             raise ShardReadError(f"{url}: read failed{at}: {self.describe(exc)}") from None
+        # described by its network or server error, not by the FileNotFoundError (fsspec's
+        # HTTP info()) or OSError (s3fs) a client wrapped it in
+        shown = transient_cause(exc)
         delay = min(self.options.backoff * 2**attempt, MAX_BACKOFF_S)
         left = clock.remaining()
         expired = left is not None and left <= delay
@@ -157,10 +153,10 @@ class RemoteFiles:
             why = f", the deadline of {clock.limit:g}s reached" if expired else ""
             raise ShardReadError(
                 f"{url}: read failed{at} after {attempt} retries in "
-                f"{clock.elapsed():.1f}s{why}: {self.describe(exc)}"
+                f"{clock.elapsed():.1f}s{why}: {self.describe(shown)}"
             ) from None
         self._count("retries", 1)
-        logger.info("%s: retrying%s in %.3fs after %s", url, at, delay, self.describe(exc))
+        logger.info("%s: retrying%s in %.3fs after %s", url, at, delay, self.describe(shown))
         if delay > 0:
             time.sleep(delay)
 
@@ -252,21 +248,6 @@ def is_http(fs: Any) -> bool:
     from fsspec.implementations.http import HTTPFileSystem
 
     return isinstance(fs, HTTPFileSystem)
-
-
-def is_transient(exc: BaseException) -> bool:
-    """Whether a storage error is worth retrying (network, timeouts, server-side statuses)."""
-    if isinstance(exc, (FileNotFoundError, PermissionError, IsADirectoryError, NotADirectoryError)):
-        return False
-    status = getattr(exc, "status", None)
-    if isinstance(status, int):
-        return status >= 500 or status in (408, 429)
-    if isinstance(exc, OSError):  # s3fs maps S3 client errors (bad request, range ...) to EINVAL
-        return exc.errno != errno.EINVAL
-    if isinstance(exc, asyncio.TimeoutError):
-        return True
-    aiohttp = sys.modules.get("aiohttp")
-    return aiohttp is not None and isinstance(exc, aiohttp.ClientError)
 
 
 def range_unsatisfiable(exc: BaseException) -> bool:

@@ -1,6 +1,7 @@
 """Mixing several datasets: loaders on a schedule (:class:`MultiDataLoader`), and weighted
-sources mixed sample by sample (:class:`Source`, planned by :mod:`wdsloader.plan.mix`)."""
+sources mixed sample by sample (:class:`MixSource`, planned by :mod:`wdsloader.plan.mix`)."""
 
+from wdsloader.lazy import moved_names
 from wdsloader.mix.multi import MixStep, MultiDataLoader
 from wdsloader.mix.schedule import (
     EpochLengthPolicy,
@@ -9,7 +10,7 @@ from wdsloader.mix.schedule import (
     epoch_schedule,
     epoch_steps,
 )
-from wdsloader.mix.source import Source, mix_epoch, mix_names, mix_quotas_for
+from wdsloader.mix.source import MixSource, mix_epoch, mix_names, mix_quotas_for
 from wdsloader.mix.spec import MIX_ALGORITHM, MixSpec
 
 __all__ = [
@@ -20,10 +21,13 @@ __all__ = [
     "MultiDataLoader",
     "MultiDataLoaderConfig",
     "SamplingStrategy",
-    "Source",
+    "MixSource",
     "epoch_schedule",
     "epoch_steps",
     "mix_epoch",
     "mix_names",
     "mix_quotas_for",
 ]
+
+# ``Source``: MixSource's old name, until 0.2.0 (``build_shards.Source`` is a build input).
+__getattr__ = moved_names(__name__, {"Source": ("wdsloader.mix", "MixSource")})

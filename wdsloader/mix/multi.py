@@ -14,16 +14,13 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from wdsloader.errors import StateMismatchError
 from wdsloader.format.checks import as_int
+from wdsloader.mix.multi_state import LoaderProgress, MultiState
 from wdsloader.mix.schedule import MultiDataLoaderConfig, epoch_schedule
 
 __all__ = ["MixStep", "MultiDataLoader"]
 
 log = logging.getLogger(__name__)
-
-STATE_FORMAT = "wdsloader.mix.multi"
-STATE_VERSION = 1
 
 
 class MixStep(NamedTuple):
@@ -84,7 +81,9 @@ class MultiDataLoader:
     set to it (``loader.set_epoch``, else its sampler's or batch sampler's ``set_epoch``) and
     iterated afresh. A loader that runs out within the epoch starts a new pass with
     ``cycle_short_loaders`` (a loader empty even then is a RuntimeError); without it, its
-    remaining steps are left out.
+    remaining steps are left out. With ``cycle_short_loaders``, a loader whose ``len()`` is 0
+    and that the schedule gives steps is a ValueError naming it, at construction and at the
+    start of every epoch (before any step, the same on every rank).
 
     ``state_dict()`` holds the epoch, the schedule position, each loader's batches and passes in
     the epoch, and each loader's own ``state_dict()`` when it has one (``create_loader``'s
@@ -111,8 +110,9 @@ class MultiDataLoader:
             )
         self.names: tuple[str, ...] = self.config.check_loaders(len(self.loaders))
         self.epoch = as_int(epoch, "epoch", 0)
-        self._pending: dict[str, Any] | None = None  # a loaded state not yet started
+        self._pending: MultiState | None = None  # a loaded state not yet started
         self._cursor: _Cursor | None = None  # the epoch being iterated
+        self._check_empty(self.epoch)
 
     # -- schedule ----------------------------------------------------------------------------
     def lengths(self) -> list[int | None]:
@@ -124,13 +124,33 @@ class MultiDataLoader:
         e = self.epoch if epoch is None else epoch
         return epoch_schedule(self.config, self.lengths(), e)
 
+    def _check_empty(self, epoch: int, sched: np.ndarray | None = None) -> None:
+        """ValueError naming the loaders of ``len()`` 0 that ``epoch``'s schedule draws from
+        (they would run out mid-epoch on every rank; ``cycle_short_loaders=False`` leaves
+        their steps out instead)."""
+        lengths = self.lengths()
+        empty = [i for i, n in enumerate(lengths) if n == 0]
+        if not empty or not self.config.cycle_short_loaders:
+            return
+        if sched is None:
+            sched = epoch_schedule(self.config, lengths, epoch)
+        steps = np.bincount(sched, minlength=len(lengths))
+        used = [f"{self.names[i]!r} ({int(steps[i])} steps)" for i in empty if steps[i]]
+        if used:
+            raise ValueError(
+                f"MultiDataLoader: loaders with len() 0 get steps of epoch {epoch} "
+                f"({sched.size} steps, {self.config.sampling_strategy.name}): {', '.join(used)}; "
+                "leave them out (with WEIGHTED: weight 0), or pass cycle_short_loaders=False "
+                "to leave out their steps"
+            )
+
     def __len__(self) -> int:
         return int(self.schedule().size)
 
     def set_epoch(self, epoch: int) -> None:
         """Make the next iteration play ``epoch``; a loaded state of another epoch is dropped."""
         epoch = as_int(epoch, "epoch", 0)
-        if self._pending is not None and self._pending["epoch"] != epoch:
+        if self._pending is not None and self._pending.epoch != epoch:
             self._pending = None
         self.epoch = epoch
 
@@ -138,18 +158,19 @@ class MultiDataLoader:
     def __iter__(self) -> Iterator[MixStep]:
         epoch = self.epoch
         sched = self.schedule(epoch)
+        self._check_empty(epoch, sched)
         n = len(self.loaders)
         cur, pending, self._pending = _Cursor.start(n), self._pending, None
         # a loader's own saved state, loaded when the epoch first uses it (an unused one would
         # hold a stale position into the next epoch); loaders without one skip batches instead
         resume: list[Any] = [None] * n
         if pending is not None:
-            cur.position = pending["position"]
-            for i, row in enumerate(pending["loaders"]):
-                cur.batches[i], cur.cycles[i] = row["batches"], row["cycles"]
-                cur.exhausted[i] = row["exhausted"]
-                if row["state"] is not None and _stateful(self.loaders[i]):
-                    resume[i] = row["state"]
+            cur.position = pending.position
+            for i, row in enumerate(pending.loaders):
+                cur.batches[i], cur.cycles[i] = row.batches, row.cycles
+                cur.exhausted[i] = row.exhausted
+                if row.state is not None and _stateful(self.loaders[i]):
+                    resume[i] = row.state
         for i, loader in enumerate(self.loaders):
             if resume[i] is None:
                 _set_epoch(loader, epoch)
@@ -217,30 +238,26 @@ class MultiDataLoader:
         return it
 
     # -- state -------------------------------------------------------------------------------
-    def state_dict(self) -> dict[str, Any]:
+    def state(self) -> MultiState:
         """The position: epoch, schedule position, per-loader batches, passes and own state
         (the latter only for loaders used in the epoch so far: the others start it afresh)."""
         if self._pending is not None:
-            return dict(self._pending)
+            return self._pending
         cur = self._cursor or _Cursor.start(len(self.loaders))
-        return {
-            "format": STATE_FORMAT,
-            "version": STATE_VERSION,
-            "config": self.config.to_dict(),
-            "lengths": self.lengths(),
-            "epoch": self.epoch,
-            "position": cur.position,
-            "loaders": [
-                {
-                    "name": self.names[i],
-                    "batches": cur.batches[i],
-                    "cycles": cur.cycles[i],
-                    "exhausted": cur.exhausted[i],
-                    "state": self._inner_state(i, cur),
-                }
-                for i in range(len(self.loaders))
-            ],
-        }
+        rows = []
+        for i, name in enumerate(self.names):
+            inner = self._inner_state(i, cur)
+            rows.append(
+                LoaderProgress(name, cur.batches[i], cur.cycles[i], cur.exhausted[i], inner)
+            )
+        return MultiState(
+            config=self.config.to_dict(), lengths=tuple(self.lengths()), epoch=self.epoch,
+            position=cur.position, loaders=tuple(rows),
+        )  # fmt: skip
+
+    def state_dict(self) -> dict[str, Any]:
+        """:meth:`state` as a JSON-able dict."""
+        return self.state().to_dict()
 
     def _inner_state(self, i: int, cur: _Cursor) -> Any:
         if cur.resume[i] is not None:  # resumed, not used since: its saved state still holds
@@ -250,48 +267,18 @@ class MultiDataLoader:
             return None
         return loader.state_dict()  # type: ignore[attr-defined]
 
-    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+    def load_state_dict(self, state: Mapping[str, Any] | MultiState) -> None:
         """Continue from ``state``: the next iteration yields the steps that followed it.
 
         A state taken with another config, other loader names or other loader lengths (the
         schedule would differ) is a :class:`~wdsloader.errors.StateMismatchError` naming what
-        differs.
+        differs; so is a damaged one (a key missing, mistyped or out of bounds, a position past
+        the epoch's schedule), naming the key.
         """
-        state = _check_state(state, self)
-        self.epoch = state["epoch"]
-        self._pending = state
+        loaded = MultiState.from_dict(state.to_dict() if isinstance(state, MultiState) else state)
+        loaded.check(self.config, self.names, self.lengths())
+        self.epoch = loaded.epoch
+        self._pending = loaded
 
 
 _END = object()
-
-
-def _check_state(state: Mapping[str, Any], mdl: MultiDataLoader) -> dict[str, Any]:
-    fmt = state.get("format") if isinstance(state, Mapping) else type(state).__name__
-    if fmt != STATE_FORMAT:
-        raise StateMismatchError(
-            f"not a MultiDataLoader state (format {fmt!r}, expected {STATE_FORMAT!r})"
-        )
-    if state.get("version") != STATE_VERSION:
-        raise StateMismatchError(
-            f"MultiDataLoader state version {state.get('version')!r} is not {STATE_VERSION}"
-        )
-    saved, ours = state["config"], mdl.config.to_dict()
-    diff = sorted(k for k in set(saved) | set(ours) if saved.get(k) != ours.get(k))
-    if diff:
-        parts = ", ".join(f"{k}: saved {saved.get(k)!r}, now {ours.get(k)!r}" for k in diff)
-        raise StateMismatchError(f"cannot resume: the MultiDataLoader config differs ({parts})")
-    names = [row["name"] for row in state["loaders"]]
-    if names != list(mdl.names):
-        raise StateMismatchError(
-            f"cannot resume: the state has loaders {names}, this MultiDataLoader {list(mdl.names)}"
-        )
-    lengths = mdl.lengths()
-    if list(state["lengths"]) != lengths:
-        raise StateMismatchError(
-            f"cannot resume: the loaders' lengths were {list(state['lengths'])} and are now "
-            f"{lengths}; the schedule would differ"
-        )
-    out = dict(state)
-    out["epoch"] = as_int(state["epoch"], "state epoch", 0)
-    out["position"] = as_int(state["position"], "state position", 0)
-    return out

@@ -1,4 +1,4 @@
-"""``Source``: one built dataset in a mix, with its weight or its fixed number of samples per
+"""``MixSource``: one built dataset in a mix, with its weight or its fixed number of samples per
 epoch; and the mix's plan for an epoch (quotas, and where each source's stream stands).
 
 A source takes exactly one of:
@@ -19,25 +19,33 @@ from __future__ import annotations
 import functools
 import math
 import os
+import urllib.parse
 from collections.abc import Sequence
 from dataclasses import dataclass
 from fractions import Fraction
 
 from wdsloader.curriculum.schedule import Schedule
 from wdsloader.format.checks import MAX_INT, as_int
+from wdsloader.lazy import moved_names
 from wdsloader.mix.offsets import EpochOffsets
 from wdsloader.plan.mix import MixEpoch
 from wdsloader.plan.quotas import mix_quotas
+from wdsloader.redact import redact
 
-__all__ = ["Source", "epoch_offsets_for", "mix_epoch", "mix_names", "mix_quotas_for"]
+__all__ = ["MixSource", "epoch_offsets_for", "mix_epoch", "mix_names", "mix_quotas_for"]
+
+# ``Source``: MixSource's old name, until 0.2.0 (``build_shards.Source`` is a build input).
+__getattr__ = moved_names(__name__, {"Source": ("wdsloader.mix", "MixSource")})
 
 
 @dataclass(frozen=True)
-class Source:
+class MixSource:
     """A built dataset (a local path or fsspec URL) in a mix; see the module docstring.
 
-    ``name`` (default: the last part of the path) names the source in schedules, errors,
-    ``stats`` and the optional source field of a batch.
+    ``name`` (default: the last part of the path, never the URL's userinfo, query or
+    fragment; the host when the path is empty) names the source in schedules, errors,
+    ``stats``, the state's fingerprint and the optional source field of a batch. A name that
+    carries credentials is refused.
     """
 
     url: str | os.PathLike[str]
@@ -48,27 +56,36 @@ class Source:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "url", os.fspath(self.url))
+        shown = redact(self.url)
         given = [k for k in ("weight", "samples", "repeat") if getattr(self, k) is not None]
         if len(given) > 1:
             raise ValueError(
-                f"Source {self.url!r}: give one of weight=, samples= or repeat=, not {given}"
+                f"MixSource {shown!r}: give one of weight=, samples= or repeat=, not {given}"
             )
         for key in ("weight", "repeat"):
             value = getattr(self, key)
             if value is not None:
                 v = float(value)
                 if not math.isfinite(v) or v < 0:
-                    raise ValueError(f"Source {self.url!r}: {key}={value!r} must be finite, >= 0")
+                    raise ValueError(f"MixSource {shown!r}: {key}={value!r} must be finite, >= 0")
                 object.__setattr__(self, key, v)
         if self.samples is not None:
             object.__setattr__(
-                self, "samples", as_int(self.samples, f"Source {self.url!r}: samples", 0, MAX_INT)
+                self, "samples", as_int(self.samples, f"MixSource {shown!r}: samples", 0, MAX_INT)
             )
         if self.name is None:
-            base = str(self.url).rstrip("/").rsplit("/", 1)[-1]
-            object.__setattr__(self, "name", base or str(self.url))
+            object.__setattr__(self, "name", default_name(str(self.url)))
         elif not isinstance(self.name, str) or not self.name:
-            raise ValueError(f"Source {self.url!r}: name must be a non-empty string")
+            raise ValueError(f"MixSource {shown!r}: name must be a non-empty string")
+        elif redact(self.name) != self.name:
+            raise ValueError(
+                f"MixSource {shown!r}: name {redact(self.name)!r} carries credentials; the name "
+                "is shown in stats, states and errors: give another"
+            )
+
+    def __repr__(self) -> str:
+        kept = [f"{k}={getattr(self, k)!r}" for k in ("weight", "samples", "repeat", "name")]
+        return f"MixSource({redact(self.url)!r}, {', '.join(kept)})"
 
     def fixed_quota(self, size: int) -> int | None:
         """Samples per epoch from ``samples=``/``repeat=`` (None for a weighted source)."""
@@ -79,10 +96,21 @@ class Source:
         return None
 
 
-def mix_names(sources: Sequence[Source]) -> tuple[str, ...]:
+def default_name(url: str) -> str:
+    """The default name of a source at ``url``: the last part of its path; for a URL without
+    a path its host (and port). Never its userinfo, query string or fragment."""
+    if "://" not in url:
+        return url.rstrip("/").rsplit("/", 1)[-1] or url
+    parts = urllib.parse.urlsplit(url)
+    base = parts.path.rstrip("/").rsplit("/", 1)[-1]
+    host = parts.netloc.rsplit("@", 1)[-1]
+    return base or host or redact(url)
+
+
+def mix_names(sources: Sequence[MixSource]) -> tuple[str, ...]:
     """The sources' names, checked unique."""
-    if not sources or not all(isinstance(s, Source) for s in sources):
-        raise ValueError("a mix needs a non-empty list of Source")
+    if not sources or not all(isinstance(s, MixSource) for s in sources):
+        raise ValueError("a mix needs a non-empty list of MixSource")
     names = tuple(str(s.name) for s in sources)
     dup = sorted({n for n in names if names.count(n) > 1})
     if dup:
@@ -91,7 +119,7 @@ def mix_names(sources: Sequence[Source]) -> tuple[str, ...]:
 
 
 def _weights(
-    sources: Sequence[Source], names: tuple[str, ...], weights: Schedule | None, epoch: int
+    sources: Sequence[MixSource], names: tuple[str, ...], weights: Schedule | None, epoch: int
 ) -> list[float | None]:
     weighted = [i for i, s in enumerate(sources) if s.fixed_quota(0) is None]
     if weights is not None:
@@ -115,7 +143,7 @@ def _weights(
 
 
 def mix_quotas_for(
-    sources: Sequence[Source],
+    sources: Sequence[MixSource],
     sizes: Sequence[int],
     epoch: int,
     *,
@@ -141,7 +169,7 @@ def mix_quotas_for(
 
 
 def epoch_offsets_for(
-    sources: Sequence[Source],
+    sources: Sequence[MixSource],
     sizes: Sequence[int],
     *,
     weights: Schedule | None = None,
@@ -158,7 +186,7 @@ def epoch_offsets_for(
 
 
 def mix_epoch(
-    sources: Sequence[Source],
+    sources: Sequence[MixSource],
     sizes: Sequence[int],
     epoch: int,
     *,

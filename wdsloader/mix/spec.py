@@ -17,7 +17,7 @@ from wdsloader.curriculum.schedule import CallableSchedule, Schedule
 from wdsloader.format import FieldSpec, Manifest, ShardInfo, SplitInfo
 from wdsloader.format.checks import MAX_INT, as_int
 from wdsloader.mix.offsets import EpochOffsets
-from wdsloader.mix.source import Source, epoch_offsets_for, mix_epoch, mix_names
+from wdsloader.mix.source import MixSource, epoch_offsets_for, mix_epoch, mix_names
 from wdsloader.plan.mix import MixEpoch
 
 __all__ = ["MIX_ALGORITHM", "BATCHINGS", "MixSpec", "merge_manifests"]
@@ -36,7 +36,7 @@ class MixSpec:
     sources without ``samples``/``repeat``), ``epoch_samples``, ``batching`` and
     ``source_field`` (the batch field holding each sample's source index, or None)."""
 
-    sources: tuple[Source, ...]
+    sources: tuple[MixSource, ...]
     sizes: tuple[int, ...]
     shards: tuple[int, ...]
     weights: Schedule | None = None

@@ -11,7 +11,7 @@ import numpy as np
 from wdsloader.format import Manifest, ShardInfo
 from wdsloader.io.fetch import ShardStore
 from wdsloader.io.ranges import Cut
-from wdsloader.mix.source import Source, mix_names
+from wdsloader.mix.source import MixSource, mix_names
 from wdsloader.mix.spec import MixSpec, merge_manifests
 
 __all__ = ["MixStore", "open_mix"]
@@ -133,7 +133,7 @@ class MixStore:
 
 
 def open_mix(
-    sources: Sequence[Source],
+    sources: Sequence[MixSource],
     split: str,
     fields: Sequence[str] | None,
     mix_options: dict[str, Any],

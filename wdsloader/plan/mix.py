@@ -25,6 +25,7 @@ from typing import overload
 import numpy as np
 
 from wdsloader.format.checks import as_int
+from wdsloader.lazy import moved_names
 from wdsloader.plan.batches import epoch_dropped, epoch_padding, num_batches, worker_batches
 from wdsloader.plan.config import PlanConfig
 from wdsloader.plan.mix_stream import (
@@ -41,7 +42,7 @@ from wdsloader.plan.quotas import largest_remainder
 from wdsloader.plan.resume import Resume
 
 __all__ = [
-    "Batch",
+    "MixBatchIds",
     "GlobalIds",
     "MixEpoch",
     "MixTopology",
@@ -114,7 +115,11 @@ def _strata_done(topo: MixTopology, resume: Resume | None) -> int:
     return resume.batches_done
 
 
-Batch = tuple[np.ndarray, np.ndarray]  # (source, sample id) of each sample of a batch
+#: One mixed batch: the source and the sample id (in that source) of each of its samples.
+MixBatchIds = tuple[np.ndarray, np.ndarray]
+
+# ``Batch``: the old name, until 0.2.0 (``wdsloader.Batch`` is a training batch, a dict).
+__getattr__ = moved_names(__name__, {"Batch": ("wdsloader.plan.mix", "MixBatchIds")})
 
 
 def mix_num_batches(me: MixEpoch, topo: MixTopology, resume: Resume | None = None) -> int:
@@ -150,7 +155,7 @@ def mix_dropped(me: MixEpoch, topo: MixTopology) -> int:
     return me.length % (topo.world_size * topo.batch_size) if topo.drop_last else 0
 
 
-class MixedBatches(Sequence[Batch]):
+class MixedBatches(Sequence[MixBatchIds]):
     """``batching="mixed"``: the batches one worker yields, computed when indexed (a slice in
     one go: one evaluation of the keyed orders for all its samples)."""
 
@@ -161,12 +166,12 @@ class MixedBatches(Sequence[Batch]):
         return len(self.positions)
 
     @overload
-    def __getitem__(self, index: int) -> Batch: ...
+    def __getitem__(self, index: int) -> MixBatchIds: ...
 
     @overload
-    def __getitem__(self, index: slice) -> list[Batch]: ...
+    def __getitem__(self, index: slice) -> list[MixBatchIds]: ...
 
-    def __getitem__(self, index: int | slice) -> Batch | list[Batch]:
+    def __getitem__(self, index: int | slice) -> MixBatchIds | list[MixBatchIds]:
         if not isinstance(index, slice):
             return mixed_layout(self.me, self.positions[index])
         parts = self.positions[index]
@@ -177,7 +182,7 @@ class MixedBatches(Sequence[Batch]):
         return list(zip(np.split(src, cuts), np.split(ids, cuts), strict=True))
 
 
-class StratifiedBatches(Sequence[Batch]):
+class StratifiedBatches(Sequence[MixBatchIds]):
     """``batching="stratified"``: the batches one worker of ``rank`` yields, the global
     batches ``steps`` (a range), computed when indexed."""
 
@@ -190,12 +195,12 @@ class StratifiedBatches(Sequence[Batch]):
         return len(self.steps)
 
     @overload
-    def __getitem__(self, index: int) -> Batch: ...
+    def __getitem__(self, index: int) -> MixBatchIds: ...
 
     @overload
-    def __getitem__(self, index: slice) -> list[Batch]: ...
+    def __getitem__(self, index: slice) -> list[MixBatchIds]: ...
 
-    def __getitem__(self, index: int | slice) -> Batch | list[Batch]:
+    def __getitem__(self, index: int | slice) -> MixBatchIds | list[MixBatchIds]:
         if isinstance(index, slice):
             return [
                 self.strata.rank_batch(self.me, self.topo, t, self.rank) for t in self.steps[index]
@@ -207,7 +212,7 @@ class GlobalIds(Sequence[np.ndarray]):
     """Batches of ``(source, id)`` as ids of the sources' samples concatenated:
     ``offsets[source] + id`` (computed when indexed)."""
 
-    def __init__(self, batches: Sequence[Batch], offsets: np.ndarray) -> None:
+    def __init__(self, batches: Sequence[MixBatchIds], offsets: np.ndarray) -> None:
         self.batches, self.offsets = batches, np.asarray(offsets, dtype=np.int64)
 
     def __len__(self) -> int:
@@ -229,7 +234,7 @@ class GlobalIds(Sequence[np.ndarray]):
 
 def mix_worker_batches(
     me: MixEpoch, topo: MixTopology, rank: int, worker: int, resume: Resume | None = None
-) -> Sequence[Batch]:
+) -> Sequence[MixBatchIds]:
     """The batches DataLoader worker ``worker`` of ``rank`` yields (from ``resume`` on, as
     :func:`mix_num_batches`): rank batches ``worker, worker + num_workers, ...`` (torch's
     round-robin over workers, as :func:`~wdsloader.plan.worker_batches`). ``batching="mixed"``
@@ -246,7 +251,7 @@ def mix_worker_batches(
 
 def mix_rank_batches(
     me: MixEpoch, topo: MixTopology, rank: int, resume: Resume | None = None
-) -> list[Batch]:
+) -> list[MixBatchIds]:
     """All batches of ``rank`` in the order its DataLoader yields them (from ``resume`` on)."""
     lists = [mix_worker_batches(me, topo, rank, w, resume) for w in range(topo.num_workers)]
     longest = max((len(lst) for lst in lists), default=0)
@@ -288,7 +293,7 @@ class _Strata:
         out: np.ndarray = t * self.base + first + second
         return out
 
-    def rank_batch(self, me: MixEpoch, topo: MixTopology, t: int, rank: int) -> Batch:
+    def rank_batch(self, me: MixEpoch, topo: MixTopology, t: int, rank: int) -> MixBatchIds:
         counts = self.counts(t)
         size = int(counts.sum())
         per = topo.batch_size if t < self.full else -(-size // topo.world_size)

@@ -292,12 +292,19 @@ def resolve_config(
     )
 
 
-def make_collate(config: LoaderConfig) -> Callable[[list[dict[str, Any]]], Any]:
+def make_collate(
+    config: LoaderConfig, optional: Sequence[str] = ()
+) -> Callable[[list[dict[str, Any]]], Any]:
     """The collate function of ``config``: its callable, or the registered collator it names
-    made with its ``collate_options`` (a ValueError listing the registered ones when unknown)."""
+    made with its ``collate_options`` (a ValueError listing the registered ones when unknown).
+    ``optional``: the schema's optional fields, which the ``default`` collator always yields as
+    lists (so a field's type is the same in every batch, whether or not a batch lacks it)."""
     if callable(config.collate):
         return config.collate
     from wdsloader.collate.registry import CollatorRegistry
 
+    options = dict(config.collate_options)
+    if config.collate == "default" and optional and "optional" not in options:
+        options["optional"] = tuple(optional)
     registry = CollatorRegistry.get_instance()
-    return registry.get_collator(collator_name=config.collate, **config.collate_options)
+    return registry.get_collator(collator_name=config.collate, **options)

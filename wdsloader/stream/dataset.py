@@ -148,7 +148,7 @@ class ShardStreamDataset(IterableDataset):
         """Select the epoch the next iteration plays (also inside persistent workers)."""
         self.control.epoch = epoch
 
-    def force_steering(self, variant: str | None) -> None:
+    def force_variant(self, variant: str | None) -> None:
         """Give every sample the curriculum variant ``variant`` (e.g. for validation); None
         restores the schedule. Reaches persistent workers."""
         if self.curriculum is None:
@@ -156,10 +156,13 @@ class ShardStreamDataset(IterableDataset):
         self.control.forced = None if variant is None else self.curriculum.index(variant)
 
     @property
-    def forced_steering(self) -> str | None:
-        """The variant forced by :meth:`force_steering`, or None."""
+    def forced_variant(self) -> str | None:
+        """The variant forced by :meth:`force_variant`, or None."""
         index = self.control.forced
         return None if index is None or self.curriculum is None else self.curriculum.names[index]
+
+    # the steering-dataset loader API's names, kept as aliases
+    force_steering, forced_steering = force_variant, forced_variant
 
     def output_schema(self) -> dict[str, FieldSpec]:
         """The :class:`FieldSpec` of every field a batch holds (before collation)."""

@@ -11,7 +11,7 @@ from torch.utils.data import DataLoader
 
 from wdsloader import plan
 from wdsloader.decode.registry import SampleDecoder
-from wdsloader.errors import ManifestError, WorkerDiedError
+from wdsloader.errors import WorkerDiedError
 from wdsloader.format import FieldSpec, Manifest
 from wdsloader.io.fetch import ReadOptions, ShardStore
 from wdsloader.stream.config import (
@@ -28,15 +28,16 @@ from wdsloader.stream.config import (
     resolve_read_options,
 )
 from wdsloader.stream.dataset import ShardStreamDataset
+from wdsloader.stream.inputs import open_dataset, rank_and_world
 from wdsloader.stream.prefetch import DevicePrefetcher
 from wdsloader.stream.start_method import check_sendable
-from wdsloader.stream.state import LoaderState, stage_fingerprint
+from wdsloader.stream.state import LoaderState, epoch_fingerprint, stage_fingerprint
 from wdsloader.stream.workers import WorkerWatch
 
 if TYPE_CHECKING:
     from wdsloader.curriculum.curriculum import Curriculum
     from wdsloader.curriculum.schedule import Schedule
-    from wdsloader.mix.source import Source
+    from wdsloader.mix.source import MixSource
     from wdsloader.mix.spec import MixSpec
     from wdsloader.mix.store import MixStore
 
@@ -60,10 +61,13 @@ __all__ = [
 class WdsDataLoader(DataLoader):
     """A DataLoader whose batches are planned per rank and worker; see :func:`create_loader`.
 
-    Adds ``dataset_obj`` (the :class:`ShardStreamDataset`), ``sampler_obj`` (None: the plan does
-    the sampler's job), ``state_dict()``/``load_state_dict()`` (torchdata's StatefulDataLoader
-    protocol; :meth:`state` gives the same as a :class:`~wdsloader.stream.state.LoaderState`),
-    :meth:`set_epoch`, :meth:`force_steering`, :meth:`output_schema` and ``stats``.
+    Adds ``dataset_obj`` (its ``dataset``, the :class:`ShardStreamDataset`, under the
+    steering-dataset loader API's name), ``sampler_obj`` (None: the plan does the sampler's job),
+    ``state_dict()``/``load_state_dict()`` (torchdata's StatefulDataLoader protocol;
+    :meth:`state` gives the same as a :class:`~wdsloader.stream.state.LoaderState`),
+    :meth:`set_epoch`, :meth:`force_variant` (alias ``force_steering``), :meth:`output_schema`,
+    ``manifest`` (its ``dims`` bind the symbolic shapes of ``output_schema()``), ``stats`` and
+    ``epoch_stats``.
     ``len(loader)`` is the number of batches this rank yields in a full epoch; iterating a
     loader to the end moves it to the next epoch. ``fingerprint`` (default: derived from the
     dataset) names each stage's config in the states it saves.
@@ -87,6 +91,7 @@ class WdsDataLoader(DataLoader):
         # progress of the current iteration: where it began and the batches it yielded
         self._started_from: plan.Resume | None = None
         self._yielded = 0
+        self._stats_base: dict[str, int] = {}  # ``stats`` when the current pass began
 
     # a generator over DataLoader's iterator (resume bookkeeping), not a _BaseDataLoaderIter
     def __iter__(self) -> Iterator[Any]:  # type: ignore[override]
@@ -97,6 +102,7 @@ class WdsDataLoader(DataLoader):
         self._pending = None
         ds.set_resume(resume)
         self._started_from, self._yielded = resume, 0
+        self._stats_base = ds.counters()
         watch = WorkerWatch(super().__iter__(), ds)
         while True:
             try:
@@ -132,7 +138,7 @@ class WdsDataLoader(DataLoader):
             config=ds.config,
             resume=resume,
             shards=ds.shards_digest,
-            fingerprint=self.fingerprint,
+            fingerprint={**self.fingerprint, **epoch_fingerprint(ds, epoch)},
         )
 
     def state_dict(self) -> dict[str, Any]:
@@ -145,21 +151,21 @@ class WdsDataLoader(DataLoader):
         A different world size, worker count, batch size, drop_last or shuffle window re-plans
         the samples not yet consumed in that epoch over the new topology (each delivered once).
         A state taken on other data, with another seed, shuffle, span, fields, decoder options,
-        curriculum, collator or plan version is a
+        curriculum, collator or plan version, or whose mix weights or curriculum schedule function
+        returns other values at its epoch, is a
         :class:`~wdsloader.errors.StateMismatchError` naming what differs.
         """
         ds = self.dataset_obj
-        loaded = state if isinstance(state, LoaderState) else LoaderState.from_dict(state)
-        loaded.check(
-            split=ds.split, config=ds.config, shards=ds.shards_digest, fingerprint=self.fingerprint
-        )
+        loaded = LoaderState.from_dict(state.to_dict() if isinstance(state, LoaderState) else state)
+        now = {**self.fingerprint, **epoch_fingerprint(ds, loaded.epoch)}
+        loaded.check(split=ds.split, config=ds.config, shards=ds.shards_digest, fingerprint=now)
         resume = loaded.plan_resume(ds.config, ds.num_batches)
         ds.set_epoch(loaded.epoch)
         trivial = resume.batches_done == 0 and resume.prior is None
         self._pending = None if trivial else loaded
         self._started_from, self._yielded = None, 0
 
-    # -- steering ------------------------------------------------------------------------------
+    # -- epoch and curriculum ------------------------------------------------------------------
     def set_epoch(self, epoch: int) -> None:
         """Make the next iteration play ``epoch`` (shuffle order, curriculum), also inside
         persistent workers; a loaded state of another epoch is dropped."""
@@ -167,10 +173,12 @@ class WdsDataLoader(DataLoader):
             self._pending = None
         self.dataset_obj.set_epoch(epoch)
 
-    def force_steering(self, variant: str | None) -> None:
+    def force_variant(self, variant: str | None) -> None:
         """Give every sample the curriculum variant ``variant`` (e.g. for validation); None
         restores the schedule. Reaches persistent workers."""
-        self.dataset_obj.force_steering(variant)
+        self.dataset_obj.force_variant(variant)
+
+    force_steering = force_variant  # the steering-dataset loader API's name, kept as an alias
 
     def output_schema(self) -> dict[str, FieldSpec]:
         """The :class:`~wdsloader.format.FieldSpec` of every field a batch holds (before
@@ -188,11 +196,27 @@ class WdsDataLoader(DataLoader):
         return self.dataset_obj.dropped()
 
     @property
+    def manifest(self) -> Manifest:
+        """The manifest this loader reads (for a mix of sources, their combined schema and
+        ``dims``): e.g. ``validate_batch(batch, loader.output_schema(),
+        dims=loader.manifest.dims)``."""
+        return self.dataset_obj.manifest
+
+    @property
     def stats(self) -> dict[str, int]:
-        """Counters summed over workers: samples, batches, skipped_samples, skipped_batches
-        (batches whose every sample failed, yielded with stand-in samples), gathered_batches;
-        reading several sources, also ``samples/<name>`` per source."""
+        """Counters summed over workers, **cumulative** since the loader was made (over every
+        epoch; :meth:`set_epoch` and :meth:`load_state_dict` do not reset them): samples,
+        batches, skipped_samples, skipped_batches (batches whose every sample failed, yielded
+        with stand-in samples), gathered_batches; reading several sources, also
+        ``samples/<name>`` per source. :attr:`epoch_stats` counts the current epoch only."""
         return self.dataset_obj.counters()
+
+    @property
+    def epoch_stats(self) -> dict[str, int]:
+        """:attr:`stats` counted since the current (or last) pass over an epoch began (a pass
+        resumed mid-epoch counts from the resume point)."""
+        base = self._stats_base
+        return {k: v - base.get(k, 0) for k, v in self.dataset_obj.counters().items()}
 
 
 def _as_is(batch: Any) -> Any:
@@ -230,63 +254,6 @@ def set_epoch(loader: Any, epoch: int) -> None:
     method(epoch)
 
 
-def _rank_and_world(
-    distributed: bool,
-    rank: int | None,
-    world_size: int | None,
-    device_mesh: Any = None,
-    dp_dim: str | None = None,
-) -> tuple[int, int]:
-    """The data-parallel rank and size: from ``device_mesh``'s ``dp_dim``, torch.distributed,
-    or given; ValueError for a contradictory or unused combination."""
-    if device_mesh is not None:
-        if distributed or rank is not None or world_size is not None:
-            raise ValueError(
-                "device_mesh gives the data-parallel rank and size; distributed=True, rank and "
-                "world_size would contradict it (give one of them)"
-            )
-        dim = "dp" if dp_dim is None else dp_dim
-        names = tuple(getattr(device_mesh, "mesh_dim_names", None) or ())
-        if dim not in names:
-            raise ValueError(
-                f"dp_dim={dim!r} is not a dimension of device_mesh (its dimensions: {names})"
-            )
-        return int(device_mesh.get_local_rank(dim)), int(device_mesh.size(names.index(dim)))
-    if dp_dim is not None:
-        raise ValueError(f"dp_dim={dp_dim!r} would be unused: it names a dimension of device_mesh")
-    if distributed:
-        import torch.distributed as dist
-
-        if rank is not None or world_size is not None:
-            raise ValueError(
-                f"rank={rank} / world_size={world_size} would be unused: distributed=True "
-                f"takes them from torch.distributed"
-            )
-        if not (dist.is_available() and dist.is_initialized()):
-            raise RuntimeError(
-                "distributed=True needs an initialised torch.distributed process group "
-                "(call torch.distributed.init_process_group first, e.g. under torchrun)"
-            )
-        return dist.get_rank(), dist.get_world_size()
-    if (rank is None) != (world_size is None):
-        raise ValueError("give both rank and world_size, or neither")
-    return (rank or 0), (world_size or 1)
-
-
-def _open(
-    root: str, options: ReadOptions, check_shards: bool, split: str
-) -> tuple[ShardStore, Manifest]:
-    """The store over ``root`` and its manifest (read under the options' timeouts)."""
-    store = ShardStore(root, options)
-    try:
-        manifest = Manifest.load(root, options.storage_options_for(root))
-    except ManifestError as exc:  # its message shows the root as given, userinfo included
-        raise ManifestError(store.redact(exc)) from None
-    if check_shards:
-        store.check_shards(manifest.split(split).shards)
-    return store, manifest
-
-
 def build_dataset(
     config: LoaderConfig, manifest: Manifest, store: ShardStore | MixStore
 ) -> ShardStreamDataset:
@@ -301,8 +268,11 @@ def build_dataset(
             manifest.schema or None,
             None if config.fields is None else list(config.fields),
             allow_pickle=config.allow_pickle,
+            dims=manifest.dims,
         ),
-        collate_fn=make_collate(config),
+        collate_fn=make_collate(
+            config, [name for name, spec in manifest.schema.items() if spec.optional]
+        ),
         on_error=config.on_error,
         readahead_batches=config.readahead_batches,
         curriculum=config.curriculum,
@@ -324,15 +294,15 @@ def build_loader(config: LoaderConfig, dataset: ShardStreamDataset) -> WdsDataLo
 
 
 def create_loader(
-    dataset_dir: str | os.PathLike[str] | Sequence[Source],
+    dataset_dir: str | os.PathLike[str] | Sequence[MixSource],
     split: str,
     batch_size: int,
-    *,
     num_workers: int = 0,
     distributed: bool = False,
     epoch: int = 0,
     drop_last: bool | None = None,
     pin_memory: bool = True,
+    *,
     seed: int = 0,
     shuffle: bool | None = None,
     shuffle_window: int | None = None,
@@ -364,13 +334,14 @@ def create_loader(
     source_field: str | None = None,
 ) -> WdsDataLoader:
     """A DataLoader over ``split`` of the dataset at ``dataset_dir`` (a path or fsspec URL), or
-    of several datasets mixed sample by sample (a list of :class:`~wdsloader.mix.Source`).
+    of several datasets mixed sample by sample (a list of :class:`~wdsloader.mix.MixSource`).
 
     Every rank yields exactly ``len(loader)`` batches; across ranks and workers each sample comes
     once per epoch (``drop_last=True`` drops fewer than ``world_size * batch_size``;
     ``drop_last=False`` repeats as few samples as needed to make ranks equal). ``drop_last``
-    defaults to True for ``train`` and False otherwise; shuffling to ``train`` only. Options
-    after ``batch_size`` are keyword-only.
+    defaults to True for ``train`` and False otherwise; shuffling to ``train`` only. The first
+    eight parameters, up to ``pin_memory``, may be given by position (the order of the seed's
+    ``create_loader``); the others are keyword-only.
 
     ``span`` (samples read together from one shard) and ``shuffle_window`` (samples a worker
     shuffles among) default to sizes derived from the average sample size (256 KiB and 64 MiB
@@ -415,8 +386,8 @@ def create_loader(
     :class:`~wdsloader.errors.SkipLimitError`. A worker process that dies raises
     :class:`~wdsloader.errors.WorkerDiedError` (a RuntimeError).
 
-    A list of :class:`~wdsloader.mix.Source` mixes their ``split`` inside every batch: each
-    source gives exactly its quota per epoch (``Source(weight=)``, ``samples=`` or ``repeat=``;
+    A list of :class:`~wdsloader.mix.MixSource` mixes their ``split`` inside every batch: each
+    source gives exactly its quota per epoch (``MixSource(weight=)``, ``samples=`` or ``repeat=``;
     largest remainder over ``epoch_samples``, default the sum of the quotas), a short source
     repeating and a large one subsampled in rotation (every sample before any twice, across
     epochs and weight changes). ``weights`` (a schedule: ``wdsloader.curriculum.fixed``,
@@ -436,7 +407,7 @@ def create_loader(
         cache_limit_bytes=cache_limit_bytes,
         verify_checksum=verify_checksum,
     )
-    r, world = _rank_and_world(distributed, rank, world_size, device_mesh, dp_dim)
+    r, world = rank_and_world(distributed, rank, world_size, device_mesh, dp_dim)
     mix_options = {"weights": weights, "epoch_samples": epoch_samples,
                    "batching": batching, "source_field": source_field}  # fmt: skip
     store: ShardStore | MixStore
@@ -445,17 +416,17 @@ def create_loader(
         unused = sorted(k for k, v in mix_options.items() if v is not None)
         if unused:
             raise ValueError(
-                f"{unused} would be unused: they configure a mix (pass a list of Source)"
+                f"{unused} would be unused: they configure a mix (pass a list of MixSource)"
             )
         root = os.fspath(dataset_dir)
-        store, manifest = _open(root, options, check_shards, split)
+        store, manifest = open_dataset(root, options, check_shards, split)
     else:
         mix_options["batching"] = batching or "mixed"
         from wdsloader.mix.store import open_mix
 
         store, manifest, mix = open_mix(
             list(dataset_dir), split, fields, mix_options,
-            lambda url: _open(url, options, check_shards, split),
+            lambda url: open_dataset(url, options, check_shards, split),
         )  # fmt: skip
         root = "+".join(mix.names)
     config = resolve_config(

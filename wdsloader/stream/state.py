@@ -6,7 +6,8 @@ split's shards (path, sample count and sha256 from the manifest), the plan's ide
 shuffle, span) and a fingerprint of every stage's config (plan algorithm, fields, decoder,
 curriculum, collator), so a state from another dataset or pipeline is refused instead of
 silently replayed over other samples. The topology (world size, workers, batch size, drop_last,
-shuffle window) may differ: the plan re-plans the samples not yet consumed.
+shuffle window) may differ: the plan re-plans the samples not yet consumed. Every number of a
+state is bounded and its chain of elastic resumes capped: a tampered one is refused by its key.
 """
 
 from __future__ import annotations
@@ -16,14 +17,28 @@ import json
 import logging
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from wdsloader.errors import StateMismatchError
 from wdsloader.format import ShardInfo
-from wdsloader.plan import PLAN_ALGORITHM, PlanConfig, Resume, num_batches
+from wdsloader.plan import PlanConfig, Resume, num_batches
+from wdsloader.stream.fingerprint import (
+    EPOCH_PARTS,
+    FINGERPRINT_PARTS,
+    epoch_fingerprint,
+    stage_fingerprint,
+)
 
-if TYPE_CHECKING:
-    from wdsloader.curriculum.curriculum import Curriculum
+__all__ = [
+    "LoaderState",
+    "ResumePoint",
+    "counts_digest",
+    "epoch_fingerprint",
+    "resume_from_dict",
+    "resume_to_dict",
+    "shards_digest",
+    "stage_fingerprint",
+]
 
 log = logging.getLogger(__name__)
 
@@ -31,8 +46,6 @@ STATE_FORMAT = "wdsloader.stream.loader"
 STATE_VERSION = 1
 _TOPOLOGY = ("world_size", "num_workers", "batch_size", "drop_last", "window")
 _IDENTITY = ("seed", "shuffle", "span")
-# the parts of a stage fingerprint, in the order a mismatch lists them
-FINGERPRINT_PARTS = ("plan", "fields", "decoder", "curriculum", "collate")
 # the type of every key of a state (``shards_digest`` and ``fingerprint`` may be absent: states
 # saved before they were recorded)
 _STATE_TYPES: dict[str, type] = {
@@ -63,6 +76,27 @@ _RESUME_TYPES: dict[str, type] = {
     **dict.fromkeys(_TOPOLOGY, int),
     "drop_last": bool,
 }
+INT64_MAX = 2**63 - 1
+# The bounds of every number of a state, far beyond any real run: a tampered value is refused
+# naming its key instead of reaching the plan (allocations per rank and worker, int64 arrays).
+# The seed is compared with the loader's own instead.
+MAX_WORLD_SIZE = 2**24  # ranks; also the bound of world_size * num_workers (plan workers)
+MAX_NUM_WORKERS = 2**16  # DataLoader workers per rank
+MAX_BATCH_SIZE = 2**32
+MAX_EPOCH = 2**62  # the next epoch, and seeds derived from it, stay within int64
+MAX_RESUME_CHAIN = 256  # elastic resumes (topology changes) within one epoch
+_BOUNDS: dict[str, tuple[int, int]] = {
+    "version": (0, INT64_MAX),
+    "epoch": (0, MAX_EPOCH),
+    "batches_done": (0, INT64_MAX),
+    "seed": (0, 2**128),
+    "span": (1, INT64_MAX),
+    "num_samples": (0, INT64_MAX),
+    "world_size": (1, MAX_WORLD_SIZE),
+    "num_workers": (1, MAX_NUM_WORKERS),
+    "batch_size": (1, MAX_BATCH_SIZE),
+    "window": (0, INT64_MAX),
+}
 
 
 def counts_digest(counts: tuple[int, ...]) -> str:
@@ -74,59 +108,6 @@ def shards_digest(shards: Sequence[ShardInfo]) -> str:
     """A short fingerprint of a split's shards: each one's path, sample count and sha256."""
     rows = [[s.path, s.num_samples, s.sha256] for s in shards]
     return hashlib.sha256(json.dumps(rows).encode()).hexdigest()[:16]
-
-
-def _callable_name(fn: object) -> str:
-    """``module.qualname`` of a function, or of an instance's class."""
-    target = fn if hasattr(fn, "__qualname__") else type(fn)
-    return f"{getattr(target, '__module__', '?')}.{getattr(target, '__qualname__', '?')}"
-
-
-def _curriculum_part(curriculum: Curriculum | None) -> str:
-    if curriculum is None:
-        return "none"
-    from wdsloader.curriculum.schedule import CallableSchedule
-
-    if isinstance(curriculum.schedule, CallableSchedule):  # no dict form: name the function
-        desc: dict[str, Any] = {
-            "output": curriculum.output,
-            "index_output": curriculum.index_output,
-            "variants": list(curriculum.names),
-            "schedule": _callable_name(curriculum.schedule.fn),
-            "seed": curriculum.seed,
-        }
-    else:
-        desc = curriculum.to_dict()
-    text = json.dumps(desc, sort_keys=True, default=str)
-    return f"{curriculum.output}:{hashlib.sha256(text.encode()).hexdigest()[:12]}"
-
-
-def stage_fingerprint(
-    *,
-    fields: Sequence[str] | None,
-    allow_pickle: bool,
-    curriculum: Curriculum | None,
-    collate: str | Callable[..., Any],
-    mix: str | None = None,
-) -> dict[str, str]:
-    """Each stage's config as a short string, one per :data:`FINGERPRINT_PARTS` entry.
-
-    ``fields`` are the decoded fields (None: whatever the samples hold); ``collate`` is a
-    registered collator's name or the callable itself (named by module and qualname). Gathering
-    and ``on_error`` are left out: they do not change which samples a batch holds. ``mix`` (a
-    sample-level mix's :meth:`~wdsloader.mix.spec.MixSpec.fingerprint`) adds the part ``"mix"``.
-    """
-    name, version = PLAN_ALGORITHM
-    out = {
-        "plan": f"{name}/{version}",
-        "fields": "*" if fields is None else ",".join(sorted(fields)),
-        "decoder": f"allow_pickle={bool(allow_pickle)}",
-        "curriculum": _curriculum_part(curriculum),
-        "collate": collate if isinstance(collate, str) else _callable_name(collate),
-    }
-    if mix is not None:
-        out["mix"] = mix
-    return out
 
 
 def _type_name(value: object) -> str:
@@ -145,6 +126,14 @@ def _check_types(data: Mapping[str, Any], types: Mapping[str, type], where: str)
                 f"malformed loader state: {where}{key!r} should be {kind.__name__}, "
                 f"got {_type_name(value)} ({value!r:.60})"
             )
+        if kind is int and key in _BOUNDS:
+            lo, hi = _BOUNDS[key]
+            if not lo <= value <= hi:
+                shown = repr(value) if value.bit_length() <= 128 else f"{value.bit_length()} bits"
+                raise StateMismatchError(
+                    f"malformed loader state: {where}{key!r} = {shown} is out of bounds "
+                    f"(from {lo} to {hi})"
+                )
 
 
 @dataclass(frozen=True, slots=True)
@@ -163,41 +152,89 @@ class ResumePoint:
     @classmethod
     def of(cls, resume: Resume) -> ResumePoint:
         """The resume point of a plan resume chain."""
-        prior = None if resume.prior is None else cls.of(resume.prior)
-        topo = {name: getattr(resume.config, name) for name in _TOPOLOGY}
-        return cls(batches_done=resume.batches_done, prior=prior, **topo)
+        chain: list[Resume] = []
+        link: Resume | None = resume
+        while link is not None:
+            chain.append(link)
+            link = link.prior
+        out: ResumePoint | None = None
+        for r in reversed(chain):
+            topo = {name: getattr(r.config, name) for name in _TOPOLOGY}
+            out = cls(batches_done=r.batches_done, prior=out, **topo)
+        assert out is not None
+        return out
+
+    def chain(self) -> list[ResumePoint]:
+        """This point and its priors, the latest first."""
+        out: list[ResumePoint] = []
+        link: ResumePoint | None = self
+        while link is not None:
+            out.append(link)
+            link = link.prior
+        return out
 
     def to_plan(self, config: PlanConfig) -> Resume:
         """The plan resume chain, for a plan whose other fields are ``config``'s (ValueError
         when the topology is not a valid plan)."""
-        saved = replace(config, **{name: getattr(self, name) for name in _TOPOLOGY})
-        prior = None if self.prior is None else self.prior.to_plan(config)
-        return Resume(saved, self.batches_done, prior)
+        out: Resume | None = None
+        for point in reversed(self.chain()):
+            saved = replace(config, **{name: getattr(point, name) for name in _TOPOLOGY})
+            out = Resume(saved, point.batches_done, out)
+        assert out is not None
+        return out
 
     def to_dict(self) -> dict[str, Any]:
         """The JSON-able form (also what reaches the workers through shared memory)."""
-        return {
-            "batches_done": self.batches_done,
-            **{name: getattr(self, name) for name in _TOPOLOGY},
-            "prior": None if self.prior is None else self.prior.to_dict(),
-        }
+        out: dict[str, Any] | None = None
+        for point in reversed(self.chain()):
+            out = {
+                "batches_done": point.batches_done,
+                **{name: getattr(point, name) for name in _TOPOLOGY},
+                "prior": out,
+            }
+        assert out is not None
+        return out
 
     @classmethod
     def from_dict(cls, data: object, where: str = "resume.") -> ResumePoint:
-        """The resume point ``data`` describes; :class:`StateMismatchError` names a missing or
-        mistyped key."""
-        if not isinstance(data, Mapping):
-            key = where.rstrip(".")
-            raise StateMismatchError(
-                f"malformed loader state: {key!r} should be dict, got {_type_name(data)}"
+        """The resume point ``data`` describes; :class:`StateMismatchError` names a missing,
+        mistyped or out-of-bounds key, or a chain of more than :data:`MAX_RESUME_CHAIN`."""
+        rows: list[Mapping[str, Any]] = []
+        base = where
+        while data is not None:
+            if len(rows) == MAX_RESUME_CHAIN:
+                raise StateMismatchError(
+                    f"malformed loader state: {base.rstrip('.')!r} is a chain of more than "
+                    f"{MAX_RESUME_CHAIN} elastic resumes within one epoch"
+                )
+            if not isinstance(data, Mapping):
+                raise StateMismatchError(
+                    f"malformed loader state: {where.rstrip('.')!r} should be dict, "
+                    f"got {_type_name(data)}"
+                )
+            _check_types(data, _RESUME_TYPES, where)
+            plan_workers = data["world_size"] * data["num_workers"]
+            if plan_workers > MAX_WORLD_SIZE:
+                raise StateMismatchError(
+                    f"malformed loader state: {where}'world_size' * {where}'num_workers' = "
+                    f"{plan_workers} is above the bound {MAX_WORLD_SIZE}"
+                )
+            rows.append(data)
+            depth = len(rows)
+            where = base + ("prior." * depth if depth <= 3 else f"prior(depth {depth}).")
+            data = data.get("prior")
+        out: ResumePoint | None = None
+        for row in reversed(rows):
+            out = cls(
+                batches_done=row["batches_done"],
+                prior=out,
+                **{name: row[name] for name in _TOPOLOGY},
             )
-        _check_types(data, _RESUME_TYPES, where)
-        prior = data.get("prior")
-        return cls(
-            batches_done=data["batches_done"],
-            prior=None if prior is None else cls.from_dict(prior, f"{where}prior."),
-            **{name: data[name] for name in _TOPOLOGY},
-        )
+        if out is None:
+            raise StateMismatchError(
+                f"malformed loader state: {where.rstrip('.')!r} should be dict, got None"
+            )
+        return out
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -292,6 +329,11 @@ class LoaderState:
                 log.warning("the loader state has %s", missing)
         _check_types(state, types, "")
         resume = ResumePoint.from_dict(state["resume"])
+        if state["batches_done"] != resume.batches_done:
+            raise StateMismatchError(
+                f"malformed loader state: 'batches_done' = {state['batches_done']} and "
+                f"'resume.batches_done' = {resume.batches_done} should be equal"
+            )
         fingerprint = state.get("fingerprint")
         if fingerprint is not None:
             bad = [k for k, v in fingerprint.items() if not isinstance(v, str)]
@@ -330,6 +372,7 @@ class LoaderState:
         labels = {
             "counts_digest": "shard sample counts (counts_digest)",
             "shards_digest": "shards: paths or sha256 (shards_digest)",
+            **{part: f"{what} ({part})" for part, what in EPOCH_PARTS.items()},
         }
         pairs: list[tuple[str, Any, Any]] = [
             ("split", self.split, split),

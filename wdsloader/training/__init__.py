@@ -1,6 +1,7 @@
 """What training code imports: the loader factory and its config, worker seeding, data modules,
-language-model text loaders, step accounting and loader profiling (the names seeds 001-004
-document). Names are imported on first use (torch, and ``build_shards`` for the text loaders).
+language-model text loaders, step accounting and loader profiling (the names of the
+training-engine data API, the DataLoader best practices, the micro-transformer text pipeline and
+Dream Trainer). Names are imported on first use (torch, and ``build_shards`` for the text loaders).
 The Lightning adapter (``wdsloader.training.lightning``, needs ``lightning``) is not
 re-exported: ``UniversalDataModule.to_lightning()`` loads it."""
 

@@ -11,7 +11,8 @@ __all__ = ["DataLoaderConfig"]
 
 @dataclass(slots=True)
 class DataLoaderConfig:
-    """How :class:`~wdsloader.training.DataLoaderFactory` builds a loader (seed 001's fields).
+    """How :class:`~wdsloader.training.DataLoaderFactory` builds a loader (the fields of the
+    training-engine data API).
 
     ``pin_memory=None`` means "CUDA is available"; ``persistent_workers=None`` means
     ``num_workers > 0``; ``prefetch_factor`` and ``persistent_workers`` apply only with workers.

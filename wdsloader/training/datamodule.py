@@ -1,4 +1,4 @@
-"""Seed 001's data modules: ``DataModuleProtocol`` and ``UniversalDataModule``.
+"""The training-engine data modules: ``DataModuleProtocol`` and ``UniversalDataModule``.
 
 ``UniversalDataModule`` takes a built shard dataset (its own splits), a Hugging Face ``Dataset``
 or ``DatasetDict``, a torch dataset, or a list of tensors/dicts, holds out a seeded validation
@@ -45,7 +45,7 @@ def split_indices(n: int, fraction: float, seed: int) -> tuple[list[int], list[i
 
 
 class UniversalDataModule:
-    """Train/val(/test) loaders from one piece of data (seed 001's ``UniversalDataModule``).
+    """Train/val(/test) loaders from one piece of data (the training-engine data module).
 
     ``train_data``: the path or URL of a built shard dataset (its ``train`` split, its
     ``val``/``validation`` split and ``test`` split are used; ``val_split`` is ignored), a
@@ -83,7 +83,7 @@ class UniversalDataModule:
         self.num_workers = num_workers
         self.seed = seed
         self.factory = DataLoaderFactory(collator_registry)
-        self._shards: Any = None  # a path/URL, or a list of Source
+        self._shards: Any = None  # a path/URL, or a list of MixSource
         self._shard_splits: list[str] | None = None
         self.train_data: Any = None
         self.val_data: Any = None

@@ -1,4 +1,4 @@
-"""The loader factory of seeds 001/002: one seeded loader from any data and a config.
+"""The training-engine loader factory: one seeded loader from any data and a config.
 
 ``DataLoaderFactory().create_dataloader(data, config)`` takes a torch map-style or iterable
 dataset, a Hugging Face ``Dataset``, a list of tensors or dicts (see
@@ -93,8 +93,8 @@ class SeededDataLoader(DataLoader):
 
 
 class DataLoaderFactory:
-    """Builds seeded loaders (seed 001's factory); ``collator_registry`` defaults to
-    ``CollatorRegistry.get_instance()``."""
+    """Builds seeded loaders (the training-engine data API's factory); ``collator_registry``
+    defaults to ``CollatorRegistry.get_instance()``."""
 
     def __init__(self, collator_registry: Any = None) -> None:
         self.collator_registry = collator_registry
@@ -231,7 +231,7 @@ def create_optimized_dataloader(
     rank: int = 0,
     seed: int = 42,
 ) -> SeededDataLoader | WdsDataLoader:
-    """Seed 002's loader: shuffled and ``drop_last`` for training, a seeded
+    """The best-practice DataLoader recipe: shuffled and ``drop_last`` for training, a seeded
     ``DistributedSampler`` when ``world_size > 1``, pinned memory with CUDA, persistent
     workers and ``prefetch_factor=2`` with workers, each worker seeded."""
     distributed = world_size > 1

@@ -28,13 +28,13 @@ class SampleList(Dataset):
 
 def is_shard_dataset(data: Any) -> bool:
     """True for a path or URL (a dataset built by ``build_shards``), or a non-empty list of
-    :class:`~wdsloader.mix.Source` (built datasets mixed by ``create_loader``)."""
+    :class:`~wdsloader.mix.MixSource` (built datasets mixed by ``create_loader``)."""
     if isinstance(data, str | os.PathLike):
         return True
     if isinstance(data, list | tuple) and data:
-        from wdsloader.mix.source import Source
+        from wdsloader.mix.source import MixSource
 
-        return all(isinstance(item, Source) for item in data)
+        return all(isinstance(item, MixSource) for item in data)
     return False
 
 

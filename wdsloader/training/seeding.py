@@ -4,7 +4,7 @@
 tuples give unrelated seeds: seed 42 at epoch 1 is not seed 43 at epoch 0). :class:`WorkerSeeder`
 is the ``worker_init_fn`` the loader factory installs: it seeds ``random``, numpy and torch in
 each worker from that tuple, so no two workers draw the same numbers and a rerun draws the same
-ones. :func:`seed_worker` is the ``worker_init_fn`` seeds 001 and 002 document (numpy and
+ones. :func:`seed_worker` is the usual reproducibility recipe's ``worker_init_fn`` (numpy and
 ``random`` from ``torch.initial_seed()``), for plain DataLoaders.
 """
 
@@ -40,7 +40,7 @@ def seed_all(value: int) -> None:
 
 
 def seed_worker(worker_id: int) -> None:
-    """``worker_init_fn`` of seeds 001/002: seed numpy and ``random`` from the worker's torch
+    """The usual ``worker_init_fn``: seed numpy and ``random`` from the worker's torch
     seed (``torch.initial_seed()``, which torch makes distinct per worker and derives from the
     DataLoader's ``generator``)."""
     value = torch.initial_seed() % 2**32

@@ -1,4 +1,4 @@
-"""Step accounting of seed 004 (Dream Trainer): epoch length, global batch, accumulation, val steps.
+"""Step accounting as in Dream Trainer: epoch length, global batch, accumulation, val steps.
 
 Works on plain torch loaders and on :func:`wdsloader.create_loader`'s, whose per-rank batch size
 lives in its plan (``loader.batch_size`` is None there: the workers collate the batches).
@@ -75,7 +75,7 @@ def get_train_dataloader_steps(
     train_batch_size: int | None = None,
     dp_size: int = 1,
 ) -> tuple[int, int, int]:
-    """``(train_batch_size, num_train_steps, grad_accum)`` of seed 004.
+    """``(train_batch_size, num_train_steps, grad_accum)``, as Dream Trainer computes them.
 
     The effective batch of one loader step is the per-rank batch size times ``dp_size``;
     ``train_batch_size`` (the global batch of one optimizer step; default: that effective
@@ -113,8 +113,8 @@ def get_val_dataloader_steps(
     num_sanity_val_steps: int = 0,
     dp_size: int = 1,
 ) -> tuple[int, int]:
-    """``(num_val_steps, num_sanity_val_steps)`` of seed 004: the validation batches per epoch
-    (``val_steps_per_epoch`` or ``len(loader)``) and the sanity steps, each divided by
+    """``(num_val_steps, num_sanity_val_steps)``, as in Dream Trainer: the validation batches
+    per epoch (``val_steps_per_epoch`` or ``len(loader)``) and the sanity steps, each divided by
     ``dp_size`` (floor). Pass ``dp_size=1`` for a loader whose length is already per rank
     (ours, or one with a ``DistributedSampler``)."""
     dp_size = _positive("dp_size", dp_size)

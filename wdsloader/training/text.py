@@ -1,10 +1,14 @@
-"""Seed 003's ``create_dataloaders``: JSONL or plain text -> token shards (once) -> our loader.
+"""``create_dataloaders`` of the micro-transformer text pipeline: JSONL or plain text -> token
+shards (once) -> our loader.
 
 The text is tokenized and packed into ``seq_length + 1``-token chunks by the text builder
 (:func:`build_shards.text.build_text_shards`), written as shards under ``cache_dir`` in a folder
 named by a fingerprint of the input files' bytes, the tokenizer (its serialized vocabulary and
 settings) and the options. A later call with the same inputs reads those shards and builds
-nothing; a changed input, tokenizer or option builds a new folder. The shards are streamed by
+nothing; a changed input, tokenizer or option builds a new folder. A folder's manifest records
+the key it was built for (``build["text"]["cache"]``) and its packing options: one that does not
+match the request (copied or moved under another name) is refused, naming the folder and what
+differs, unless ``rebuild=True``. The shards are streamed by
 :func:`wdsloader.create_loader` with the ``causal_lm`` collator (``input_ids``/``labels``
 shifted by one, both ``(B, seq_length)``).
 """
@@ -29,7 +33,7 @@ log = logging.getLogger(__name__)
 
 Paths = str | os.PathLike[str] | Iterable[str | os.PathLike[str]]
 
-CACHE_VERSION = 1  # bump when the layout of the cached shards changes
+CACHE_VERSION = 2  # bump when the layout of the cached shards changes (2: the key recorded)
 BUILD_WAIT_S = 3600.0  # how long to wait for another process building the same shards
 BUILD_POLL_S = 0.5
 PROBE_DOCUMENTS = 4  # documents of the input whose ids fingerprint a tokenizer of unknown kind
@@ -63,9 +67,9 @@ def _ids_of(encoded: Any) -> list[int]:
 
 class EncodeIds:
     """Any object whose ``encode(text)`` returns ids, an object with ``.ids``, or a dict with
-    ``input_ids`` (seed 003's "Bug 1001"), as the text builder reads it: ``encode`` returns a
-    list of ids. Its ids are used as they come (no separators are added unless ``bos_id`` /
-    ``eos_id`` are given)."""
+    ``input_ids`` (as some tokenizer wrappers' ``encode`` returns), as the text builder reads it:
+    ``encode`` returns a list of ids. Its ids are used as they come (no separators are added
+    unless ``bos_id`` / ``eos_id`` are given)."""
 
     def __init__(self, tokenizer: Any) -> None:
         if not callable(getattr(tokenizer, "encode", None)):
@@ -122,17 +126,24 @@ def _files_digest(path: Paths) -> list[tuple[str, str]]:
     return out
 
 
-def text_fingerprint(path: Paths, tokenizer: Any, options: Mapping[str, Any]) -> str:
-    """The cache folder name of ``path`` tokenized by ``tokenizer`` with ``options``: a digest
-    of the files' bytes (in order), :func:`tokenizer_fingerprint` (probed with the first
-    documents of ``path``) and the options."""
-    doc = {
+def _cache_record(path: Paths, tokenizer: Any, options: Mapping[str, Any]) -> dict[str, Any]:
+    """What names a cache folder: the files' digests (in order), :func:`tokenizer_fingerprint`
+    (probed with the first documents of ``path``), the options, and ``key``, their digest."""
+    doc: dict[str, Any] = {
         "version": CACHE_VERSION,
         "files": _files_digest(path),
         "tokenizer": tokenizer_fingerprint(tokenizer, _first_documents(path, options)),
         "options": dict(sorted(options.items())),
     }
-    return hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()[:24]
+    doc["key"] = hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()
+    return json.loads(json.dumps(doc))  # as the manifest gives it back (lists, not tuples)
+
+
+def text_fingerprint(path: Paths, tokenizer: Any, options: Mapping[str, Any]) -> str:
+    """The cache folder name of ``path`` tokenized by ``tokenizer`` with ``options``: a digest
+    of the files' bytes (in order), :func:`tokenizer_fingerprint` (probed with the first
+    documents of ``path``) and the options."""
+    return str(_cache_record(path, tokenizer, options)["key"])[:24]
 
 
 def _first_documents(path: Paths, options: Mapping[str, Any]) -> list[str]:
@@ -157,43 +168,98 @@ def _prepare_tokenizer(tokenizer: Any) -> Any:
     return EncodeIds(tokenizer)
 
 
+def _mismatch(manifest: Any, record: Mapping[str, Any]) -> list[str]:
+    """How a cache folder's manifest differs from the request ``record`` (empty: it matches)."""
+    text = manifest.build.get("text")
+    if not isinstance(text, Mapping):
+        return ["its manifest has no text-packing record (build['text'])"]
+    options = record["options"]
+    seq = options["seq_length"]
+    want = {"seq_length": seq, "stride": options["stride"] or seq}
+    want["text_field"] = options["text_field"]
+    out = [f"{k} {text.get(k)!r} (requested {v!r})" for k, v in want.items() if text.get(k) != v]
+    spec = manifest.schema.get("tokens")
+    shape = None if spec is None else spec.shape
+    if shape != [seq + 1]:
+        out.append(f"tokens shape {shape} (requested [{seq + 1}])")
+    cache = text.get("cache")
+    if not isinstance(cache, Mapping):
+        return [*out, "no cache key recorded"]
+    recorded = cache.get("options")
+    had: Mapping[str, Any] = recorded if isinstance(recorded, Mapping) else {}
+    for k in sorted(set(options) - set(want)):
+        if had.get(k) != options[k]:
+            out.append(f"{k} {had.get(k)!r} (requested {options[k]!r})")
+    if cache.get("tokenizer") != record["tokenizer"]:
+        out.append(
+            f"tokenizer digest {str(cache.get('tokenizer'))[:12]} "
+            f"(requested {record['tokenizer'][:12]})"
+        )
+    if cache.get("files") != record["files"]:
+        out.append(f"input files {cache.get('files')} (requested {record['files']})")
+    if not out and cache.get("key") != record["key"]:
+        out.append(f"cache key {cache.get('key')} (requested {record['key']})")
+    return out
+
+
 def _cached_shards(
     path: Paths,
     split: str,
     tokenizer: Any,
     cache_dir: str,
     options: dict[str, Any],
+    rebuild: bool = False,
 ) -> str:
-    """The folder of ``path``'s token shards (split ``split``), built unless cached.
+    """The folder of ``path``'s token shards (split ``split``), built unless cached (or always
+    with ``rebuild``); a folder built for another request is a ManifestError naming it.
 
     When another process builds the same folder (DDP ranks sharing a cache), this one waits
     for that build's manifest (polling, up to ``BUILD_WAIT_S`` seconds) instead of building
     too.
     """
-    from build_shards.errors import OutputExistsError
+    from build_shards.errors import BuildError, OutputExistsError
     from build_shards.lock import OutputLockedError
     from build_shards.text import build_text_shards
+    from wdsloader.errors import ManifestError
+    from wdsloader.format import Manifest
     from wdsloader.io.storage import join, url_to_fs
 
-    root = join(cache_dir, f"{split}-{text_fingerprint(path, tokenizer, options)}")
+    record = _cache_record(path, tokenizer, options)
+    root = join(cache_dir, f"{split}-{str(record['key'])[:24]}")
     fs, manifest_path = url_to_fs(join(root, "manifest.json"))
-    wait_s = BUILD_WAIT_S
-    deadline = time.monotonic() + wait_s
-    while not fs.exists(manifest_path):  # written last: its presence means the build finished
+    deadline, overwrite = time.monotonic() + BUILD_WAIT_S, rebuild
+    while overwrite or not fs.exists(manifest_path):  # written last: the build finished
         try:
             log.info("%s: tokenizing into %s", path, root)
-            build_text_shards(path, root, tokenizer, splits={split: 1.0}, **options)
+            build_text_shards(
+                path, root, tokenizer, splits={split: 1.0}, overwrite=overwrite,
+                record={"cache": record}, **options,
+            )  # fmt: skip
+            break
         except OutputExistsError:  # another process finished it since the check
             pass
         except OutputLockedError:
             if time.monotonic() > deadline:
                 raise TimeoutError(
                     f"{root}: another process has been building these token shards for more "
-                    f"than {wait_s:.0f} s; remove {join(root, '_build.lock')} if it died"
+                    f"than {BUILD_WAIT_S:.0f} s; remove {join(root, '_build.lock')} if it died"
                 ) from None
+            overwrite = False  # another process is (re)building it: read what it builds
             log.info("%s: another process is building it; waiting", root)
             time.sleep(BUILD_POLL_S)
+        except BuildError as exc:  # its advice names build_shards' option, not ours
+            if "overwrite=True" not in str(exc):
+                raise
+            advice = "rebuild=True (create_dataloaders)"
+            raise type(exc)(str(exc).replace("overwrite=True", advice)) from exc
         fs.invalidate_cache()
+    different = _mismatch(Manifest.load(root), record)
+    if different:
+        raise ManifestError(
+            f"{root}: these cached token shards were not built for this request: "
+            f"{'; '.join(different)} (a cache folder copied or moved under another name?); "
+            "pass rebuild=True to create_dataloaders to rebuild it, or remove the folder"
+        )
     log.info("%s: token shards in %s", path, root)
     return root
 
@@ -212,6 +278,7 @@ def create_dataloaders(
     seed: int = 0,
     bos_id: int | None = None,
     eos_id: int | None = None,
+    rebuild: bool = False,
 ) -> tuple[WdsDataLoader, WdsDataLoader | None]:
     """``(train_loader, val_loader)`` of causal-LM batches ``{"input_ids", "labels",
     "attention_mask"}`` of shape ``(batch_size, seq_length)``, ``labels`` the inputs shifted by
@@ -228,7 +295,12 @@ def create_dataloaders(
     ``seq_length``) tokens.
 
     Token shards are cached under ``cache_dir`` (default ``$XDG_CACHE_HOME/wdsloader/text``)
-    by a fingerprint of the files' contents, the tokenizer and these options. Train: shuffled
+    by a fingerprint of the files' contents, the tokenizer and these options; a cached folder
+    whose manifest records other packing options, tokenizer or files (a folder copied or moved
+    under another name) is a :class:`~wdsloader.errors.ManifestError` naming the folder and what
+    differs. ``rebuild=True`` builds the shards again even when cached, replacing the folder
+    (each call rebuilds: with DDP pass it on one rank, e.g. rank 0 before a barrier, and not on
+    the others). Train: shuffled
     by ``seed``, ``drop_last``; val: in order, the last partial batch kept. ``num_workers``
     processes load batches with the platform's default start method.
     """
@@ -248,10 +320,10 @@ def create_dataloaders(
     common: dict[str, Any] = {"num_workers": num_workers, "collate_fn": "causal_lm", "seed": seed}
     if num_workers > 0:
         common["persistent_workers"] = True
-    train_root = _cached_shards(train_path, "train", tok, cache, options)
+    train_root = _cached_shards(train_path, "train", tok, cache, options, rebuild)
     train = create_loader(train_root, "train", batch_size, shuffle=True, drop_last=True, **common)
     if val_path is None:
         return train, None
-    val_root = _cached_shards(val_path, "val", tok, cache, options)
+    val_root = _cached_shards(val_path, "val", tok, cache, options, rebuild)
     val = create_loader(val_root, "val", batch_size, shuffle=False, drop_last=False, **common)
     return train, val

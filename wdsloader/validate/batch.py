@@ -315,6 +315,8 @@ def _check_range(b: _Batch, name: str, spec: FieldSpec, value: Any) -> None:
 
 def _check_type(b: _Batch, name: str, spec: FieldSpec, value: Any) -> None:
     """The dtype rule of one field (a tensor of the schema's dtype, or a list)."""
+    if spec.optional and isinstance(value, list | tuple):
+        return  # an optional field: a list where a sample of the batch lacks it (None)
     kind, dtype = delivery_kind(spec.encoding, spec.dtype)
     if kind == TENSOR:
         if not isinstance(value, torch.Tensor):

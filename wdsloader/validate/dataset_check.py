@@ -74,11 +74,17 @@ class _DatasetChecker:
     """Checks the shards of one dataset, appending problem lines to a report."""
 
     def __init__(
-        self, manifest: Manifest, fs: Any, base: str, store: ShardStore, report: ValidationReport
+        self,
+        manifest: Manifest,
+        fs: Any,
+        base: str,
+        store: ShardStore,
+        report: ValidationReport,
+        allow_pickle: bool = False,
     ) -> None:
         self.schema = manifest.schema
         self.fs, self.base, self.store, self.report = fs, base, store, report
-        self.decoder = SampleDecoder(manifest.schema or None)
+        self.decoder = SampleDecoder(manifest.schema or None, allow_pickle=allow_pickle)
         self.exts = {spec.ext.lower() for spec in manifest.schema.values()}
         self.bound = {d: (int(n), MANIFEST_DIMS) for d, n in manifest.dims.items()}
         self.rel = ""  # the shard being checked
@@ -359,6 +365,7 @@ def validate_dataset(
     deep: bool = False,
     storage_options: dict[str, Any] | None = None,
     progress: bool = False,
+    allow_pickle: bool = False,
 ) -> ValidationReport:
     """Check every shard of ``split`` (default: all splits) of the dataset at ``root``.
 
@@ -367,9 +374,11 @@ def validate_dataset(
     sha256 matches the manifest's. ``deep=True`` also reads every sample (in chunks of many
     samples), parses and decodes every field with the manifest's schema and checks dtypes,
     shapes (symbolic dims against the manifest's dims), finiteness, declared ranges and the
-    recorded member layout. Every problem becomes one line of the report naming the shard (and
-    the sample key, field and rule where they apply); data problems never raise. A missing or
-    unreadable manifest, or an unknown ``split``, raises :class:`~wdsloader.errors.ManifestError`.
+    recorded member layout; ``allow_pickle=True`` (trusted data only) decodes pickle members
+    and object arrays as the loader's ``allow_pickle`` does. Every problem becomes one line of
+    the report naming the shard (and the sample key, field and rule where they apply); data
+    problems never raise. A missing or unreadable manifest, or an unknown ``split``, raises
+    :class:`~wdsloader.errors.ManifestError`.
     ``progress=True`` shows a tqdm bar over shards (``deep``: over samples) when stderr is a
     terminal.
     """
@@ -382,7 +391,7 @@ def validate_dataset(
     total = sum(s.num_samples for s in shards) if deep else len(shards)
     unit = "sample" if deep else "shard"
     try:
-        checker = _DatasetChecker(manifest, fs, base, store, report)
+        checker = _DatasetChecker(manifest, fs, base, store, report, allow_pickle)
         with progress_bar(total=total, unit=unit, desc="validate", enabled=progress) as bar:
             for shard in shards:
                 checker.check_shard(shard, deep, bar)

@@ -1,0 +1,73 @@
+"""A main script that calls ``build_shards(workers > 1)`` without an ``if __name__ ==
+"__main__":`` guard, found before any worker starts.
+
+Worker processes (forkserver or spawn) import the main script again; an unguarded call would
+start a second build in each of them. :func:`build_shards.pool.refuse_reimported_main` stops
+such a worker, but only once workers run (seconds later, after the source was opened). This
+check reads the call stack and the script's source instead, at the start of the build.
+"""
+
+from __future__ import annotations
+
+import ast
+import sys
+from types import FrameType
+
+from build_shards.errors import BuildError
+from build_shards.pool import GUARD_HINT
+
+
+def unguarded_main_line(frame: FrameType | None) -> tuple[str, int] | None:
+    """``(file, line)`` of the main script's top-level statement that leads to ``frame`` when
+    that statement is not inside the body of an ``if __name__ == "__main__":``, else None (also
+    when the main module has no file, as in a notebook or ``python -c``: workers do not import
+    it then, or when its source cannot be read)."""
+    if getattr(sys.modules.get("__main__"), "__file__", None) is None:
+        return None
+    top = None
+    while frame is not None:
+        if frame.f_code.co_name == "<module>" and frame.f_globals.get("__name__") == "__main__":
+            top = frame
+        frame = frame.f_back
+    if top is None:
+        return None
+    path, line = top.f_code.co_filename, top.f_lineno
+    try:
+        with open(path, "rb") as f:
+            tree = ast.parse(f.read(), path)
+    except (OSError, SyntaxError, ValueError):
+        return None
+    for node in tree.body:
+        end = node.end_lineno or node.lineno
+        if node.lineno <= line <= end:
+            guarded = _is_main_guard(node) and any(
+                child.lineno <= line <= (child.end_lineno or child.lineno)
+                for child in node.body  # type: ignore[attr-defined]
+            )
+            return None if guarded else (path, line)
+    return None
+
+
+def _is_main_guard(node: ast.stmt) -> bool:
+    """``if __name__ == "__main__":`` (either operand order)."""
+    if not isinstance(node, ast.If) or not isinstance(node.test, ast.Compare):
+        return False
+    test = node.test
+    if len(test.ops) != 1 or not isinstance(test.ops[0], ast.Eq):
+        return False
+    sides = [test.left, test.comparators[0]]
+    names = [s.id for s in sides if isinstance(s, ast.Name)]
+    values = [s.value for s in sides if isinstance(s, ast.Constant)]
+    return names == ["__name__"] and values == ["__main__"]
+
+
+def refuse_unguarded_main(workers: int) -> None:
+    """A :class:`BuildError` naming the script and line when a build with ``workers`` worker
+    processes is called from the main script's unguarded top level."""
+    found = unguarded_main_line(sys._getframe(1))
+    if found is not None:
+        path, line = found
+        raise BuildError(
+            f"{path}:{line}: workers={workers} starts worker processes, which import this "
+            f"script again and would run this build call again; {GUARD_HINT}"
+        )

@@ -48,7 +48,7 @@ def _info(args: argparse.Namespace) -> int:
 
 
 def _head(args: argparse.Namespace) -> int:
-    from wdsloader import create_loader
+    from wdsloader.stream import create_loader
 
     loader = create_loader(
         args.dataset,

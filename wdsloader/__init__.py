@@ -16,6 +16,9 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+# The on-disk contract (wdsloader.format) imports no storage: Manifest.load/save read and write
+# through wdsloader.io.manifest_io, which plugs itself in when imported, here, before any use.
+from wdsloader.io import manifest_io as _manifest_io
 from wdsloader.lazy import lazy_exports
 
 __version__ = "0.1.0"

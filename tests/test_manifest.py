@@ -160,12 +160,12 @@ def test_a_stored_curriculum_that_does_not_build_is_refused_where_it_is_built(tm
 
 
 def test_manifest_load_and_save_work_from_the_format_layer_alone(tmp_path):
-    """Manifest.load/save delegate to wdsloader.io.manifest_io, which is plugged in before the
-    format layer can be used, whatever is imported first."""
+    """Manifest.load/save delegate to wdsloader.io.manifest_io, imported at their first use
+    (not by ``import wdsloader``, which stays light), whatever is imported first."""
     code = (
         "import sys\n"
         "from wdsloader.format.manifest import Manifest\n"
-        "assert 'wdsloader.io.manifest_io' in sys.modules\n"
+        "assert 'wdsloader.io.manifest_io' not in sys.modules and 'fsspec' not in sys.modules\n"
         f"m = Manifest.load({str(tmp_path)!r})\n"
         f"print(m.save({str(tmp_path / 'copy')!r}), m.split('train').num_samples)\n"
     )

@@ -16,10 +16,12 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-# The on-disk contract (wdsloader.format) imports no storage: Manifest.load/save read and write
-# through wdsloader.io.manifest_io, which plugs itself in when imported, here, before any use.
-from wdsloader.io import manifest_io as _manifest_io
 from wdsloader.lazy import lazy_exports
+from wdsloader.seams import provide as _provide
+
+# The on-disk contract (wdsloader.format) imports no storage: Manifest.load/save read and write
+# through this module, imported (and plugged in) at their first use.
+_provide("manifest-storage", "wdsloader.io.manifest_io")
 
 __version__ = "0.1.0"
 

@@ -8,6 +8,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from wdsloader import seams
 from wdsloader.errors import ManifestError
 from wdsloader.format.checks import (
     MAX_INT,
@@ -304,8 +305,13 @@ def plug_storage(load: LoadManifest, save: SaveManifest) -> None:
     _STORAGE[:] = [(load, save)]
 
 
+STORAGE_SEAM = "manifest-storage"  # the package root names its provider (wdsloader.seams)
+
+
 def _storage() -> tuple[LoadManifest, SaveManifest]:
-    if not _STORAGE:  # `import wdsloader` imports wdsloader.io.manifest_io: not reached
+    if not _STORAGE:
+        seams.load_provider(STORAGE_SEAM)  # imports wdsloader.io.manifest_io, which plugs in
+    if not _STORAGE:  # not reached: the provider plugs itself in
         raise RuntimeError(
             "Manifest.load/save read and write through wdsloader.io.manifest_io: import it "
             "(or use its load_manifest/save_manifest)"

@@ -294,3 +294,26 @@ def test_a_tampered_state_object_is_refused_and_a_long_real_chain_loads(two_data
     chained = _deep_prior(copy.deepcopy(state_after(a, 0)), 255)  # the longest chain accepted
     assert len(LoaderState.from_dict(chained).resume.chain()) == 256
     assert LoaderState.from_dict(chained).to_dict() == chained
+
+
+def test_a_state_at_the_longest_chain_resumes_on_its_topology_only(two_datasets):
+    # resumed on another topology, the next state_dict() would hold 257 elastic resumes, a
+    # state the loader itself refuses: refused at load naming the topology to resume on
+    a, _ = two_datasets
+    head = create_loader(a, "train", batch_size=5, num_workers=0)
+    it = iter(head)
+    next(it)
+    state = _deep_prior(json.loads(json.dumps(head.state_dict())), 255)
+    with pytest.raises(
+        StateMismatchError,
+        match=r"the loader state holds 256 elastic resumes within epoch 0, the most a state "
+        r"may hold: resume it with world_size=1, num_workers=1, batch_size=5, drop_last=True, "
+        r"window=\d+ \(now batch_size=4, window=\d+\), or start the next epoch without it",
+    ):
+        loader(a).load_state_dict(state)
+    same = create_loader(a, "train", batch_size=5, num_workers=0)
+    same.load_state_dict(state)
+    it = iter(same)
+    next(it)
+    again = create_loader(a, "train", batch_size=5, num_workers=0)
+    again.load_state_dict(same.state_dict())  # what it saves loads

@@ -409,6 +409,19 @@ class LoaderState:
                 count(self.epoch, resume)
         except ValueError as exc:
             raise StateMismatchError(f"the loader state's resume point is invalid: {exc}") from exc
+        if resume.config != config and len(self.resume.chain()) >= MAX_RESUME_CHAIN:
+            # another topology adds a link: the next state saved could not be loaded
+            saved = ", ".join(f"{k}={getattr(self.resume, k)!r}" for k in _TOPOLOGY)
+            now = ", ".join(
+                f"{k}={getattr(config, k)!r}"
+                for k in _TOPOLOGY
+                if getattr(config, k) != getattr(self.resume, k)
+            )
+            raise StateMismatchError(
+                f"the loader state holds {MAX_RESUME_CHAIN} elastic resumes within epoch "
+                f"{self.epoch}, the most a state may hold: resume it with {saved} (now {now}), "
+                "or start the next epoch without it"
+            )
         return resume
 
 

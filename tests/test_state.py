@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import hashlib
 import json
 import logging
 
@@ -67,6 +68,20 @@ def test_mismatch_names_the_part_that_differs(two_datasets):
     val = create_loader(a, "train", batch_size=4, shuffle=False, seed=1)
     with pytest.raises(StateMismatchError, match=r"differs: shuffle saved=True now=False"):
         val.load_state_dict(state)
+
+
+def test_a_seed_the_loader_takes_is_one_its_state_loads(two_datasets):
+    # a seed derived from a sha256 digest (256 bits) was taken, iterated and saved, and the
+    # state then refused as out of bounds (from 0 to 2**128): one bound, where the seed enters
+    a, _ = two_datasets
+    seed = int(hashlib.sha256(b"run-42").hexdigest(), 16)
+    assert seed > 2**128
+    full = [b["__key__"] for b in loader(a, seed=seed)]
+    resumed = loader(a, seed=seed)
+    resumed.load_state_dict(json.loads(json.dumps(state_after(a, 2, seed=seed))))
+    assert [b["__key__"] for b in resumed] == full[2:]
+    with pytest.raises(ValueError, match=r"^seed must be <= 2\*\*256 - 1, got a 257-bit int$"):
+        loader(a, seed=2**256)
 
 
 @pytest.mark.parametrize(

@@ -22,6 +22,7 @@ from typing import Any
 from wdsloader.errors import StateMismatchError
 from wdsloader.format import ShardInfo
 from wdsloader.plan import PlanConfig, Resume, num_batches
+from wdsloader.plan.config import MAX_SEED
 from wdsloader.stream.fingerprint import (
     EPOCH_PARTS,
     FINGERPRINT_PARTS,
@@ -89,7 +90,7 @@ _BOUNDS: dict[str, tuple[int, int]] = {
     "version": (0, INT64_MAX),
     "epoch": (0, MAX_EPOCH),
     "batches_done": (0, INT64_MAX),
-    "seed": (0, 2**128),
+    "seed": (0, MAX_SEED),
     "span": (1, INT64_MAX),
     "num_samples": (0, INT64_MAX),
     "world_size": (1, MAX_WORLD_SIZE),

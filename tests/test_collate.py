@@ -350,6 +350,14 @@ def test_floats_float32_cannot_hold_raise_naming_field_key_value_and_the_way_out
         DefaultCollator(float64="y")
 
 
+@pytest.mark.parametrize("float64", [(), ("y",)], ids=["float32", "float64"])
+def test_an_int_beyond_float64_among_floats_is_a_value_error_naming_field_and_sample(float64):
+    # the error path itself compared the int with a float and raised a bare OverflowError
+    samples = [{"__key__": "a", "y": 0.5}, {"__key__": "b", "y": -(10**400)}]
+    with pytest.raises(ValueError, match=r"^field 'y' of sample 'b' holds an int beyond float64"):
+        DefaultCollator(float64=float64)(samples)
+
+
 def test_different_field_sets_and_empty_batch():
     samples = _samples(2)
     del samples[1]["label"]

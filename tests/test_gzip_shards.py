@@ -356,3 +356,20 @@ def test_inflate_never_holds_more_than_max_length(tmp_path):
     assert peak_bytes(lambda: inflate_sample(big, "x", max_length=1 << 20)) < 2 << 20
     with pytest.raises(ShardFormatError, match=r"at byte 0 .* declares 67108864 bytes, past max_"):
         inflate_sample(big, "x", max_length=1 << 20)
+
+
+@pytest.mark.parametrize("fmt", [tarfile.PAX_FORMAT, tarfile.GNU_FORMAT], ids=["pax", "gnu"])
+def test_a_member_declaring_more_than_its_span_can_inflate_to_is_refused_first(fmt):
+    # a declared size past 2^40 must not lift the bomb check: deflate inflates at most 1032
+    # bytes per compressed byte, so 2^41 bytes from a 64 KB span is a lie, refused unread
+    info = tarfile.TarInfo("r0000.big.bin")
+    info.size = 1 << 41
+    bomb = deflated(info.tobuf(format=fmt) + bytes(BOMB))
+    header = len(info.tobuf(format=fmt)) - 512
+    message = (
+        rf"^s #0: the member at byte {header} of the inflated sample declares 2199023255552 "
+        rf"bytes, more than its {len(bomb)} compressed bytes can hold \(a decompression bomb "
+    )
+    with pytest.raises(ShardFormatError, match=message):
+        inflate_sample(bomb, "s #0")
+    assert peak_bytes(lambda: inflate_sample(bomb, "s #0")) < 2 << 20

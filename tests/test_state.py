@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import hashlib
 import json
 import logging
 
@@ -67,6 +68,20 @@ def test_mismatch_names_the_part_that_differs(two_datasets):
     val = create_loader(a, "train", batch_size=4, shuffle=False, seed=1)
     with pytest.raises(StateMismatchError, match=r"differs: shuffle saved=True now=False"):
         val.load_state_dict(state)
+
+
+def test_a_seed_the_loader_takes_is_one_its_state_loads(two_datasets):
+    # a seed derived from a sha256 digest (256 bits) was taken, iterated and saved, and the
+    # state then refused as out of bounds (from 0 to 2**128): one bound, where the seed enters
+    a, _ = two_datasets
+    seed = int(hashlib.sha256(b"run-42").hexdigest(), 16)
+    assert seed > 2**128
+    full = [b["__key__"] for b in loader(a, seed=seed)]
+    resumed = loader(a, seed=seed)
+    resumed.load_state_dict(json.loads(json.dumps(state_after(a, 2, seed=seed))))
+    assert [b["__key__"] for b in resumed] == full[2:]
+    with pytest.raises(ValueError, match=r"^seed must be <= 2\*\*256 - 1, got a 257-bit int$"):
+        loader(a, seed=2**256)
 
 
 @pytest.mark.parametrize(
@@ -294,3 +309,26 @@ def test_a_tampered_state_object_is_refused_and_a_long_real_chain_loads(two_data
     chained = _deep_prior(copy.deepcopy(state_after(a, 0)), 255)  # the longest chain accepted
     assert len(LoaderState.from_dict(chained).resume.chain()) == 256
     assert LoaderState.from_dict(chained).to_dict() == chained
+
+
+def test_a_state_at_the_longest_chain_resumes_on_its_topology_only(two_datasets):
+    # resumed on another topology, the next state_dict() would hold 257 elastic resumes, a
+    # state the loader itself refuses: refused at load naming the topology to resume on
+    a, _ = two_datasets
+    head = create_loader(a, "train", batch_size=5, num_workers=0)
+    it = iter(head)
+    next(it)
+    state = _deep_prior(json.loads(json.dumps(head.state_dict())), 255)
+    with pytest.raises(
+        StateMismatchError,
+        match=r"the loader state holds 256 elastic resumes within epoch 0, the most a state "
+        r"may hold: resume it with world_size=1, num_workers=1, batch_size=5, drop_last=True, "
+        r"window=\d+ \(now batch_size=4, window=\d+\), or start the next epoch without it",
+    ):
+        loader(a).load_state_dict(state)
+    same = create_loader(a, "train", batch_size=5, num_workers=0)
+    same.load_state_dict(state)
+    it = iter(same)
+    next(it)
+    again = create_loader(a, "train", batch_size=5, num_workers=0)
+    again.load_state_dict(same.state_dict())  # what it saves loads

@@ -66,7 +66,8 @@ def _floats(
     try:
         array = np.asarray(values, dtype=np.float64)
     except OverflowError:  # an int beyond float64
-        i = next(i for i, v in enumerate(values) if abs(v) > np.finfo(np.float64).max)
+        top = int(np.finfo(np.float64).max)  # compared as ints: an int beyond it has no float
+        i = next(i for i, v in enumerate(values) if isinstance(v, int) and abs(v) > top)
         raise ValueError(
             f"field {name!r} of sample {sample_key(samples[i], i)} holds an int beyond "
             "float64's range"

@@ -128,6 +128,7 @@ def inflate_sample(span: bytes | memoryview, where: str, max_length: int | None 
 
 
 _STEP = 1 << 16  # inflated bytes asked of zlib at least at a time (past the declared: at most)
+_MAX_RATIO = 1032  # deflate's most inflated bytes per compressed byte (258 per 2-bit match)
 _EXTENSIONS = frozenset(b"xgLK")  # headers whose data describes the next member
 _PAX = ord("x")
 _TYPE_AT = TYPEFLAG.start
@@ -223,6 +224,12 @@ class _Inflating:
                     raise ShardFormatError(
                         f"{self.where}: the member at byte {at} of the inflated sample "
                         f"declares {size} bytes, past max_length={limit}"
+                    )
+                if at + BLOCK + padded(size) > _MAX_RATIO * len(self.span) + BLOCK:
+                    raise ShardFormatError(
+                        f"{self.where}: the member at byte {at} of the inflated sample "
+                        f"declares {size} bytes, more than its {len(self.span)} compressed "
+                        "bytes can hold (a decompression bomb or a corrupt shard)"
                     )
             at += BLOCK + padded(size)
             if len(buf) < at and not self.fill(at):

@@ -17,6 +17,9 @@ __all__ = ["PLAN_ALGORITHM", "PlanConfig"]
 # evaluates a keyed permutation of span ids only at the positions a worker reads.
 PLAN_ALGORITHM: tuple[str, int] = ("span-feistel", 2)
 
+MAX_SEED = 2**256 - 1
+"""The largest seed: a SHA-256 digest's (seeds feed numpy's SeedSequence, any size)."""
+
 # Constant tags mixed into the seed sequences so that the streams of the different steps never coincide.
 # Changing one changes every plan: they are part of the resume contract.
 ORDER_TAG = 0x0DE5_5EED
@@ -57,6 +60,8 @@ class PlanConfig:
             object.__setattr__(self, name, as_int(getattr(self, name), name, 1))
         for name in ("seed", "window"):
             object.__setattr__(self, name, as_int(getattr(self, name), name, 0))
+        if self.seed > MAX_SEED:  # a loader state holds it: the same bound
+            raise ValueError(f"seed must be <= 2**256 - 1, got a {self.seed.bit_length()}-bit int")
         for name in ("shuffle", "drop_last"):
             if not isinstance(getattr(self, name), (bool, np.bool_)):
                 raise ValueError(f"{name} must be a bool, got {getattr(self, name)!r}")

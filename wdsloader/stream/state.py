@@ -22,6 +22,7 @@ from typing import Any
 from wdsloader.errors import StateMismatchError
 from wdsloader.format import ShardInfo
 from wdsloader.plan import PlanConfig, Resume, num_batches
+from wdsloader.plan.config import MAX_SEED
 from wdsloader.stream.fingerprint import (
     EPOCH_PARTS,
     FINGERPRINT_PARTS,
@@ -89,7 +90,7 @@ _BOUNDS: dict[str, tuple[int, int]] = {
     "version": (0, INT64_MAX),
     "epoch": (0, MAX_EPOCH),
     "batches_done": (0, INT64_MAX),
-    "seed": (0, 2**128),
+    "seed": (0, MAX_SEED),
     "span": (1, INT64_MAX),
     "num_samples": (0, INT64_MAX),
     "world_size": (1, MAX_WORLD_SIZE),
@@ -409,6 +410,19 @@ class LoaderState:
                 count(self.epoch, resume)
         except ValueError as exc:
             raise StateMismatchError(f"the loader state's resume point is invalid: {exc}") from exc
+        if resume.config != config and len(self.resume.chain()) >= MAX_RESUME_CHAIN:
+            # another topology adds a link: the next state saved could not be loaded
+            saved = ", ".join(f"{k}={getattr(self.resume, k)!r}" for k in _TOPOLOGY)
+            now = ", ".join(
+                f"{k}={getattr(config, k)!r}"
+                for k in _TOPOLOGY
+                if getattr(config, k) != getattr(self.resume, k)
+            )
+            raise StateMismatchError(
+                f"the loader state holds {MAX_RESUME_CHAIN} elastic resumes within epoch "
+                f"{self.epoch}, the most a state may hold: resume it with {saved} (now {now}), "
+                "or start the next epoch without it"
+            )
         return resume
 
 

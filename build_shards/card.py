@@ -63,10 +63,11 @@ def data_files(
 
 def card_header(files: Mapping[str, list[str]]) -> str:
     """The YAML header of the card: one ``default`` config with a ``data_files`` entry per split
-    (a split name ``datasets`` refuses has its other characters replaced by ``_``)."""
+    (a split name ``datasets`` refuses has its other characters replaced by ``_``; names are
+    quoted, so that ``1``, ``null`` or ``yes`` stay strings)."""
     lines = ["---", "configs:", "- config_name: default", "  data_files:"]
     for split, name in _hf_names(list(files)).items():
-        lines += [f"  - split: {name}", "    path:"]
+        lines += [f"  - split: {json.dumps(name)}", "    path:"]
         lines += [f"    - {json.dumps(p)}" for p in files[split]]
     return "\n".join([*lines, "---", ""])
 

@@ -205,3 +205,23 @@ def test_an_optional_field_is_a_list_in_every_batch_of_the_default_collator(tmp_
     keys = [k for b in batches for k in b["__key__"]]
     scores = [s for b in batches for s in b["score"]]
     assert dict(zip(keys, scores, strict=True)) == {r["__key__"]: r.get("score") for r in rows}
+
+
+@pytest.mark.parametrize(
+    ("values", "dtype"),
+    [
+        ([np.int32(1), 2**40], "int"),
+        ([np.uint8(1), 300], "int"),
+        ([np.int32(1), np.int64(2**40)], "int64"),
+        ([np.uint8(1), np.uint16(300)], "uint16"),
+        ([np.int8(-1), np.int16(-300)], "int16"),
+    ],
+)
+def test_ints_of_several_dtypes_in_the_inferred_rows_widen(tmp_path, values, dtype):
+    """The first row's numpy int dtype no longer bounds the field: a later inferred row's int
+    (2**40 after an np.int32) was refused as not fitting int32."""
+    rows = [{"__key__": f"k{i}", "v": v} for i, v in enumerate(values)]
+    m = build_shards(rows, tmp_path / "ds")
+    assert m.schema["v"].encoding == "cls" and m.schema["v"].dtype == dtype
+    got = loaded(tmp_path / "ds")
+    assert [got[f"k{i}"]["v"] for i in range(len(values))] == [int(v) for v in values]

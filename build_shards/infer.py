@@ -156,10 +156,11 @@ class _Seen:
             return
         if self.kinds <= {"int", "float"} and {spec.encoding, have.encoding} <= {"cls", "json"}:
             return  # ints and floats: widened to float in spec()
+        arrays = spec.encoding == have.encoding == "npy"  # of two dtypes: any dtype is kept
         raise SchemaError(
             f"sample {key!r}: field {self.name!r}: {_describe(spec, value)} here but "
             f"{_describe(have, self.value)} in sample {self.key!r}"
-            + declare_hint(self.name, encoding="json")
+            + declare_hint(self.name, **({"dtype": None} if arrays else {"encoding": "json"}))
         )
 
     def spec_encoding(self) -> str:
@@ -196,4 +197,6 @@ def _kind(spec: FieldSpec, value: Any) -> str:
 
 def _describe(spec: FieldSpec, value: Any) -> str:
     name = type(value).__name__
+    if spec.encoding == "npy":
+        name += f" of {spec.dtype}"
     return f"{'an' if name[:1] in 'aeiou' else 'a'} {name} (.{spec.encoding})"

@@ -11,7 +11,7 @@ import uuid
 
 import pytest
 
-from build_shards import build_shards
+from build_shards import adopt, build_shards
 from tests.conftest import new_bucket
 from wdsloader import create_loader
 from wdsloader.errors import StorageSetupError
@@ -112,6 +112,9 @@ def test_building_or_adopting_at_a_dead_endpoint_is_one_line(dead_endpoint, tmp_
     assert str(info.value) == _dead("s3://bucket/ds", dead_endpoint)
     data = tmp_path / "rows.jsonl"
     data.write_text("\n".join(json.dumps({"v": i}) for i in range(4)))
+    with pytest.raises(StorageSetupError) as info:  # was botocore's EndpointConnectionError
+        adopt("s3://bucket/ds", storage_options=_options(dead_endpoint))
+    assert str(info.value) == _dead("s3://bucket/ds", dead_endpoint)
     for argv in (
         ["build", str(data), "-o", "s3://bucket/ds", "--no-progress"],
         ["adopt", "s3://bucket/ds", "--no-progress"],

@@ -32,7 +32,8 @@ from typing import Any
 
 from build_shards import build_shards
 from wdsloader import create_loader
-from wdsloader.format import Manifest, decode_index, deflate
+from wdsloader.format import decode_index, deflate
+from wdsloader.io.manifest_io import load_manifest
 
 VARIANTS = {
     "default": {},
@@ -89,7 +90,7 @@ def measure(src: Path, out: Path, options: dict[str, Any], n: int, repeats: int)
 
 def tar_samples(out: Path) -> list[bytes]:
     """The tar bytes of every sample of a plain build, by its index."""
-    manifest = Manifest.load(str(out))
+    manifest = load_manifest(str(out))
     samples = []
     for split in manifest.splits.values():
         for shard in split.shards:

@@ -46,14 +46,14 @@ def main() -> None:
     import os
 
     from wdsloader import create_loader
-    from wdsloader.format import Manifest
     from wdsloader.format.members import iter_members
+    from wdsloader.io.manifest_io import load_manifest
 
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("dataset")
     args = p.parse_args()
     jpegs = []
-    for shard in Manifest.load(args.dataset).split("train").shards:
+    for shard in load_manifest(args.dataset).split("train").shards:
         with open(os.path.join(args.dataset, shard.path), "rb") as f:
             data = f.read()
         for m in iter_members(data):

@@ -36,6 +36,7 @@ from wdsloader.format import (
     index_path,
     iter_samples,
 )
+from wdsloader.io.manifest_io import save_manifest
 from wdsloader.io.setup_errors import setup_errors_in_one_line
 from wdsloader.io.storage import join, url_to_fs, write_atomic
 
@@ -277,7 +278,7 @@ def adopt(
         manifest.check_paths()
     except ManifestError as exc:  # a shard path the manifest cannot hold (e.g. '..')
         raise ShardFormatError(str(exc)) from None
-    manifest.save(root, storage_options)
+    save_manifest(manifest, root, storage_options)
     write_card(fs, base, display, manifest, {rel: split for split, _, rel in jobs})
     logger.info(
         "adopted %d shards, %d samples under %s", total - len(empty), manifest.num_samples, display

@@ -34,6 +34,7 @@ from build_shards.paths import (
 from build_shards.records import BlockRecord, RecordError
 from wdsloader.errors import WdsLoaderError
 from wdsloader.format import INDEX_SUFFIX, MANIFEST_NAME, Manifest
+from wdsloader.io.manifest_io import load_manifest, save_manifest
 from wdsloader.io.setup_errors import setup_errors_in_one_line
 from wdsloader.io.storage import is_local, join, write_atomic
 from wdsloader.redact import redact, secrets_of
@@ -97,7 +98,7 @@ class OutputState:
             self._protected = set()
             if self.has_manifest():
                 try:
-                    old = Manifest.load(self.url, self.storage_options)
+                    old = load_manifest(self.url, self.storage_options)
                 except (WdsLoaderError, OSError, ValueError) as exc:
                     log.warning("the old manifest of %s is unreadable (%s)", self.url, exc)
                 else:
@@ -288,7 +289,7 @@ class OutputState:
             for s in split.shards
             for p in (s.path, s.idx_path)
         }
-        manifest.save(self.url, self.storage_options)
+        save_manifest(manifest, self.url, self.storage_options)
         old = self.protected() - listed
         stray = [p for p in self._our_files() if p not in listed]
         if old or stray:

@@ -116,7 +116,7 @@ def test_small_splits_are_packed_into_full_shards_the_same_for_any_workers(tmp_p
     # the packed shards are named after the block part their first sample comes from, so
     # the manifest's order is the names' order
     paths = [s.path for s in m1.splits["val"].shards]
-    assert paths == sorted(paths) and paths[0] == "val/shard-00000-000.tar"
+    assert paths == sorted(paths) and paths[0] == "val/val-00000-000.tar"
 
 
 def test_a_split_that_fills_its_block_shards_keeps_them_and_packs_only_the_small_ends(tmp_path):
@@ -128,8 +128,8 @@ def test_a_split_that_fills_its_block_shards_keeps_them_and_packs_only_the_small
     names = [Path(s.path).name for s in shards]
     # block 0's two full shards, then the first packed shard (block 0's remainder + block 1's)
     assert names[:4] == [
-        "shard-00000-000.tar", "shard-00000-001.tar", "shard-00000-002.tar",
-        "shard-00001-000.tar",
+        "train-00000-000.tar", "train-00000-001.tar", "train-00000-002.tar",
+        "train-00001-000.tar",
     ]  # fmt: skip
     keys = _keys_of(tmp_path / "ds", m, "train")
     assert sorted(keys) == [it["__key__"] for it in items]  # each once

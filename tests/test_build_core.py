@@ -517,7 +517,7 @@ def test_shards_respect_count_and_real_byte_bounds(tmp_path, caplog):
         "train-00000-004.tar",
         "train-00001-000.tar",
     ]
-    assert Path(m2.splits["train"].shards[-1].path).name == "shard-00002-002.tar"
+    assert Path(m2.splits["train"].shards[-1].path).name == "train-00002-002.tar"
 
 
 def test_existing_dataset_needs_overwrite_which_replaces_it(tmp_path):

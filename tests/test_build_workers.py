@@ -339,6 +339,7 @@ class _CountingMap:
         return sample
 
 
+@pytest.mark.usefixtures("infer_first_sample_only")  # the schema from the first item only
 @pytest.mark.parametrize(("tick", "in_parent"), [(0.15, 1 + 2), (0.001, 1 + 16 + 100)])
 def test_the_cost_of_an_item_is_measured_on_16_items_or_for_at_most_a_fifth_of_a_second(
     tmp_path, monkeypatch, tick, in_parent

@@ -122,8 +122,8 @@ MALFORMED = [
     (lambda d: d.update(build=_nested(100)), r"build: nested deeper than 32 levels"),
     (lambda d: d.update(build="x"), r"build: expected an object"),
     (lambda d: d["loader_defaults"].update(collate=3), r"loader_defaults\.collate: expected a"),
-    (lambda d: d["loader_defaults"].update(curriculum={"variants": 3}),
-     r"loader_defaults\.curriculum: curriculum variants: expected a mapping"),
+    (lambda d: d["loader_defaults"].update(curriculum=3),
+     r"loader_defaults\.curriculum: expected an object, got 3"),
 ]  # fmt: skip
 
 
@@ -131,6 +131,48 @@ MALFORMED = [
 def test_malformed_manifest_names_file_and_field(change, message):
     with pytest.raises(ManifestError, match=rf"^ds/manifest\.json: {message}"):
         Manifest.from_dict(_with(change), source="ds/manifest.json")
+
+
+def test_a_stored_curriculum_that_does_not_build_is_refused_where_it_is_built(tmp_path, capsys):
+    """The format layer checks loader_defaults' types only (it imports no curriculum); the
+    loader, validate and info refuse a default curriculum that does not build, naming the file
+    and the field, as reading the manifest did."""
+    from wdsloader.cli.commands import main
+    from wdsloader.validate import validate_dataset
+
+    root = str(tmp_path / "ds")
+    write_dataset(root, {"train": [4]})
+    data = json.loads((tmp_path / "ds" / "manifest.json").read_text())
+    data["loader_defaults"]["curriculum"] = {"variants": 3, "output": "steering"}
+    (tmp_path / "ds" / "manifest.json").write_text(json.dumps(data))
+    assert Manifest.load(root).loader_defaults["curriculum"]["variants"] == 3
+    message = (
+        rf"^{re.escape(root)}/manifest\.json: loader_defaults\.curriculum: curriculum variants: "
+        "expected a mapping"
+    )
+    for curriculum in (None, False):
+        with pytest.raises(ManifestError, match=message):
+            create_loader(root, "train", batch_size=2, curriculum=curriculum)
+    with pytest.raises(ManifestError, match=message):
+        validate_dataset(root)
+    assert main(["info", root]) == 2
+    assert re.match(message.replace("^", "^wdsloader: error: "), capsys.readouterr().err)
+
+
+def test_manifest_load_and_save_work_from_the_format_layer_alone(tmp_path):
+    """Manifest.load/save delegate to wdsloader.io.manifest_io, imported at their first use
+    (not by ``import wdsloader``, which stays light), whatever is imported first."""
+    code = (
+        "import sys\n"
+        "from wdsloader.format.manifest import Manifest\n"
+        "assert 'wdsloader.io.manifest_io' not in sys.modules and 'fsspec' not in sys.modules\n"
+        f"m = Manifest.load({str(tmp_path)!r})\n"
+        f"print(m.save({str(tmp_path / 'copy')!r}), m.split('train').num_samples)\n"
+    )
+    write_dataset(str(tmp_path), {"train": [3, 2]})
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.split() == [str(tmp_path / "copy" / "manifest.json"), "5"]
+    assert Manifest.load(str(tmp_path / "copy")) == Manifest.load(str(tmp_path))
 
 
 def test_the_valid_manifest_loads():

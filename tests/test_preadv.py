@@ -22,9 +22,9 @@ from wdsloader.decode.placement import restore
 from wdsloader.errors import ShardFormatError
 from wdsloader.format import Manifest, ShardInfo, iter_members
 from wdsloader.format.ustar import BLOCK
+from wdsloader.io.buffers import BufferPool
 from wdsloader.io.ranges import IOV_MAX, preadv_all, split_range
 from wdsloader.stream import reader as reader_module
-from wdsloader.stream.buffers import BufferPool
 
 N = 45  # 3 shards of 16, 16 and 13 samples; batches of 8: the last one holds 5
 BLOB = 20_000  # bytes, declared uint8: placed

@@ -15,8 +15,8 @@ from wdsloader import create_loader
 from wdsloader.decode import codecs, registry
 from wdsloader.decode.batch import Columns, NotGatherable
 from wdsloader.errors import DecodeError
+from wdsloader.io.buffers import BufferPool
 from wdsloader.stream import reader as reader_module
-from wdsloader.stream.buffers import BufferPool
 
 COUNTS = [24, 16]
 

@@ -17,6 +17,11 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from wdsloader.lazy import lazy_exports
+from wdsloader.seams import provide as _provide
+
+# The on-disk contract (wdsloader.format) imports no storage: Manifest.load/save read and write
+# through this module, imported (and plugged in) at their first use.
+_provide("manifest-storage", "wdsloader.io.manifest_io")
 
 __version__ = "0.1.0"
 

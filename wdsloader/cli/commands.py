@@ -22,9 +22,12 @@ EPILOG = """examples:
 
 
 def _info(args: argparse.Namespace) -> int:
-    from wdsloader.format import Manifest
+    from wdsloader.curriculum.curriculum import stored_curriculum
+    from wdsloader.io.manifest_io import load_manifest, manifest_where
 
-    m = Manifest.load(args.dataset, parse_storage_options(args.storage_option))
+    options = parse_storage_options(args.storage_option)
+    m = load_manifest(args.dataset, options)
+    stored_curriculum(m.loader_defaults, manifest_where(args.dataset, options))
     print(
         f"{redact(args.dataset)}: format {m.format} {m.version}, {m.num_samples} samples, "
         f"{m.num_bytes / 1e6:.1f} MB"
@@ -48,7 +51,7 @@ def _info(args: argparse.Namespace) -> int:
 
 
 def _head(args: argparse.Namespace) -> int:
-    from wdsloader import create_loader
+    from wdsloader.stream import create_loader
 
     loader = create_loader(
         args.dataset,

@@ -26,6 +26,7 @@ from wdsloader.curriculum.schedule import (
     schedule_from_dict,
     zero_decay,
 )
+from wdsloader.errors import ManifestError
 from wdsloader.format.checks import as_int
 from wdsloader.format.manifest import FieldSpec
 
@@ -351,3 +352,16 @@ def _uniforms(keys: Sequence[str], epoch: int, seed: int) -> np.ndarray:
         raise ValueError(f"sample key {bad!r} is not a string") from None
     bits = np.frombuffer(b"".join(out), dtype="<u8")
     return (bits >> np.uint64(11)).astype(np.float64) * _U53
+
+
+def stored_curriculum(loader_defaults: Mapping[str, Any], source: str) -> Curriculum | None:
+    """The manifest's default curriculum (``loader_defaults["curriculum"]``), or None; one that
+    does not build is a :class:`~wdsloader.errors.ManifestError` naming ``source`` (the
+    manifest) and the field."""
+    stored = loader_defaults.get("curriculum")
+    if stored is None:
+        return None
+    try:
+        return Curriculum.from_dict(stored)
+    except ValueError as exc:
+        raise ManifestError(f"{source}: loader_defaults.curriculum: {exc}") from None

@@ -39,7 +39,7 @@ from wdsloader.decode.walk import KeyNames, WalkSteps, skip_pax, walk_members, w
 from wdsloader.errors import ShardFormatError, WdsLoaderError
 from wdsloader.format.manifest import FieldSpec, ShardInfo
 from wdsloader.format.ustar import BLOCK, NAME, checksum_ok, checksums_ok
-from wdsloader.stream.buffers import BufferPool
+from wdsloader.io.buffers import BufferPool
 
 SMALL_BLOCK = 16 * 2**10  # sample prefixes up to this size are gathered in one piece
 MAX_WALKS = 64  # layouts whose walks are remembered

@@ -26,7 +26,7 @@ from wdsloader.format.keys import is_metadata
 from wdsloader.format.manifest import FieldSpec, ShardInfo
 
 if TYPE_CHECKING:
-    from wdsloader.stream.buffers import BufferPool
+    from wdsloader.io.buffers import BufferPool
 from wdsloader.format.npy import read_npy_header
 from wdsloader.format.ustar import (
     BLOCK,

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from wdsloader.decode.gather import LARGE_ROW, FieldTable, gather_rows
-from wdsloader.stream.buffers import BufferPool
+from wdsloader.io.buffers import BufferPool
 
 
 @dataclass(frozen=True, slots=True)

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from wdsloader.errors import ManifestError, StorageSetupError
+from wdsloader import seams
+from wdsloader.errors import ManifestError
 from wdsloader.format.checks import (
     MAX_INT,
     InvalidField,
@@ -28,9 +30,6 @@ from wdsloader.format.checks import (
 )
 from wdsloader.format.deflate import COMPRESSIONS
 from wdsloader.format.toplevel import check_top_level
-from wdsloader.io.setup_errors import setup_errors_in_one_line
-from wdsloader.io.storage import join, url_to_fs, write_atomic
-from wdsloader.redact import redact, secrets_of
 
 FORMAT_NAME = "wdsloader"
 FORMAT_VERSION = "1.0"
@@ -278,47 +277,46 @@ class Manifest:
                 for key in ("path", "idx_path"):
                     _check_path(getattr(shard, key), f"splits.{name}.shards[{i}].{key}", source)
 
-    # -- I/O -----------------------------------------------------------------------------------
+    # -- I/O (wdsloader.io.manifest_io reads and writes it: this layer imports no storage) ------
     def save(
         self, root: str | os.PathLike[str], storage_options: dict[str, Any] | None = None
     ) -> str:
-        """Write ``manifest.json`` atomically under ``root``; returns its path."""
-        self.check_paths()
-        fs, path = url_to_fs(root, storage_options)
-        target = join(path, MANIFEST_NAME)
-        write_atomic(fs, target, self.to_json().encode())
-        return target
+        """Write ``manifest.json`` atomically under ``root``; returns its path
+        (:func:`wdsloader.io.manifest_io.save_manifest`)."""
+        return _storage()[1](self, root, storage_options)
 
     @classmethod
     def load(
         cls, root: str | os.PathLike[str], storage_options: dict[str, Any] | None = None
     ) -> Manifest:
-        """Read ``manifest.json`` under ``root`` (a folder or URL), with clear errors."""
-        fs, path = url_to_fs(root, storage_options)
-        target = join(path, MANIFEST_NAME)
-        secrets = secrets_of(storage_options, os.fspath(root))
-        where = redact(f"{os.fspath(root).rstrip('/')}/{MANIFEST_NAME}", secrets)
-        try:
-            with setup_errors_in_one_line(
-                f"{os.fspath(root).rstrip('/')}/{MANIFEST_NAME}", storage_options
-            ):
-                raw = fs.cat_file(target)
-        except StorageSetupError:
-            raise
-        except FileNotFoundError:
-            raise ManifestError(
-                f"{where}: manifest not found (is this a wdsloader dataset, and did its build "
-                "finish? `build-shards adopt` makes one for existing shards)"
-            ) from None
-        except OSError as exc:
-            raise ManifestError(f"{where}: manifest unreadable: {redact(exc, secrets)}") from None
-        try:
-            data = json.loads(raw)
-        except RecursionError:
-            raise ManifestError(f"{where}: manifest is not valid JSON: nested too deeply") from None
-        except ValueError as exc:  # JSONDecodeError, UnicodeDecodeError, an int of 5000 digits
-            raise ManifestError(f"{where}: manifest is not valid JSON: {exc}") from None
-        return cls.from_dict(data, source=where)
+        """Read ``manifest.json`` under ``root`` (a folder or URL), with clear errors
+        (:func:`wdsloader.io.manifest_io.load_manifest`)."""
+        return _storage()[0](root, storage_options)
+
+
+LoadManifest = Callable[[str | os.PathLike[str], dict[str, Any] | None], Manifest]
+SaveManifest = Callable[[Manifest, str | os.PathLike[str], dict[str, Any] | None], str]
+_STORAGE: list[tuple[LoadManifest, SaveManifest]] = []
+
+
+def plug_storage(load: LoadManifest, save: SaveManifest) -> None:
+    """Set what :meth:`Manifest.load` and :meth:`Manifest.save` read and write through (the
+    storage layer, :mod:`wdsloader.io.manifest_io`, plugs itself in when imported)."""
+    _STORAGE[:] = [(load, save)]
+
+
+STORAGE_SEAM = "manifest-storage"  # the package root names its provider (wdsloader.seams)
+
+
+def _storage() -> tuple[LoadManifest, SaveManifest]:
+    if not _STORAGE:
+        seams.load_provider(STORAGE_SEAM)  # imports wdsloader.io.manifest_io, which plugs in
+    if not _STORAGE:  # not reached: the provider plugs itself in
+        raise RuntimeError(
+            "Manifest.load/save read and write through wdsloader.io.manifest_io: import it "
+            "(or use its load_manifest/save_manifest)"
+        )
+    return _STORAGE[0]
 
 
 def check_version(version: str, *, source: str = MANIFEST_NAME) -> None:
@@ -417,17 +415,12 @@ def _shard_info(shard: Any, split: str, i: int) -> ShardInfo:
 
 
 def _check_loader_defaults(defaults: dict[str, Any]) -> None:
+    """The types of the loader's defaults; whether the curriculum builds is checked where the
+    loader builds it (:func:`wdsloader.curriculum.curriculum.stored_curriculum`)."""
     if "collate" in defaults:
         check_str(defaults["collate"], "loader_defaults.collate", optional=True)
-    curriculum = defaults.get("curriculum")
-    if curriculum is not None:
-        from wdsloader.curriculum.curriculum import Curriculum
-
-        check_obj(curriculum, "loader_defaults.curriculum")
-        try:
-            Curriculum.from_dict(curriculum)
-        except ValueError as exc:
-            raise InvalidField(f"loader_defaults.curriculum: {exc}") from None
+    if defaults.get("curriculum") is not None:
+        check_obj(defaults["curriculum"], "loader_defaults.curriculum")
 
 
 def _path_message(path: Any, where: str, problem: str) -> str:

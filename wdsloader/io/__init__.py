@@ -1,8 +1,8 @@
 """Bytes in and out: fsspec glue, ranged shard reads with retries and timeouts, and the shard cache.
 
-Names are imported on first use: :mod:`wdsloader.format` reads manifests through
-:mod:`wdsloader.io.storage` while :mod:`wdsloader.io.fetch` reads the format's shard records, so an
-eager import here would be circular.
+Names are imported on first use, so the manifest's reading and writing
+(:mod:`wdsloader.io.manifest_io`, which ``import wdsloader`` imports) does not import the shard
+reader.
 """
 
 # ruff: noqa: F401 - the TYPE_CHECKING imports name what __all__ (from _EXPORTS) lists
@@ -18,7 +18,9 @@ _EXPORTS = {
     "ShardCache": "wdsloader.io.shard_cache",
     "is_local": "wdsloader.io.storage",
     "join": "wdsloader.io.storage",
+    "load_manifest": "wdsloader.io.manifest_io",
     "parse_storage_options": "wdsloader.io.storage",
+    "save_manifest": "wdsloader.io.manifest_io",
     "url_to_fs": "wdsloader.io.storage",
     "with_timeouts": "wdsloader.io.storage",
     "write_atomic": "wdsloader.io.storage",
@@ -31,6 +33,7 @@ __getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
 
 if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs
     from wdsloader.io.fetch import ReadOptions, ShardStore
+    from wdsloader.io.manifest_io import load_manifest, save_manifest
     from wdsloader.io.shard_cache import ShardCache
     from wdsloader.io.storage import (
         is_local,

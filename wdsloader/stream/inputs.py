@@ -5,9 +5,11 @@ from __future__ import annotations
 
 from typing import Any
 
+from wdsloader.curriculum.curriculum import stored_curriculum
 from wdsloader.errors import ManifestError
 from wdsloader.format import Manifest
 from wdsloader.io.fetch import ReadOptions, ShardStore
+from wdsloader.io.manifest_io import load_manifest, manifest_where
 
 
 def rank_and_world(
@@ -56,10 +58,13 @@ def rank_and_world(
 def open_dataset(
     root: str, options: ReadOptions, check_shards: bool, split: str
 ) -> tuple[ShardStore, Manifest]:
-    """The store over ``root`` and its manifest (read under the options' timeouts)."""
+    """The store over ``root`` and its manifest (read under the options' timeouts; its default
+    curriculum checked)."""
     store = ShardStore(root, options)
     try:
-        manifest = Manifest.load(root, options.storage_options_for(root))
+        storage_options = options.storage_options_for(root)
+        manifest = load_manifest(root, storage_options)
+        stored_curriculum(manifest.loader_defaults, manifest_where(root, storage_options))
     except ManifestError as exc:  # its message shows the root as given, userinfo included
         raise ManifestError(store.redact(exc)) from None
     if check_shards:

@@ -16,10 +16,10 @@ from wdsloader.decode.batch import RawBatch
 from wdsloader.decode.placement import Placed, Placement
 from wdsloader.errors import WdsLoaderError
 from wdsloader.format import ShardInfo
+from wdsloader.io.buffers import BufferPool
 from wdsloader.io.fetch import ShardStore
 from wdsloader.io.ranges import Cut
 from wdsloader.plan.coalesce import Runs, coalesce
-from wdsloader.stream.buffers import BufferPool
 from wdsloader.stream.inflate import Inflater
 
 log = logging.getLogger(__name__)

@@ -128,14 +128,14 @@ class UniversalDataModule:
     # -- shard datasets ------------------------------------------------------------------------
     def _splits(self) -> list[str]:
         if self._shard_splits is None:
-            from wdsloader.format import Manifest
+            from wdsloader.io.manifest_io import load_manifest
 
             assert self._shards is not None
             if isinstance(self._shards, list | tuple):  # a mix: the splits every source has
-                found = [list(Manifest.load(source.url).splits) for source in self._shards]
+                found = [list(load_manifest(source.url).splits) for source in self._shards]
                 self._shard_splits = [s for s in found[0] if all(s in f for f in found[1:])]
             else:
-                self._shard_splits = list(Manifest.load(self._shards).splits)
+                self._shard_splits = list(load_manifest(self._shards).splits)
         return self._shard_splits
 
     def _shard_split(self, kind: str) -> str | None:

@@ -221,7 +221,7 @@ def _cached_shards(
     from build_shards.lock import OutputLockedError
     from build_shards.text import build_text_shards
     from wdsloader.errors import ManifestError
-    from wdsloader.format import Manifest
+    from wdsloader.io.manifest_io import load_manifest
     from wdsloader.io.storage import join, url_to_fs
 
     record = _cache_record(path, tokenizer, options)
@@ -253,7 +253,7 @@ def _cached_shards(
             advice = "rebuild=True (create_dataloaders)"
             raise type(exc)(str(exc).replace("overwrite=True", advice)) from exc
         fs.invalidate_cache()
-    different = _mismatch(Manifest.load(root), record)
+    different = _mismatch(load_manifest(root), record)
     if different:
         raise ManifestError(
             f"{root}: these cached token shards were not built for this request: "

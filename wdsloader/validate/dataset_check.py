@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from wdsloader.curriculum.curriculum import stored_curriculum
 from wdsloader.decode.parse import parse_sample
 from wdsloader.decode.registry import SampleDecoder
 from wdsloader.errors import WdsLoaderError
@@ -22,6 +23,7 @@ from wdsloader.format.deflate import inflate_sample
 from wdsloader.format.index import INDEX_DTYPE
 from wdsloader.format.ustar import BLOCK
 from wdsloader.io.fetch import ReadOptions, ShardStore
+from wdsloader.io.manifest_io import load_manifest, manifest_where
 from wdsloader.io.storage import join, url_to_fs
 from wdsloader.progress import progress_bar
 from wdsloader.validate.batch import (
@@ -382,7 +384,8 @@ def validate_dataset(
     ``progress=True`` shows a tqdm bar over shards (``deep``: over samples) when stderr is a
     terminal.
     """
-    manifest = Manifest.load(root, storage_options)
+    manifest = load_manifest(root, storage_options)
+    stored_curriculum(manifest.loader_defaults, manifest_where(root, storage_options))
     names = list(manifest.splits) if split is None else [split]
     shards = [s for name in names for s in manifest.split(name).shards]
     fs, base = url_to_fs(root, storage_options)

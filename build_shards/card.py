@@ -33,8 +33,8 @@ _MAX_SHOWN = 2000  # characters of the header a warning shows
 def data_files(
     manifest: Manifest, listing: Mapping[str, str] | None = None
 ) -> dict[str, list[str]]:
-    """Per split, the ``data_files`` patterns of its shards: ``DIR/*.tar`` (``*.tar.gz``) for a
-    folder whose tar files all belong to the split, else the shards' paths.
+    """Per split with shards, the ``data_files`` patterns of its shards: ``DIR/*.tar``
+    (``*.tar.gz``) for a folder whose tar files all belong to the split, else the shards' paths.
 
     ``listing`` maps every tar file in the dataset's folders (relative path) to its split
     (adopt); without it, a folder is taken to hold only the manifest's shards (a build).
@@ -47,6 +47,8 @@ def data_files(
             owners.setdefault(posixpath.dirname(s.path), set()).add(split)
     out: dict[str, list[str]] = {}
     for split, info in manifest.splits.items():
+        if not info.shards:  # no files: `datasets` refuses an entry without a path
+            continue
         folders: dict[str, list[ShardInfo]] = {}
         for s in info.shards:
             folders.setdefault(posixpath.dirname(s.path), []).append(s)

@@ -304,3 +304,18 @@ def test_card_keeps_split_names_yaml_would_read_as_other_types(tmp_path):
     manifest = build_shards(make_items(), root, splits={"1": 0.4, "null": 0.3, "yes": 0.3})
     assert '  - split: "null"\n    path:\n    - "null/*.tar"\n' in (root / "README.md").read_text()
     assert hf_keys(datasets, tmp_path, str(root), streaming=False) == split_keys(root, manifest)
+
+
+def test_card_leaves_out_a_split_without_samples(tmp_path):
+    """A split that got no sample had 'path:' with no entry (None in YAML), and load_dataset
+    failed with 'Expected data_files in YAML to be either a string or a list of strings'."""
+    datasets = pytest.importorskip("datasets")
+    root = tmp_path / "ds"
+    rows = [{"__key__": f"k{i}", "text": f"t{i}"} for i in range(10)]
+    manifest = build_shards(rows, root, splits={"train": 0.9, "val": 0.05, "test": 0.05})
+    empty = [split for split, info in manifest.splits.items() if not info.shards]
+    assert empty
+    text = (root / "README.md").read_text()
+    assert all(f'split: "{split}"' not in text for split in empty)
+    expected = {s: keys for s, keys in split_keys(root, manifest).items() if s not in empty}
+    assert hf_keys(datasets, tmp_path, str(root), streaming=False) == expected

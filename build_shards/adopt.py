@@ -37,6 +37,7 @@ from wdsloader.format import (
     iter_samples,
 )
 from wdsloader.io.manifest_io import save_manifest
+from wdsloader.io.setup_errors import setup_errors_in_one_line
 from wdsloader.io.storage import join, url_to_fs, write_atomic
 
 logger = logging.getLogger(__name__)
@@ -247,12 +248,13 @@ def adopt(
     if workers < 1:
         raise ValueError(f"workers must be >= 1, got {workers}")
     pattern = _compile_pattern(splits) if splits is not None else None
-    if fs.exists(join(base, MANIFEST_NAME)) and not overwrite:
-        raise FileExistsError(
-            f"{display}/{MANIFEST_NAME} already exists: pass overwrite=True (--overwrite) to "
-            "adopt again"
-        )
-    layout = find_shards(fs, base, display, pattern)
+    with setup_errors_in_one_line(display, storage_options, fs=fs):  # adopt's first look
+        if fs.exists(join(base, MANIFEST_NAME)) and not overwrite:
+            raise FileExistsError(
+                f"{display}/{MANIFEST_NAME} already exists: pass overwrite=True (--overwrite) to "
+                "adopt again"
+            )
+        layout = find_shards(fs, base, display, pattern)
     jobs = [(split, full, rel) for split, items in layout.items() for full, rel in items]
     total = len(jobs)
     scans = scan_all(fs, jobs, display, workers, progress)

@@ -33,8 +33,8 @@ _MAX_SHOWN = 2000  # characters of the header a warning shows
 def data_files(
     manifest: Manifest, listing: Mapping[str, str] | None = None
 ) -> dict[str, list[str]]:
-    """Per split, the ``data_files`` patterns of its shards: ``DIR/*.tar`` (``*.tar.gz``) for a
-    folder whose tar files all belong to the split, else the shards' paths.
+    """Per split with shards, the ``data_files`` patterns of its shards: ``DIR/*.tar``
+    (``*.tar.gz``) for a folder whose tar files all belong to the split, else the shards' paths.
 
     ``listing`` maps every tar file in the dataset's folders (relative path) to its split
     (adopt); without it, a folder is taken to hold only the manifest's shards (a build).
@@ -47,6 +47,8 @@ def data_files(
             owners.setdefault(posixpath.dirname(s.path), set()).add(split)
     out: dict[str, list[str]] = {}
     for split, info in manifest.splits.items():
+        if not info.shards:  # no files: `datasets` refuses an entry without a path
+            continue
         folders: dict[str, list[ShardInfo]] = {}
         for s in info.shards:
             folders.setdefault(posixpath.dirname(s.path), []).append(s)
@@ -63,10 +65,11 @@ def data_files(
 
 def card_header(files: Mapping[str, list[str]]) -> str:
     """The YAML header of the card: one ``default`` config with a ``data_files`` entry per split
-    (a split name ``datasets`` refuses has its other characters replaced by ``_``)."""
+    (a split name ``datasets`` refuses has its other characters replaced by ``_``; names are
+    quoted, so that ``1``, ``null`` or ``yes`` stay strings)."""
     lines = ["---", "configs:", "- config_name: default", "  data_files:"]
     for split, name in _hf_names(list(files)).items():
-        lines += [f"  - split: {name}", "    path:"]
+        lines += [f"  - split: {json.dumps(name)}", "    path:"]
         lines += [f"    - {json.dumps(p)}" for p in files[split]]
     return "\n".join([*lines, "---", ""])
 

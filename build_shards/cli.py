@@ -190,7 +190,9 @@ def _write_command(
 
 
 def _input_bytes(args: argparse.Namespace) -> int | None:
-    """The bytes of ``build``'s input files (of a saved HF dataset's folder); None if unknown."""
+    """The bytes of ``build``'s input files (of a saved HF dataset's folder); None if unknown
+    (compressed files: their bytes are not the data's)."""
+    from build_shards.source_files import COMPRESSION_SUFFIXES
     from build_shards.sources import resolve_files
     from wdsloader.io.storage import url_to_fs
 
@@ -203,6 +205,8 @@ def _input_bytes(args: argparse.Namespace) -> int | None:
             )
         total = 0
         for path in resolve_files(args.inputs):
+            if path.lower().endswith(COMPRESSION_SUFFIXES):
+                return None
             fs, p = url_to_fs(path)
             total += int(fs.size(p) or 0)
         return total

@@ -139,7 +139,7 @@ def _npy_encoder(field: str, spec: FieldSpec, dims: Mapping[str, int], allow_nan
         if want_dtype is not None and dt != want_dtype:
             raise SchemaError(
                 f"sample {key!r}: field {field!r}: dtype {dtype_name(dt)} differs from the "
-                f"schema's {spec.dtype}{declare_hint(field, dtype=dtype_name(dt))}"
+                f"schema's {spec.dtype}{declare_hint(field, dtype=None)}"
             )
         if want_shape is not None and value.shape != want_shape:
             raise SchemaError(

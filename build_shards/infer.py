@@ -10,6 +10,7 @@ Up to :data:`~build_shards.schema.INFER_ROWS` samples (after ``map``; fewer when
 - ints and floats in one field widen to a JSON float field (``dtype: float64``): every value,
   ints included, is written and read back as a float;
 - arrays of one dtype and differing shapes give a field of varying shape (``shape: None``);
+- ints of several dtypes (numpy scalars) give the int dtype that holds them all;
 - any other difference (a str here, an int there) is a SchemaError naming both samples and
   saying how to declare the field.
 
@@ -150,12 +151,16 @@ class _Seen:
         if spec.encoding == have.encoding == "npy" and spec.dtype == have.dtype:
             self.merged = dataclasses.replace(have, shape=None)  # arrays of varying shape
             return
+        if spec.encoding == have.encoding == "cls":  # ints of several dtypes: one that holds all
+            self.merged = dataclasses.replace(have, dtype=_wider_int(have.dtype, spec.dtype))
+            return
         if self.kinds <= {"int", "float"} and {spec.encoding, have.encoding} <= {"cls", "json"}:
             return  # ints and floats: widened to float in spec()
+        arrays = spec.encoding == have.encoding == "npy"  # of two dtypes: any dtype is kept
         raise SchemaError(
             f"sample {key!r}: field {self.name!r}: {_describe(spec, value)} here but "
             f"{_describe(have, self.value)} in sample {self.key!r}"
-            + declare_hint(self.name, encoding="json")
+            + declare_hint(self.name, **({"dtype": None} if arrays else {"encoding": "json"}))
         )
 
     def spec_encoding(self) -> str:
@@ -173,6 +178,14 @@ class _Seen:
         return dataclasses.replace(spec, optional=True) if optional else spec
 
 
+def _wider_int(a: str | None, b: str | None) -> str:
+    """The int dtype that holds the ints of ``a`` and of ``b`` (``int``, a Python int, is int64
+    and stays ``int``; int64 where none does: uint64 with a signed dtype)."""
+    wide = np.promote_types(*(np.dtype("int64" if d in (None, "int") else d) for d in (a, b)))
+    name = wide.name if wide.kind in "iu" else "int64"
+    return "int" if name == "int64" and "int" in (a, b) else name
+
+
 def _kind(spec: FieldSpec, value: Any) -> str:
     """``int`` (a cls int), ``float`` (a JSON float) or ``other``."""
     if spec.encoding == "cls":
@@ -184,4 +197,6 @@ def _kind(spec: FieldSpec, value: Any) -> str:
 
 def _describe(spec: FieldSpec, value: Any) -> str:
     name = type(value).__name__
+    if spec.encoding == "npy":
+        name += f" of {spec.dtype}"
     return f"{'an' if name[:1] in 'aeiou' else 'a'} {name} (.{spec.encoding})"

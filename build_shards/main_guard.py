@@ -37,15 +37,29 @@ def unguarded_main_line(frame: FrameType | None) -> tuple[str, int] | None:
             tree = ast.parse(f.read(), path)
     except (OSError, SyntaxError, ValueError):
         return None
-    for node in tree.body:
-        end = node.end_lineno or node.lineno
-        if node.lineno <= line <= end:
-            guarded = _is_main_guard(node) and any(
-                child.lineno <= line <= (child.end_lineno or child.lineno)
-                for child in node.body  # type: ignore[attr-defined]
-            )
-            return None if guarded else (path, line)
-    return None
+    return None if _guarded(tree.body, line) else (path, line)
+
+
+def _guarded(body: list[ast.stmt], line: int) -> bool:
+    """Whether ``line`` of the statements ``body`` is inside the body of a main guard, at any
+    depth of compound statements (``try:``, ``with``, ...; not functions or classes)."""
+    for node in body:
+        if not node.lineno <= line <= (node.end_lineno or node.lineno):
+            continue
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            return False
+        if _is_main_guard(node):
+            return _within(node.body, line)  # type: ignore[attr-defined]
+        inner = [getattr(node, part, []) for part in ("body", "orelse", "finalbody")]
+        inner += [h.body for h in getattr(node, "handlers", [])]
+        inner += [case.body for case in getattr(node, "cases", [])]
+        return any(_guarded(b, line) for b in inner if isinstance(b, list))
+    return False
+
+
+def _within(body: list[ast.stmt], line: int) -> bool:
+    """Whether ``line`` is within one of the statements ``body``."""
+    return any(n.lineno <= line <= (n.end_lineno or n.lineno) for n in body)
 
 
 def _is_main_guard(node: ast.stmt) -> bool:

@@ -10,6 +10,7 @@ from typing import Any
 
 from build_shards.errors import BuildError
 from build_shards.source_base import SequentialSource
+from wdsloader.io.setup_errors import setup_errors_in_one_line
 from wdsloader.io.storage import url_to_fs
 
 COMPRESSION_SUFFIXES = (".gz", ".bz2", ".xz", ".zst", ".lz4")
@@ -49,21 +50,24 @@ def resolve_files(spec: str | os.PathLike[str] | Iterable[Any]) -> list[str]:
     for item in specs:
         text = os.fspath(item)
         fs, path = url_to_fs(text)
-        if any(c in text for c in "*?["):
-            matches = sorted(fs.glob(path))
-            if not matches:
-                raise BuildError(f"no input file matches {text!r}")
-            files.extend(
-                fs.unstrip_protocol(m) if "://" in text else m for m in matches if not fs.isdir(m)
-            )
-        elif not fs.exists(path):
-            raise BuildError(f"input not found: {text}")
-        elif fs.isdir(path):
-            raise BuildError(
-                f"input {text} is a folder: name the files (a glob such as dir/*.jsonl)"
-            )
-        else:
-            files.append(text)
+        with setup_errors_in_one_line(text, fs=fs):  # a dead endpoint: one line naming text
+            if any(c in text for c in "*?["):
+                matches = sorted(fs.glob(path))
+                if not matches:
+                    raise BuildError(f"no input file matches {text!r}")
+                files.extend(
+                    fs.unstrip_protocol(m) if "://" in text else m
+                    for m in matches
+                    if not fs.isdir(m)
+                )
+            elif not fs.exists(path):
+                raise BuildError(f"input not found: {text}")
+            elif fs.isdir(path):
+                raise BuildError(
+                    f"input {text} is a folder: name the files (a glob such as dir/*.jsonl)"
+                )
+            else:
+                files.append(text)
     return files
 
 

@@ -215,6 +215,22 @@ def test_small_rows_print_the_small_record_options_once_at_the_end(tmp_path, cap
     assert Manifest.load(tmp_path / "gz").num_bytes < shards / 20
 
 
+def test_a_compressed_input_gets_no_small_record_hint(tmp_path, capsys):
+    """Big text rows in a .jsonl.gz: the shards are many times the gzip file's bytes because the
+    input is compressed, not because fields are small (the hint said 'each small field is a tar
+    member of at least 1,024 bytes' and suggested --group-small-fields)."""
+    import gzip
+
+    rows = [{"text": f"row {i}: " + "the same words again " * 200} for i in range(50)]
+    with gzip.open(tmp_path / "big.jsonl.gz", "wt") as f:
+        f.write("".join(json.dumps(r) + "\n" for r in rows))
+    code, out, err = run_cli(capsys, "build", tmp_path / "big.jsonl.gz", "-o", tmp_path / "ds")
+    assert code == 0, err
+    shards = Manifest.load(tmp_path / "ds").num_bytes
+    assert shards > 40 * (tmp_path / "big.jsonl.gz").stat().st_size
+    assert "hint:" not in out
+
+
 def test_bad_jsonl_line_names_file_and_line(tmp_path, capsys):
     write_jsonl(tmp_path / "bad.jsonl", 60, bad_line=41)
     out_dir = tmp_path / "ds"

@@ -205,3 +205,58 @@ def test_an_optional_field_is_a_list_in_every_batch_of_the_default_collator(tmp_
     keys = [k for b in batches for k in b["__key__"]]
     scores = [s for b in batches for s in b["score"]]
     assert dict(zip(keys, scores, strict=True)) == {r["__key__"]: r.get("score") for r in rows}
+
+
+@pytest.mark.parametrize(
+    ("values", "dtype"),
+    [
+        ([np.int32(1), 2**40], "int"),
+        ([np.uint8(1), 300], "int"),
+        ([np.int32(1), np.int64(2**40)], "int64"),
+        ([np.uint8(1), np.uint16(300)], "uint16"),
+        ([np.int8(-1), np.int16(-300)], "int16"),
+    ],
+)
+def test_ints_of_several_dtypes_in_the_inferred_rows_widen(tmp_path, values, dtype):
+    """The first row's numpy int dtype no longer bounds the field: a later inferred row's int
+    (2**40 after an np.int32) was refused as not fitting int32."""
+    rows = [{"__key__": f"k{i}", "v": v} for i, v in enumerate(values)]
+    m = build_shards(rows, tmp_path / "ds")
+    assert m.schema["v"].encoding == "cls" and m.schema["v"].dtype == dtype
+    got = loaded(tmp_path / "ds")
+    assert [got[f"k{i}"]["v"] for i in range(len(values))] == [int(v) for v in values]
+
+
+def test_arrays_of_two_dtypes_in_the_inferred_rows_name_both_dtypes(tmp_path):
+    """Was 'a ndarray (.npy) here but a ndarray (.npy)', with a hint to store them as JSON; a
+    later row of another dtype was told to declare its dtype, which refuses the first rows."""
+    rows = [
+        {"__key__": "a", "v": np.zeros(3, np.float32)},
+        {"__key__": "b", "v": np.zeros(3, np.float64)},
+    ]
+    with pytest.raises(SchemaError) as err:
+        build_shards(rows, tmp_path / "ds")
+    assert str(err.value).startswith(
+        "sample 'b': field 'v': a ndarray of float64 (.npy) here but a ndarray of float32 (.npy) "
+        "in sample 'a' (the schema was inferred from the first samples, up to 1,000; declare the "
+        "field: build_shards(schema={'v': {'dtype': None}}), or build-shards build --schema FILE "
+        'with {"v": {"dtype": null}}'
+    )
+    m = build_shards(rows, tmp_path / "ds", schema={"v": {"dtype": None}})
+    assert m.schema["v"].dtype is None
+    got = loaded(tmp_path / "ds")
+    assert [got[k]["v"].dtype for k in "ab"] == [np.float32, np.float64]
+
+
+def test_a_later_array_of_another_dtype_is_told_to_declare_any_dtype(tmp_path, monkeypatch):
+    """Declaring the later row's dtype (the hint before) refuses every earlier row."""
+    monkeypatch.setattr(infer, "INFER_ROWS", 2)
+    rows = [{"__key__": f"k{i}", "v": np.zeros(3, np.float32)} for i in range(3)]
+    rows.append({"__key__": "late", "v": np.zeros(3, np.float64)})
+    with pytest.raises(SchemaError) as err:
+        build_shards(rows, tmp_path / "ds")
+    assert str(err.value).startswith(
+        "sample 'late': field 'v': dtype float64 differs from the schema's float32 (the schema "
+    )
+    assert "build_shards(schema={'v': {'dtype': None}})" in str(err.value)
+    assert build_shards(rows, tmp_path / "ds", schema={"v": {"dtype": None}}).num_samples == 4

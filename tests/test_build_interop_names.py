@@ -186,8 +186,8 @@ def test_card_names_each_splits_shards(built):
     root, _ = built
     text = (root / "README.md").read_text()
     assert text.startswith("---\nconfigs:\n- config_name: default\n  data_files:\n")
-    assert '  - split: train\n    path:\n    - "train/*.tar"\n' in text
-    assert '  - split: val\n    path:\n    - "val/*.tar"\n' in text
+    assert '  - split: "train"\n    path:\n    - "train/*.tar"\n' in text
+    assert '  - split: "val"\n    path:\n    - "val/*.tar"\n' in text
 
 
 def test_card_of_splits_sharing_a_folder_lists_their_shards(tmp_path):
@@ -208,7 +208,7 @@ def test_card_renames_a_split_hf_refuses(tmp_path):
     root = tmp_path / "ds"
     manifest = build_shards(make_items(), root, splits={"train": 0.5, "hold-out": 0.5})
     assert (
-        '  - split: hold_out\n    path:\n    - "hold-out/*.tar"\n'
+        '  - split: "hold_out"\n    path:\n    - "hold-out/*.tar"\n'
         in (root / "README.md").read_text()
     )
     expected = split_keys(root, manifest)
@@ -294,3 +294,28 @@ def test_a_rebuild_leaves_other_tools_files_in_the_split_folders(tmp_path):
     assert {p: p.read_bytes() for p in theirs} == theirs
     assert all("-r-" in s.path for info in manifest.splits.values() for s in info.shards)
     assert not (root / "train" / "train-00000-000.tar").exists()  # ours, replaced
+
+
+def test_card_keeps_split_names_yaml_would_read_as_other_types(tmp_path):
+    """A split named ``1``, ``null`` or ``yes`` is a string in the card's YAML, not an int,
+    None or True (``datasets`` failed with 'expected string or bytes-like object')."""
+    datasets = pytest.importorskip("datasets")
+    root = tmp_path / "ds"
+    manifest = build_shards(make_items(), root, splits={"1": 0.4, "null": 0.3, "yes": 0.3})
+    assert '  - split: "null"\n    path:\n    - "null/*.tar"\n' in (root / "README.md").read_text()
+    assert hf_keys(datasets, tmp_path, str(root), streaming=False) == split_keys(root, manifest)
+
+
+def test_card_leaves_out_a_split_without_samples(tmp_path):
+    """A split that got no sample had 'path:' with no entry (None in YAML), and load_dataset
+    failed with 'Expected data_files in YAML to be either a string or a list of strings'."""
+    datasets = pytest.importorskip("datasets")
+    root = tmp_path / "ds"
+    rows = [{"__key__": f"k{i}", "text": f"t{i}"} for i in range(10)]
+    manifest = build_shards(rows, root, splits={"train": 0.9, "val": 0.05, "test": 0.05})
+    empty = [split for split, info in manifest.splits.items() if not info.shards]
+    assert empty
+    text = (root / "README.md").read_text()
+    assert all(f'split: "{split}"' not in text for split in empty)
+    expected = {s: keys for s, keys in split_keys(root, manifest).items() if s not in empty}
+    assert hf_keys(datasets, tmp_path, str(root), streaming=False) == expected

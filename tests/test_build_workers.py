@@ -135,6 +135,48 @@ def test_a_worker_that_meets_an_unguarded_build_call_stops_with_the_hint(tmp_pat
     _check_guard_failure(proc, tmp_path, "build_shards.errors.BuildWorkerError: a build worker")
 
 
+def test_a_guard_inside_a_top_level_try_or_with_builds(tmp_path):
+    """The guard need not be a top-level statement: one inside ``try:`` (or ``with``) guards
+    the call as well (the script was refused as unguarded)."""
+    proc, _ = _run_script(
+        tmp_path,
+        """
+        import contextlib
+        import sys
+        import numpy as np
+        from build_shards import build_shards
+        try:
+            with contextlib.suppress(KeyboardInterrupt):
+                if __name__ == "__main__":
+                    items = [{"x": np.zeros(4, np.float32) + i, "label": i} for i in range(200)]
+                    build_shards(items, sys.argv[1], workers=2, shard_max_count=20)
+                    print("done")
+        except KeyboardInterrupt:
+            pass
+        """,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert Manifest.load(tmp_path / "ds").num_samples == 200
+
+
+def test_an_unguarded_call_inside_a_top_level_try_fails_fast(tmp_path):
+    proc, _ = _run_script(
+        tmp_path,
+        """
+        import sys
+        import numpy as np
+        from build_shards import build_shards
+        try:
+            items = [{"x": np.zeros(4, np.float32) + i, "label": i} for i in range(200)]
+            build_shards(items, sys.argv[1], workers=2, shard_max_count=20)
+            print("done")
+        except KeyboardInterrupt:
+            pass
+        """,
+    )
+    _check_guard_failure(proc, tmp_path)
+
+
 def test_the_guarded_script_builds(tmp_path):
     proc, _ = _run_script(
         tmp_path,

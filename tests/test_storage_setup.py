@@ -11,7 +11,7 @@ import uuid
 
 import pytest
 
-from build_shards import build_shards
+from build_shards import adopt, build_shards
 from tests.conftest import new_bucket
 from wdsloader import create_loader
 from wdsloader.errors import StorageSetupError
@@ -112,6 +112,9 @@ def test_building_or_adopting_at_a_dead_endpoint_is_one_line(dead_endpoint, tmp_
     assert str(info.value) == _dead("s3://bucket/ds", dead_endpoint)
     data = tmp_path / "rows.jsonl"
     data.write_text("\n".join(json.dumps({"v": i}) for i in range(4)))
+    with pytest.raises(StorageSetupError) as info:  # was botocore's EndpointConnectionError
+        adopt("s3://bucket/ds", storage_options=_options(dead_endpoint))
+    assert str(info.value) == _dead("s3://bucket/ds", dead_endpoint)
     for argv in (
         ["build", str(data), "-o", "s3://bucket/ds", "--no-progress"],
         ["adopt", "s3://bucket/ds", "--no-progress"],
@@ -152,3 +155,30 @@ def test_credential_mistakes_are_one_line_and_other_errors_are_left_alone():
     missing_key.__cause__ = _client_error("NoSuchKey", 404)
     for other in (missing_key, ValueError("x"), TimeoutError("silent server")):
         assert setup_error(other, url, options) is None
+
+
+def test_an_s3_input_at_a_dead_endpoint_is_named_not_the_output(
+    dead_endpoint, tmp_path, capsys, monkeypatch
+):
+    """The input's set-up mistake named the output folder ('ds: cannot connect to the storage
+    endpoint the local filesystem') in the CLI, and was a raw botocore error in the library."""
+    from build_shards.cli import main
+
+    for name, value in (
+        ("AWS_ACCESS_KEY_ID", KEY),
+        ("AWS_SECRET_ACCESS_KEY", SECRET),
+        ("AWS_ENDPOINT_URL", dead_endpoint),
+        ("AWS_MAX_ATTEMPTS", "1"),
+    ):
+        monkeypatch.setenv(name, value)
+    source = "s3://inputs/rows.jsonl"
+    with pytest.raises(StorageSetupError) as info:
+        build_shards(source, tmp_path / "ds")
+    assert str(info.value) == _dead(source, dead_endpoint)
+    with pytest.raises(SystemExit) as exit_info:
+        main(["build", source, "-o", str(tmp_path / "ds"), "--no-progress"])
+    assert exit_info.value.code == 2
+    out, err = capsys.readouterr()
+    assert err == f"build-shards: error: {_dead(source, dead_endpoint)}\n"
+    _no_secret(str(info.value), out, err)
+    assert not (tmp_path / "ds" / "manifest.json").exists()

@@ -339,15 +339,11 @@ def test_manifest_property_gives_the_dims_validate_batch_needs(ds):
     validate_batch(next(iter(loader)), loader.output_schema(), dims=loader.manifest.dims)
 
 
-def test_stats_are_cumulative_and_epoch_stats_count_one_epoch(ds):
+def test_stats_are_cumulative_over_epochs(ds):
     loader = create_loader(ds, "val", batch_size=4, num_workers=1)
-    assert loader.epoch_stats["samples"] == 0
     for epoch in (1, 2):
         batches = run(loader)
         assert loader.stats["samples"] == 17 * epoch and loader.stats["batches"] == 5 * epoch
-        assert loader.epoch_stats["samples"] == 17 and loader.epoch_stats["batches"] == 5
-    run(loader, 2)  # a pass stopped after 2 batches
-    assert loader.epoch_stats["samples"] >= 8 and loader.stats["samples"] >= 34 + 8
     assert len(batches) == 5
 
 

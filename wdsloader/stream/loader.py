@@ -66,8 +66,7 @@ class WdsDataLoader(DataLoader):
     ``state_dict()``/``load_state_dict()`` (torchdata's StatefulDataLoader protocol;
     :meth:`state` gives the same as a :class:`~wdsloader.stream.state.LoaderState`),
     :meth:`set_epoch`, :meth:`force_variant` (alias ``force_steering``), :meth:`output_schema`,
-    ``manifest`` (its ``dims`` bind the symbolic shapes of ``output_schema()``), ``stats`` and
-    ``epoch_stats``.
+    ``manifest`` (its ``dims`` bind the symbolic shapes of ``output_schema()``), and ``stats``.
     ``len(loader)`` is the number of batches this rank yields in a full epoch; iterating a
     loader to the end moves it to the next epoch. ``fingerprint`` (default: derived from the
     dataset) names each stage's config in the states it saves.
@@ -91,7 +90,6 @@ class WdsDataLoader(DataLoader):
         # progress of the current iteration: where it began and the batches it yielded
         self._started_from: plan.Resume | None = None
         self._yielded = 0
-        self._stats_base: dict[str, int] = {}  # ``stats`` when the current pass began
 
     # a generator over DataLoader's iterator (resume bookkeeping), not a _BaseDataLoaderIter
     def __iter__(self) -> Iterator[Any]:  # type: ignore[override]
@@ -102,7 +100,6 @@ class WdsDataLoader(DataLoader):
         self._pending = None
         ds.set_resume(resume)
         self._started_from, self._yielded = resume, 0
-        self._stats_base = ds.counters()
         watch = WorkerWatch(super().__iter__(), ds)
         while True:
             try:
@@ -208,15 +205,10 @@ class WdsDataLoader(DataLoader):
         epoch; :meth:`set_epoch` and :meth:`load_state_dict` do not reset them): samples,
         batches, skipped_samples, skipped_batches (batches whose every sample failed, yielded
         with stand-in samples), gathered_batches; reading several sources, also
-        ``samples/<name>`` per source. :attr:`epoch_stats` counts the current epoch only."""
+        ``samples/<name>`` per source. Workers count what they made, so mid-epoch the counts
+        include batches prefetched but not yet yielded; after a full epoch, the difference of two
+        readings is that epoch's."""
         return self.dataset_obj.counters()
-
-    @property
-    def epoch_stats(self) -> dict[str, int]:
-        """:attr:`stats` counted since the current (or last) pass over an epoch began (a pass
-        resumed mid-epoch counts from the resume point)."""
-        base = self._stats_base
-        return {k: v - base.get(k, 0) for k, v in self.dataset_obj.counters().items()}
 
 
 def _as_is(batch: Any) -> Any:

@@ -260,3 +260,27 @@ def test_a_later_array_of_another_dtype_is_told_to_declare_any_dtype(tmp_path, m
     )
     assert "build_shards(schema={'v': {'dtype': None}})" in str(err.value)
     assert build_shards(rows, tmp_path / "ds", schema={"v": {"dtype": None}}).num_samples == 4
+
+
+@pytest.mark.parametrize("gather", [True, False])
+def test_an_optional_field_is_a_list_in_every_batch_of_the_vision_collator(tmp_path, gather):
+    """The vision (and text) collators passed their other fields through a plain
+    DefaultCollator: an optional field was a tensor in a batch that had it in every sample."""
+    rows = [
+        {"__key__": f"k{i:02d}", "image": np.full((4, 4, 3), i, np.uint8), "label": i % 3}
+        for i in range(12)
+    ]
+    for i, r in enumerate(rows[:9]):
+        r["score"] = i / 4  # only the last batch of 4 (k08..k11) lacks some values
+    m = build_shards(rows, tmp_path / "ds")
+    assert m.schema["score"].optional
+    loader = create_loader(
+        str(tmp_path / "ds"), "train", batch_size=4, shuffle=False, gather=gather,
+        collate_fn="vision", collate_options={"image_field": "image", "label_field": "label"},
+    )  # fmt: skip
+    batches = list(loader)
+    assert [type(b["score"]) for b in batches] == [list] * 3  # never a tensor
+    assert all(b["pixel_values"].shape == (4, 3, 4, 4) for b in batches)
+    keys = [k for b in batches for k in b["__key__"]]
+    scores = [s for b in batches for s in b["score"]]
+    assert dict(zip(keys, scores, strict=True)) == {r["__key__"]: r.get("score") for r in rows}

@@ -260,3 +260,21 @@ def test_classification_uses_the_declared_field_and_raises_naming_the_fields():
         )
     with pytest.raises(ValueError, match=r"mlm=True makes token labels, but task 'cls_tiny' is"):
         TextCollator(TaskSpec.cls_tiny(), tokenizer=tiny_tokenizer(), mlm=True)
+
+
+def test_optional_fields_stay_lists_and_the_loader_passes_them_where_accepted():
+    """The text collator passed its other fields through a plain DefaultCollator: an optional
+    field was a tensor in a batch where every sample had it (a list where one lacked it)."""
+    samples = [{"__key__": f"k{i}", "text": t, "score": i / 2} for i, t in enumerate(TEXTS)]
+    batch = text(tokenizer=tiny_tokenizer(), optional=["score"])(samples)
+    assert batch["score"] == [0.0, 0.5, 1.0] and batch["input_ids"].shape[0] == 3
+    assert isinstance(text(tokenizer=tiny_tokenizer())(samples)["score"], torch.Tensor)
+    registry = CollatorRegistry()
+    assert all(registry.accepts(name, "optional") for name in ("default", "text", "vision"))
+    assert not registry.accepts("causal_lm", "optional") and not registry.accepts("x", "optional")
+
+    @registry.register("passes_on", modality="any")
+    def passes_on(task_spec=None, **kwargs):  # may hand kwargs to something that refuses them
+        return list
+
+    assert not registry.accepts("passes_on", "optional")

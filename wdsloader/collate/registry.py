@@ -196,6 +196,20 @@ class CollatorRegistry:
             )
         return collate
 
+    def accepts(self, name: str, option: str) -> bool:
+        """Whether collator ``name``'s factory names the keyword ``option`` among its
+        parameters (a factory taking only ``**kwargs`` does not: it may pass them on to
+        something that refuses them). False for an unknown name."""
+        info = self._collators.get(name)
+        if info is None:
+            return False
+        try:
+            params = inspect.signature(info.factory).parameters
+        except (TypeError, ValueError):  # a builtin without a signature: cannot tell
+            return False
+        param = params.get(option)
+        return param is not None and param.kind in (param.KEYWORD_ONLY, param.POSITIONAL_OR_KEYWORD)
+
     def __contains__(self, name: object) -> bool:
         return name in self._collators
 

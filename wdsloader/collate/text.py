@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -122,7 +122,8 @@ class TextCollator:
     token sequences, e.g. seq2seq targets, padded with -100); else with ``mlm=True`` the masking
     of ``transformers.DataCollatorForLanguageModeling`` (-100 off the masked positions; padding
     and special tokens are never masked); else causal LM: ``input_ids`` with -100 on padding
-    (the model shifts). Other fields go through :class:`~wdsloader.collate.DefaultCollator`.
+    (the model shifts). Other fields go through :class:`~wdsloader.collate.DefaultCollator`,
+    with ``optional`` (the schema's optional fields: the loader passes them) kept as lists.
 
     ``tokenizer``: a ``transformers`` tokenizer or a ``tokenizers.Tokenizer``. The pad id is
     ``pad_token_id``, else the tokenizer's pad token, else ``task_spec.special_tokens
@@ -154,8 +155,10 @@ class TextCollator:
         text_field: str | None = None,
         ids_field: str | None = None,
         label_field: str | None = None,
+        optional: Iterable[str] = (),
     ) -> None:
         _check_tokenizer(tokenizer)
+        self.rest = DefaultCollator(optional=optional)
         given: dict[str, Any] = dict(
             mlm=mlm, mlm_probability=mlm_probability, pad_to_multiple_of=pad_to_multiple_of,
             max_length=max_length, padding_side=padding_side, pad_token_id=pad_token_id,
@@ -321,7 +324,7 @@ class TextCollator:
             batch["labels"] = ids.masked_fill(mask == 0, IGNORE_INDEX)
         rest = [n for n in names if n not in (used, "attention_mask", label)]
         if rest:
-            batch.update(DefaultCollator()([{n: s[n] for n in rest} for s in samples]))
+            batch.update(self.rest([{n: s[n] for n in rest} for s in samples]))
         return batch
 
     def __repr__(self) -> str:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -117,7 +117,8 @@ class VisionCollator:
     grayscale image normalised with 3-channel statistics uses channel 0's. Options come from the
     keyword arguments, else from ``task_spec.preprocessing_config`` (same keys), else the
     defaults; ``task_spec.input_fields[0]`` and ``target_field`` name the fields. Other fields
-    go through :class:`~wdsloader.collate.DefaultCollator`.
+    go through :class:`~wdsloader.collate.DefaultCollator`, with ``optional`` (the schema's
+    optional fields: the loader passes them) kept as lists in every batch.
     """
 
     def __init__(
@@ -130,7 +131,9 @@ class VisionCollator:
         layout: str | None = None,
         image_field: str | None = None,
         label_field: str | None = None,
+        optional: Iterable[str] = (),
     ) -> None:
+        self.rest = DefaultCollator(optional=optional)
         given: dict[str, Any] = dict(
             normalize=normalize, mean=mean, std=std, layout=layout,
             image_field=image_field, label_field=label_field,
@@ -202,7 +205,7 @@ class VisionCollator:
             batch["labels"] = self._labels(samples, label)
         rest = [n for n in names if n not in (self.image_field, label)]
         if rest:
-            batch.update(DefaultCollator()([{n: s[n] for n in rest} for s in samples]))
+            batch.update(self.rest([{n: s[n] for n in rest} for s in samples]))
         return batch
 
     def _labels(self, samples: list[dict[str, Any]], field: str) -> torch.Tensor:

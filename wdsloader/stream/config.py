@@ -297,14 +297,15 @@ def make_collate(
 ) -> Callable[[list[dict[str, Any]]], Any]:
     """The collate function of ``config``: its callable, or the registered collator it names
     made with its ``collate_options`` (a ValueError listing the registered ones when unknown).
-    ``optional``: the schema's optional fields, which the ``default`` collator always yields as
-    lists (so a field's type is the same in every batch, whether or not a batch lacks it)."""
+    ``optional``: the schema's optional fields, passed as ``optional=`` to a registered collator
+    whose factory takes that keyword (the built-ins do: they yield those fields as lists in
+    every batch, so a field's type is the same whether or not a batch lacks it)."""
     if callable(config.collate):
         return config.collate
     from wdsloader.collate.registry import CollatorRegistry
 
     options = dict(config.collate_options)
-    if config.collate == "default" and optional and "optional" not in options:
-        options["optional"] = tuple(optional)
     registry = CollatorRegistry.get_instance()
+    if optional and "optional" not in options and registry.accepts(config.collate, "optional"):
+        options["optional"] = tuple(optional)
     return registry.get_collator(collator_name=config.collate, **options)

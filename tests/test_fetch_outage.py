@@ -9,6 +9,7 @@ import logging
 import urllib.parse
 from collections.abc import Iterator
 from contextlib import contextmanager
+from types import SimpleNamespace
 
 import pytest
 
@@ -17,9 +18,10 @@ from tests.dataset_factory import write_dataset
 from tests.http_server import http_server_fixture  # noqa: F401
 from tests.outage_proxy import OutageProxy
 from wdsloader import create_loader
+from wdsloader.errors import ShardReadError
 from wdsloader.io import ReadOptions
-from wdsloader.io.retry import RemoteFiles
-from wdsloader.io.transient import is_transient
+from wdsloader.io.retry import Deadline, RemoteFiles
+from wdsloader.io.transient import is_transient, permanent_failure
 
 COUNTS = [8, 8, 8, 8, 8]
 TARGET = "train/shard-000002"  # the endpoint goes down as the epoch starts reading this shard
@@ -117,6 +119,80 @@ def test_plain_path_errors_stay_permanent_and_aiohttp_errors_are_classified():
     assert is_transient(aiohttp.ClientResponseError(info, (), status=503))
     assert not is_transient(aiohttp.ClientResponseError(info, (), status=404))
     assert not is_transient(aiohttp.InvalidURL("nope"))
+
+
+def _tls_and_proxy_errors() -> list[tuple[str, BaseException, bool]]:
+    import ssl
+
+    import aiohttp
+    import botocore.exceptions as b
+    from aiohttp.client_reqrep import ConnectionKey
+
+    key = ConnectionKey("h", 443, True, True, None, None, None)
+    verify = ssl.SSLCertVerificationError(1, "[SSL: CERTIFICATE_VERIFY_FAILED] self-signed")
+    handshake = ssl.SSLError(1, "[SSL: WRONG_VERSION_NUMBER] wrong version number")
+    eof = ssl.SSLEOFError(8, "[SSL: UNEXPECTED_EOF_WHILE_READING] EOF")
+    url, proxy = "https://h/bucket/key", "http://proxy:3128"
+    auth = OSError("Tunnel connection failed: 407 Proxy Authentication Required")
+    return [
+        ("botocore SSLError", b.SSLError(endpoint_url=url, error=verify), False),
+        ("botocore SSLError handshake", b.SSLError(endpoint_url=url, error=handshake), False),
+        ("aiohttp ClientSSLError", aiohttp.ClientConnectorSSLError(key, handshake), False),
+        ("aiohttp certificate", aiohttp.ClientConnectorCertificateError(key, verify), False),
+        ("ssl verify in the chain", _wrapped(OSError(5, "read"), verify), False),
+        (
+            "ssl verify under botocore",
+            _wrapped(b.SSLError(endpoint_url=url, error="x"), verify),
+            False,
+        ),
+        # the peer closed the connection mid-TLS: a network drop, retried
+        ("ssl EOF", eof, True),
+        ("aiohttp SSL EOF", aiohttp.ClientConnectorSSLError(key, eof), True),
+        ("botocore SSLError EOF", b.SSLError(endpoint_url=url, error=eof), True),
+        # a proxy that refuses the connection may come back; one that refuses the credentials won't
+        ("botocore proxy refused", b.ProxyConnectionError(proxy_url=proxy, error="refused"), True),
+        (
+            "aiohttp proxy refused",
+            aiohttp.ClientProxyConnectionError(key, ConnectionRefusedError()),
+            True,
+        ),
+        ("botocore proxy 407", b.ProxyConnectionError(proxy_url=proxy, error=auth), False),
+    ]
+
+
+@pytest.mark.parametrize(
+    "name, exc, transient", _tls_and_proxy_errors(), ids=[e[0] for e in _tls_and_proxy_errors()]
+)
+def test_tls_and_proxy_errors_are_classified(name, exc, transient):
+    """A certificate or TLS handshake error was retried until the deadline (botocore's SSLError
+    is a ConnectionError, aiohttp's ClientSSLError a client error)."""
+    assert is_transient(exc) is transient, name
+    assert (permanent_failure(exc) is None) is transient, name
+
+
+def test_a_tls_error_fails_at_once_saying_what_to_check():
+    import ssl
+
+    import botocore.exceptions as b
+
+    verify = ssl.SSLCertVerificationError(1, "[SSL: CERTIFICATE_VERIFY_FAILED] self-signed")
+    exc = _wrapped(OSError(5, "read"), b.SSLError(endpoint_url="https://h/b/k", error=verify))
+    files = RemoteFiles(
+        SimpleNamespace(protocol="s3"),
+        "b",
+        ReadOptions(),
+        url=lambda r: f"s3://b/{r}",
+        count=lambda *a: None,
+        redact=str,
+    )
+    with pytest.raises(ShardReadError) as err:
+        files.retry_or_raise(exc, "s3://b/train/shard-000000.tar", 0, 0, False, Deadline(60))
+    assert str(err.value).startswith(
+        "s3://b/train/shard-000000.tar: read failed at byte offset 0: TLS certificate "
+        "verification failed (not retried: check the endpoint URL and its certificate, or point "
+        "AWS_CA_BUNDLE / SSL_CERT_FILE at the CA bundle that signed it): SSLError: SSL "
+        "validation failed for https://h/b/k"
+    )
 
 
 # -- an outage mid-epoch, through a real server ----------------------------------------------------

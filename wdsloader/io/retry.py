@@ -22,7 +22,7 @@ from typing import Any
 from wdsloader.errors import ShardFormatError, ShardReadError, WdsLoaderError
 from wdsloader.io.options import ReadOptions
 from wdsloader.io.storage import join
-from wdsloader.io.transient import is_transient, transient_cause
+from wdsloader.io.transient import is_transient, permanent_failure, transient_cause
 
 logger = logging.getLogger(__name__)
 
@@ -136,6 +136,12 @@ class RemoteFiles:
         if isinstance(exc, WdsLoaderError):
             raise exc
         if not is_transient(exc):
+            setup = permanent_failure(exc)
+            if setup is not None:
+                link, what = setup
+                raise ShardReadError(
+                    f"{url}: read failed{at}: {what}: {self.describe(link)}"
+                ) from None
             if isinstance(exc, FileNotFoundError):
                 raise FileNotFoundError(errno.ENOENT, "file not found", url) from None
             if isinstance(exc, PermissionError):

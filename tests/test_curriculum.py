@@ -511,9 +511,24 @@ def test_output_names_are_neutral_and_the_steering_defaults_deprecated() -> None
         implicit = Curriculum(VARIANTS)
     assert w[0].filename == __file__
     assert (implicit.output, implicit.index_output) == ("steering", "steering_variant")
-    with pytest.warns(DeprecationWarning, match=r"without output="):
+    with pytest.warns(DeprecationWarning, match=r"without output=") as w:
         old = Curriculum.from_dict({"variants": VARIANTS})
+    assert w[0].filename == __file__  # not wdsloader's own code, where Python hides it
     assert (old.output, old.index_output) == ("steering", "steering_variant")
-    with pytest.warns(DeprecationWarning, match=r"then 'emb_variant'; pass index_output="):
+    with pytest.warns(DeprecationWarning, match=r"then 'emb_variant'; pass index_output=") as w:
         other = Curriculum(VARIANTS, output="emb")
+    assert w[0].filename == __file__
     assert (other.output, other.index_output) == ("emb", "steering_variant")
+    with pytest.warns(DeprecationWarning, match=r"then 'emb_variant'") as w:
+        Curriculum.from_dict({"variants": VARIANTS, "output": "emb"})
+    assert w[0].filename == __file__
+
+
+def test_the_deprecation_points_at_the_user_code_through_the_loader_config() -> None:
+    """A curriculum given as a dict (or read from a config file) is made inside wdsloader's
+    loader set-up: the warning names the caller's line, not wdsloader's."""
+    from wdsloader.stream.config import resolve_curriculum
+
+    with pytest.warns(DeprecationWarning, match=r"without output=") as w:
+        resolve_curriculum({"variants": VARIANTS}, None)  # type: ignore[arg-type]
+    assert w[0].filename == __file__

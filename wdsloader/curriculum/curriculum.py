@@ -12,6 +12,8 @@ from __future__ import annotations
 import enum
 import hashlib
 import logging
+import os
+import sys
 import warnings
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -46,6 +48,19 @@ class _Default(enum.Enum):
 
 
 _STEERING = ("steering", "steering_variant")  # the implicit names until wdsloader 0.2.0
+_PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
+
+
+def _warn_deprecated(message: str) -> None:
+    """A DeprecationWarning attributed to the first frame outside the wdsloader package (the
+    user's call, however deep in wdsloader the curriculum was made: ``from_dict``, a loader
+    config), so Python's default filters show it."""
+    frame, level = sys._getframe(1), 2  # level 2: this function's caller
+    while frame.f_back is not None and os.path.abspath(frame.f_code.co_filename).startswith(
+        _PACKAGE
+    ):
+        frame, level = frame.f_back, level + 1
+    warnings.warn(message, DeprecationWarning, stacklevel=level)
 
 
 def _output_names(
@@ -56,22 +71,18 @@ def _output_names(
     its fields ``steering`` and ``steering_variant``, and one with another ``output`` but no
     ``index_output`` names its index ``steering_variant``, each with a DeprecationWarning."""
     if output is None:
-        warnings.warn(
+        _warn_deprecated(
             "Curriculum without output=: the field is named 'steering' (index 'steering_variant')"
-            " until wdsloader 0.2.0, where output= is required; pass output= (and index_output=)",
-            DeprecationWarning,
-            stacklevel=3,
+            " until wdsloader 0.2.0, where output= is required; pass output= (and index_output=)"
         )
         return _STEERING[0], _STEERING[1] if index_output is _Default.INDEX else index_output
     if index_output is not _Default.INDEX:
         return output, index_output
     if output != _STEERING[0]:
-        warnings.warn(
+        _warn_deprecated(
             f"Curriculum(output={output!r}) without index_output=: the index field is named "
             f"'steering_variant' until wdsloader 0.2.0, then '{output}_variant'; pass "
-            "index_output= (None: no index field)",
-            DeprecationWarning,
-            stacklevel=3,
+            "index_output= (None: no index field)"
         )
         return output, _STEERING[1]
     return output, f"{output}_variant"

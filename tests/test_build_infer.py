@@ -284,3 +284,25 @@ def test_an_optional_field_is_a_list_in_every_batch_of_the_vision_collator(tmp_p
     keys = [k for b in batches for k in b["__key__"]]
     scores = [s for b in batches for s in b["score"]]
     assert dict(zip(keys, scores, strict=True)) == {r["__key__"]: r.get("score") for r in rows}
+
+
+@pytest.mark.parametrize("gather", [True, False])
+def test_an_optional_scalar_reads_as_the_same_type_as_a_required_one(tmp_path, gather):
+    """Per sample, an optional field's value has the type the same field has when required:
+    a ``.cls`` int the schema dtype's numpy scalar (``int`` -> np.int64, int32 -> np.int32), a
+    ``.json`` float a Python float, in a batch where every sample has it and in one where not."""
+    rows = [
+        {"__key__": f"k{i:02d}", "i": i, "f": i / 2, "n": np.int32(i), "oi": i, "of": i / 2}
+        for i in range(8)
+    ]
+    for r in rows:
+        r["on"] = r["n"]
+    for r in rows[6:]:
+        del r["oi"], r["of"], r["on"]  # batches of 4: the second lacks them in two samples
+    build_shards(rows, tmp_path / "ds")
+    got = loaded(tmp_path / "ds", gather=gather)
+    for key in ("k00", "k04"):
+        s = got[key]
+        assert [type(s[f]) for f in ("i", "f", "n")] == [np.int64, float, np.int32]
+        assert [type(s[f]) for f in ("oi", "of", "on")] == [np.int64, float, np.int32]
+    assert [got["k07"][f] for f in ("oi", "of", "on")] == [None, None, None]

@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 import re
 import sys
-from typing import NoReturn
+from typing import Any, NoReturn
 
 from build_shards.commit.lock import DEFAULT_LOCK_TIMEOUT
 from wdsloader.redact import redact
@@ -182,22 +182,29 @@ def _common_options(p: argparse.ArgumentParser) -> None:
 
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of ``build-shards``."""
-    fmt = argparse.RawDescriptionHelpFormatter
     parser = _Parser(
         prog=PROG,
         description="Build WebDataset tar shards with a split manifest, or adopt existing ones.",
         epilog=_epilog(BUILD_EXAMPLES, TEXT_EXAMPLES, ADOPT_EXAMPLES),
-        formatter_class=fmt,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
+    _build_command(sub)
+    _text_command(sub)
+    _adopt_command(sub)
+    return parser
+
+
+def _build_command(sub: argparse._SubParsersAction[Any]) -> None:
+    """The ``build`` command: JSONL/text files or a saved HF dataset -> shards."""
     b = sub.add_parser(
         "build",
         help="JSONL/text files or a saved HF dataset -> shards",
         description="Write the samples of JSONL or text files (paths or globs), or of a folder "
         "saved with datasets' save_to_disk, as shards plus manifest.json.",
         epilog=_epilog(BUILD_EXAMPLES),
-        formatter_class=fmt,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     b.add_argument("inputs", nargs="+", metavar="INPUT", help="files, globs or an hf-disk folder")
     b.add_argument("--format", choices=["auto", "jsonl", "text", "hf-disk"], default="auto")
@@ -238,6 +245,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _output_options(b)
 
+
+def _text_command(sub: argparse._SubParsersAction[Any]) -> None:
+    """The ``text`` command: tokenize text into packed LM chunks -> shards."""
     t = sub.add_parser(
         "text",
         help="tokenize text into packed LM chunks -> shards",
@@ -245,7 +255,7 @@ def build_parser() -> argparse.ArgumentParser:
         "lines), separate documents with the tokenizer's BOS/EOS, and pack the token stream "
         "into chunks of seq_length + 1 tokens stored as tokens.npy.",
         epilog=_epilog(TEXT_EXAMPLES),
-        formatter_class=fmt,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     t.add_argument("inputs", nargs="+", metavar="INPUT", help="JSONL or text files, or globs")
     t.add_argument("--tokenizer", required=True, metavar="PATH", help="a tokenizer.json file")
@@ -259,6 +269,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _output_options(t)
 
+
+def _adopt_command(sub: argparse._SubParsersAction[Any]) -> None:
+    """The ``adopt`` command: index existing WebDataset shards."""
     a = sub.add_parser(
         "adopt",
         help="index existing WebDataset shards (writes hidden indexes + manifest.json)",
@@ -268,7 +281,7 @@ def build_parser() -> argparse.ArgumentParser:
         "not modified. Splits come "
         "from the first folder under the root, or from --split-pattern; else all is 'train'.",
         epilog=_epilog(ADOPT_EXAMPLES),
-        formatter_class=fmt,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     a.add_argument("root", metavar="DIR_OR_URL")
     a.add_argument("--split-pattern", metavar="REGEX", help="regex with a group (?P<split>...)")
@@ -278,4 +291,3 @@ def build_parser() -> argparse.ArgumentParser:
         "--non-strict", action="store_true", help="record samples with other fields, not fail"
     )
     _common_options(a)
-    return parser

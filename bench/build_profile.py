@@ -40,12 +40,12 @@ import numpy as np
 
 from bench.build_scaling import cpu_seconds
 from build_shards import build_shards
-from build_shards.blocks import BlockJob, prepare
-from build_shards.encode import SampleEncoder
-from build_shards.encoders import make_encoder
-from build_shards.schema import build_schema
+from build_shards.encode.encoders import make_encoder
+from build_shards.encode.sample import SampleEncoder
+from build_shards.encode.schema import build_schema
+from build_shards.layout.splits import make_splitter
 from build_shards.sources import open_source
-from build_shards.splits import make_splitter
+from build_shards.write.blocks import BlockJob, prepare
 from wdsloader.format import TarStreamWriter
 
 DIM = 384

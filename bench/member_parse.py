@@ -91,7 +91,7 @@ def _jobs(data: bytes) -> dict[str, Callable[[], int]]:
     """Each measured job over one shard's bytes; a job returns the members it saw."""
     import numpy as np
 
-    from build_shards.adopt_scan import scan_buffer
+    from build_shards.adopt.scan import scan_buffer
     from wdsloader.decode import parse_sample
     from wdsloader.format import iter_members, iter_samples, scan_tar
 

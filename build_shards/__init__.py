@@ -2,10 +2,10 @@
 
 from build_shards.adopt import adopt  # the function: it wins over the module's name
 from build_shards.build import build_shards
+from build_shards.commit.lock import OutputLockedError
 from build_shards.errors import BuildError, BuildWorkerError, OutputExistsError, SourceChangedError
-from build_shards.lock import OutputLockedError
+from build_shards.layout.splits import hash_unit
 from build_shards.sources import Source, open_source
-from build_shards.splits import hash_unit
 
 __all__ = [
     "BuildError",

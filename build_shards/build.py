@@ -15,25 +15,30 @@ from contextlib import closing
 from dataclasses import dataclass
 from typing import Any
 
-from build_shards.blocks import BlockJob
-from build_shards.encode import SampleEncoder
+from build_shards.commit.lock import DEFAULT_LOCK_TIMEOUT, BuildLock, OutputLockedError
+from build_shards.commit.merge import manifest_build, merge
+from build_shards.commit.resume import check_kept
+from build_shards.commit.state import OutputState
+from build_shards.encode.sample import SampleEncoder
+from build_shards.encode.schema import with_small_fields_grouped
 from build_shards.engines import Engine, Output, make_engine
+from build_shards.engines.main_guard import refuse_unguarded_main
+from build_shards.engines.pool import refuse_reimported_main
+from build_shards.engines.run import Progress, ProgressBar, run_blocks
 from build_shards.errors import BuildError, BuildWorkerError, SourceChangedError, naming_options
-from build_shards.estimate import item_seconds
-from build_shards.infer import first_rows, infer_schema
-from build_shards.lock import DEFAULT_LOCK_TIMEOUT, BuildLock, OutputLockedError
-from build_shards.main_guard import refuse_unguarded_main
-from build_shards.merge import manifest_build, merge
-from build_shards.params import BuildParams, callable_name, default_block_size, sample_tar_bytes
-from build_shards.pool import refuse_reimported_main
-from build_shards.records import BlockRecord
-from build_shards.rests import Placed, pack_rests
-from build_shards.resume import check_kept
-from build_shards.run import Progress, ProgressBar, run_blocks
-from build_shards.schema import with_small_fields_grouped
+from build_shards.layout.params import (
+    BuildParams,
+    callable_name,
+    default_block_size,
+    sample_tar_bytes,
+)
+from build_shards.layout.splits import Splitter, make_splitter
+from build_shards.probe.estimate import item_seconds
+from build_shards.probe.infer import first_rows, infer_schema
 from build_shards.sources import Source, open_source
-from build_shards.splits import Splitter, make_splitter
-from build_shards.state import OutputState
+from build_shards.write.blocks import BlockJob
+from build_shards.write.records import BlockRecord
+from build_shards.write.rests import Placed, pack_rests
 from wdsloader.errors import SchemaError
 from wdsloader.format import FieldSpec, Manifest
 from wdsloader.format.deflate import COMPRESSIONS
@@ -90,7 +95,7 @@ def build_shards(
 
     The schema is inferred from the first samples (after ``map``; up to 1,000: a field absent or
     None in some is ``optional``, ints mixed with floats are floats; see
-    :mod:`build_shards.infer`); ``schema`` declares fields (``FieldSpec`` or dict such as
+    :mod:`build_shards.probe.infer`); ``schema`` declares fields (``FieldSpec`` or dict such as
     ``{"score": {"encoding": "json", "optional": True}}``, symbolic dims bound by ``dims`` or by
     the first samples); every sample is checked against it. NaN/Inf is a SchemaError unless ``allow_nan`` (then counted in
     ``manifest.build["nan_samples"]``).
@@ -98,11 +103,11 @@ def build_shards(
     Shards: the source is cut into blocks of ``block_size`` consecutive items (default: at most
     4 full shards, judged by the first sample's size, and at least 16 blocks when the source's
     length is known, a block keeping >= 4 MiB or one full shard: see
-    :func:`build_shards.params.default_block_size`); each block writes
+    :func:`build_shards.layout.params.default_block_size`); each block writes
     ``{split}/{split}-BBBBB-PPP.tar`` bounded by
     ``shard_max_count`` samples and ``shard_max_bytes`` file bytes (a bigger sample gets a shard
     of its own); its small last shard of a split is packed with the other blocks' at the end
-    (:mod:`build_shards.rests`), so each split has at most one small shard. The layout depends
+    (:mod:`build_shards.write.rests`), so each split has at most one small shard. The layout depends
     on the data and these options only, never on ``workers`` (at most that many local
     processes; a build estimated under 2 s of work runs in this process, see
     :data:`build_shards.engines.local.SMALL_BUILD_S`; indexable sources are read by the
@@ -219,7 +224,7 @@ class Input:
     stream: Iterator[tuple[int, Any]] | None  # a sequential source's items (None: indexable)
     params: BuildParams
     job: BlockJob  # without the shard name prefix, known once the output's state is read
-    item_seconds: float  # what an item costs, measured on a few (build_shards.estimate)
+    item_seconds: float  # what an item costs, measured on a few (build_shards.probe.estimate)
 
 
 def _check_options(

@@ -55,7 +55,7 @@ def s3_bucket(s3_server):
 def infer_first_sample_only(monkeypatch):
     """Builds whose source fails, pauses or kills the build part-way: their schema comes from
     the first sample only, so that the build's read-ahead for the schema
-    (:mod:`build_shards.infer`) does not meet that point before any block is written."""
-    from build_shards import infer
+    (:mod:`build_shards.probe.infer`) does not meet that point before any block is written."""
+    from build_shards.probe import infer
 
     monkeypatch.setattr(infer, "INFER_ROWS", 1)

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from build_shards import build_shards
-from build_shards.params import (
+from build_shards.layout.params import (
     BLOCK_SHARDS,
     MIN_BLOCK_BYTES,
     MIN_BLOCKS,

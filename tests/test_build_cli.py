@@ -12,7 +12,7 @@ import time
 import pytest
 
 from build_shards.cli import main
-from build_shards.cli_parser import parse_size, parse_splits
+from build_shards.cli.parser import parse_size, parse_splits
 from wdsloader.format import Manifest
 from wdsloader.io.storage import parse_storage_options
 
@@ -145,7 +145,7 @@ def test_build_prints_summary_with_counts(tmp_path, capsys):
 
 
 def test_schema_file_declares_fields_json_and_yaml(tmp_path, capsys, monkeypatch):
-    from build_shards import infer
+    from build_shards.probe import infer
 
     monkeypatch.setattr(infer, "INFER_ROWS", 2)  # "v" turns float and "w" appears later
     rows = [{"v": 1}, {"v": 2}, {"v": 2.5, "w": "x"}]

@@ -11,9 +11,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from build_shards import BuildError, OutputExistsError, build_shards, infer
-from build_shards.encode import SampleEncoder
-from build_shards.schema import build_schema
+from build_shards import BuildError, OutputExistsError, build_shards
+from build_shards.encode.sample import SampleEncoder
+from build_shards.encode.schema import build_schema
+from build_shards.probe import infer
 from wdsloader.errors import SchemaError
 from wdsloader.format import (
     BLOCK,

@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 import torch
 
-from build_shards import build_shards, infer
+from build_shards import build_shards
+from build_shards.probe import infer
 from tests.test_build_core import read_dataset
 from wdsloader import create_loader, validate_batch
 from wdsloader.errors import SchemaError

@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 
 from build_shards import OutputLockedError, build_shards
-from build_shards.lock import LOCK_NAME, BuildLock
+from build_shards.commit.lock import LOCK_NAME, BuildLock
 from tests.test_build_core import gen_samples, read_dataset
 from wdsloader.io.storage import join, url_to_fs
 
@@ -112,7 +112,7 @@ def test_a_second_build_during_a_build_is_refused_and_touches_nothing(output):
 
 def _held_build(output: str, reached, go) -> None:
     """A build in another process, held before item 50 until ``go`` is set."""
-    from build_shards import infer
+    from build_shards.probe import infer
 
     infer.INFER_ROWS = 1  # this process's build: see the infer_first_sample_only fixture
 

@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 from build_shards import BuildError, build_shards
-from build_shards.pool import worker_context
+from build_shards.engines.pool import worker_context
 from wdsloader.errors import SchemaError
 
 pytestmark = pytest.mark.usefixtures("build_workers")  # these builds are small: force workers

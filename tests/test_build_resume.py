@@ -16,8 +16,8 @@ import numpy as np
 import pytest
 
 from build_shards import BuildError, SourceChangedError, build_shards
-from build_shards.records import BlockRecord, RecordError
-from build_shards.sink import ShardSink
+from build_shards.write.records import BlockRecord, RecordError
+from build_shards.write.sink import ShardSink
 from wdsloader.errors import SchemaError
 from wdsloader.format import Manifest
 
@@ -181,7 +181,8 @@ def test_sigkill_half_way_then_rerun_equals_an_uninterrupted_build(tmp_path):
     out, ref = tmp_path / "out", tmp_path / "ref"
     script = textwrap.dedent(
         f"""
-        from build_shards import build_shards, infer
+        from build_shards import build_shards
+        from build_shards.probe import infer
         from tests.test_build_resume import KillAt, OPTS, items
         infer.INFER_ROWS = 1  # see the infer_first_sample_only fixture
         build_shards(items(600), {str(out)!r}, map=KillAt(430), workers=2, **OPTS)
@@ -361,7 +362,7 @@ def test_the_fingerprint_options_and_manifest_build_share_their_parameters(tmp_p
 def test_a_crash_while_packing_the_remainders_resumes_to_the_same_build(
     tmp_path, monkeypatch, caplog
 ):
-    import build_shards.rests as rests
+    import build_shards.write.rests as rests
 
     real, calls = rests._samples, []
 

@@ -9,7 +9,7 @@ import numpy as np
 
 from build_shards.engines.base import BlockTask
 from build_shards.engines.local import fit_workers
-from build_shards.spool import MIN_BLOB_BYTES, SpooledItems, spool_items
+from build_shards.write.spool import MIN_BLOB_BYTES, SpooledItems, spool_items
 
 
 def _items(n: int, blob: int) -> list[tuple[int, dict]]:

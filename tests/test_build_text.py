@@ -12,7 +12,7 @@ import pytest
 
 from build_shards.errors import BuildError
 from build_shards.text import PackStats, build_text_shards, iter_documents, pack_tokens
-from build_shards.text_tokens import document_separators
+from build_shards.text.tokens import document_separators
 
 tokenizers = pytest.importorskip("tokenizers")
 

@@ -21,10 +21,10 @@ import pytest
 
 import build_shards.build as build_module
 from build_shards import BuildWorkerError, build_shards
-from build_shards.blocks import BlockJob
 from build_shards.engines import BlockTask, LocalEngine, Output
 from build_shards.engines.local import SMALL_BUILD_S
-from build_shards.pool import refuse_reimported_main
+from build_shards.engines.pool import refuse_reimported_main
+from build_shards.write.blocks import BlockJob
 from wdsloader.errors import SchemaError
 from wdsloader.format import Manifest
 
@@ -260,7 +260,7 @@ def no_pool(monkeypatch):
     def refuse(*args, **kwargs):
         raise AssertionError("a worker pool was started")
 
-    monkeypatch.setattr("build_shards.pool.run_pool", refuse)
+    monkeypatch.setattr("build_shards.engines.pool.run_pool", refuse)
     # the rule as shipped (this module's build_workers fixture turned it off)
     monkeypatch.setattr("build_shards.engines.local.SMALL_BUILD_S", SMALL_BUILD_S)
 
@@ -302,7 +302,7 @@ def test_the_local_engine_starts_workers_only_for_a_build_of_a_few_seconds_or_mo
         started.append(workers)
         return iter(())
 
-    monkeypatch.setattr("build_shards.pool.run_pool", fake_pool)
+    monkeypatch.setattr("build_shards.engines.pool.run_pool", fake_pool)
     monkeypatch.setattr("build_shards.engines.local.write_block", lambda *a, **k: None)
     monkeypatch.setattr("build_shards.engines.local.SMALL_BUILD_S", 2.0)
     job = BlockJob(
@@ -350,7 +350,7 @@ def test_the_cost_of_an_item_is_measured_on_16_items_or_for_at_most_a_fifth_of_a
     monkeypatch.setattr("build_shards.engines.local.SMALL_BUILD_S", SMALL_BUILD_S)
     now = iter(range(10**6))
     fake = SimpleNamespace(perf_counter=lambda: next(now) * tick)
-    monkeypatch.setattr("build_shards.estimate.time", fake)
+    monkeypatch.setattr("build_shards.probe.estimate.time", fake)
     count = _CountingMap()
     items = [{"__key__": f"k{i:03d}", "y": i} for i in range(100)]
     m = build_shards(items, tmp_path / "ds", map=count, workers=2, block_size=50)

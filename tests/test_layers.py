@@ -9,8 +9,11 @@ and the code cannot disagree silently.
 from __future__ import annotations
 
 import ast
+import itertools
 import pathlib
 import re
+
+import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 PACKAGES = ("wdsloader", "build_shards")
@@ -114,12 +117,13 @@ def _root_leaves() -> set[str]:
     return leaves
 
 
-def readme_folders() -> list[str]:
-    """The wdsloader folders of the README's layout list, top to bottom (arrows point down)."""
+def readme_folders(package: str = "wdsloader") -> list[str]:
+    """The folders of ``package`` in the README's layout list, top to bottom (arrows point down)."""
     text = (ROOT / "README.md").read_text(encoding="utf-8")
     section = text.split("\n## Development\n", 1)[1].split("\n## ", 1)[0]
     block = section.split("```\n", 2)[1]
-    lines = block.split("  wdsloader/\n", 1)[1].splitlines()
+    lines = re.split(rf"^  {package}/.*\n", block, maxsplit=1, flags=re.M)[1].splitlines()
+    lines = list(itertools.takewhile(lambda line: not re.match(r"^  \S", line), lines))
     return [m[1] for line in lines if (m := re.match(r"^    ([a-z_]+)/\s", line))]
 
 
@@ -190,9 +194,10 @@ def test_the_builder_uses_the_contract_not_the_reader():
     assert bad == []
 
 
-def test_the_readme_lists_every_folder():
-    folders = sorted(p.parent.name for p in (ROOT / "wdsloader").glob("*/__init__.py"))
-    assert sorted(readme_folders()) == folders
+@pytest.mark.parametrize("package", PACKAGES)
+def test_the_readme_lists_every_folder(package):
+    folders = sorted(p.parent.name for p in (ROOT / package).glob("*/__init__.py"))
+    assert sorted(readme_folders(package)) == folders
 
 
 def test_imports_point_down_the_readme_order():

@@ -528,7 +528,7 @@ def test_one_source_and_one_batch_old_names_warn():
     import wdsloader
     import wdsloader.mix.source
     import wdsloader.plan.mix
-    from build_shards.source_base import Source as BuildInput
+    from build_shards.sources.base import Source as BuildInput
     from wdsloader.plan.mix import MixBatchIds
 
     assert "MixSource" in wdsloader.__all__ and "Source" not in wdsloader.__all__

@@ -10,8 +10,8 @@ import random
 import pytest
 
 from build_shards import BuildError
-from build_shards.ranged import RangedFileSource, scan_file
 from build_shards.sources import JsonlSource, TextSource
+from build_shards.sources.ranged import RangedFileSource, scan_file
 
 
 def _jsonl_files(folder, rng):

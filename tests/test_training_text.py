@@ -181,7 +181,7 @@ def test_workers_with_the_default_start_method(corpus, tmp_path):
 def test_waits_for_another_process_building_the_same_shards(corpus, tmp_path, monkeypatch):
     """A second process (a DDP rank) finding the build lock held waits for the manifest."""
     import wdsloader.training.text as text_mod
-    from build_shards.lock import OutputLockedError
+    from build_shards.commit.lock import OutputLockedError
 
     train_path, _, _, _ = corpus
     real = text_builder.build_text_shards

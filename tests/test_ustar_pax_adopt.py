@@ -1,4 +1,4 @@
-"""Adopt's scan of one tar (:func:`build_shards.adopt_scan.scan_buffer`) on PAX shards written
+"""Adopt's scan of one tar (:func:`build_shards.adopt.scan.scan_buffer`) on PAX shards written
 the way webdataset's ShardWriter writes them: sample offsets and the end offset from tarfile,
 the fixed layout, the ``.npy`` dtype and shape (kept per distinct header), and a bad ``.npy``
 header refused naming the sample and field wherever it stands."""
@@ -11,7 +11,7 @@ import tarfile
 import numpy as np
 import pytest
 
-from build_shards.adopt_scan import scan_buffer
+from build_shards.adopt.scan import scan_buffer
 from wdsloader.errors import ShardFormatError
 from wdsloader.format import padded
 

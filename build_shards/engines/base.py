@@ -3,7 +3,7 @@
 A build's plan is a list of :class:`BlockTask` (block ``b`` holds source items
 ``[b * block_size, (b + 1) * block_size)``). :func:`write_block` turns one task into its shards
 (deterministic names ``{split}/{prefix}-BBBBB-PPP.tar``, each written under a temporary name and
-published complete) and its :class:`~build_shards.records.BlockRecord` (per shard: count, bytes,
+published complete) and its :class:`~build_shards.write.records.BlockRecord` (per shard: count, bytes,
 sha256; the block's first and last key). It depends only on its arguments: running it twice
 writes the same bytes, so an engine may retry a block, or run it anywhere, without changing the
 output.
@@ -19,9 +19,9 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from build_shards.blocks import BlockJob, run_block
-from build_shards.records import BlockRecord
 from build_shards.sources import Source
+from build_shards.write.blocks import BlockJob, run_block
+from build_shards.write.records import BlockRecord
 
 Report = Callable[[int, int], None]  # (items, bytes) just written
 

@@ -6,10 +6,10 @@ import itertools
 import logging
 from collections.abc import Iterator
 
-from build_shards.blocks import BlockJob
 from build_shards.engines.base import BlockTask, Output, Report, write_block
-from build_shards.records import BlockRecord
 from build_shards.sources import Source
+from build_shards.write.blocks import BlockJob
+from build_shards.write.records import BlockRecord
 
 log = logging.getLogger("build_shards")
 
@@ -22,7 +22,7 @@ one process and 2.2 s with 2 workers), more when the main script imports torch."
 
 class LocalEngine:
     """Runs :func:`~build_shards.engines.base.write_block` inline or in ``workers`` worker
-    processes (:func:`build_shards.pool.run_pool`). Reads every source ``build_shards`` takes:
+    processes (:func:`build_shards.engines.pool.run_pool`). Reads every source ``build_shards`` takes:
     indexable ones in the workers, sequential ones in this process. A build of known length
     starts no more processes than it has blocks, and none for a single block or for a build
     estimated under :data:`SMALL_BUILD_S` seconds (see :meth:`expect`): starting them costs
@@ -48,7 +48,7 @@ class LocalEngine:
     ) -> Iterator[tuple[int, BlockRecord]]:
         workers = self.workers
         if workers > 1:
-            from build_shards.pool import check_picklable
+            from build_shards.engines.pool import check_picklable
 
             check_picklable(job, workers)
             if self.expected_s is not None and self.expected_s < SMALL_BUILD_S:
@@ -63,7 +63,7 @@ class LocalEngine:
             for task in tasks:
                 yield task.block, write_block(job, out.fs, out.root, task, report=report)
             return
-        from build_shards.pool import run_pool
+        from build_shards.engines.pool import run_pool
 
         yield from run_pool(
             job, tasks, workers, out.fs, out.root, out.url, out.storage_options, report

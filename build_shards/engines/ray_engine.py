@@ -21,11 +21,11 @@ import logging
 from collections.abc import Iterator
 from typing import Any
 
-from build_shards.blocks import BlockJob
 from build_shards.engines.base import BlockTask, Output, Report, record_bytes, write_block
 from build_shards.errors import BuildError, BuildWorkerError
-from build_shards.records import BlockRecord
 from build_shards.sources import JsonlSource, Source, TextSource
+from build_shards.write.blocks import BlockJob
+from build_shards.write.records import BlockRecord
 
 log = logging.getLogger("build_shards")
 
@@ -97,7 +97,7 @@ class RayEngine:
         )
 
     def _scan_files(self, src: JsonlSource | TextSource) -> Source:
-        from build_shards.ranged import RangedFileSource, scan_file
+        from build_shards.sources.ranged import RangedFileSource, scan_file
 
         ray = self._connect()
         scan = ray.remote(scan_file).options(

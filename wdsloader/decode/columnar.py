@@ -12,15 +12,14 @@ the batch another way.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, TypeAlias
+from typing import Any
 
 import numpy as np
 
 from wdsloader.decode.batch import Columns, NotGatherable, RawBatch
 from wdsloader.decode.codecs import decode_uint8
-from wdsloader.decode.fastcols import batch_decoder
 from wdsloader.decode.gather import (
     LARGE_ROW,
     FieldTable,
@@ -34,6 +33,7 @@ from wdsloader.decode.gather import (
 from wdsloader.decode.parse import parse_sample
 from wdsloader.decode.placement import Placement, placed_values, restore
 from wdsloader.decode.registry import SampleDecoder
+from wdsloader.decode.ungathered import Found, decode_fields, parse_members
 from wdsloader.decode.variants import Variants
 from wdsloader.decode.walk import KeyNames, WalkSteps, skip_pax, walk_members, walk_steps
 from wdsloader.errors import ShardFormatError, WdsLoaderError
@@ -54,11 +54,6 @@ class _Heads:
     names: np.ndarray
     ends: np.ndarray
     walked: dict[str, np.ndarray] = dataclasses.field(default_factory=dict)
-
-
-# where the members of the fields that are not gathered lie: found by one walk over the
-# batch's headers ({ext: (data positions, sizes)}), or per sample by parsing
-_Found: TypeAlias = dict[str, tuple[np.ndarray, np.ndarray]] | list[dict[str, memoryview]]
 
 
 class ColumnarDecoder:
@@ -165,7 +160,7 @@ class ColumnarDecoder:
         if isinstance(read, NotGatherable):
             return read
         keys, heads = read
-        found: _Found = {}
+        found: Found = {}
         if self.others:
             walked = self._find_others(raw, keys, block, heads)
             if isinstance(walked, NotGatherable):
@@ -343,7 +338,7 @@ class ColumnarDecoder:
     # -- the fields that are not gathered -------------------------------------------------------
     def _find_others(
         self, raw: RawBatch, keys: list[str], block: np.ndarray | None, heads: _Heads
-    ) -> _Found | NotGatherable:
+    ) -> Found | NotGatherable:
         """Where the members of the fields that are not gathered lie: found for the whole batch
         at once (checking only the headers after the constant-offset prefix, where an earlier
         batch of the same layout found them, else walking them; the members found so, their
@@ -387,83 +382,12 @@ class ColumnarDecoder:
                 return NotGatherable(f"the samples have no member .{ext} (field {field!r})")
         return members
 
-    def _parse_others(self, raw: RawBatch, keys: list[str]) -> _Found | NotGatherable:
+    def _parse_others(self, raw: RawBatch, keys: list[str]) -> Found | NotGatherable:
         """The members of each sample after its constant-offset prefix, parsed one by one."""
-        parse_from = self.parse_from[raw.shard]
-        joined = raw.data[0]
-        out: list[dict[str, memoryview]] = []
-        for j, key in enumerate(keys):
-            start, stop = int(raw.start[j]), int(raw.stop[j])
-            source = self.sources[raw.shard[j]]
-            try:
-                got, members = parse_sample(
-                    joined,
-                    start + int(parse_from[j]),
-                    stop,
-                    base_offset=int(raw.base[j]),
-                    source=source,
-                )
-            except WdsLoaderError:
-                return NotGatherable(f"sample {key!r} of {source} does not parse")
-            if got != key:
-                return NotGatherable(f"sample {key!r} of {source} holds members of {got!r}")
-            out.append(members)
-        return out
+        return parse_members(raw, keys, self.parse_from[raw.shard], self.sources)
 
     def _decode_others(
-        self, raw: RawBatch, keys: list[str], found: _Found, errors: dict[int, WdsLoaderError]
+        self, raw: RawBatch, keys: list[str], found: Found, errors: dict[int, WdsLoaderError]
     ) -> dict[str, list[Any]]:
-        """Decode the fields that are not gathered; a sample whose decoder raises gets its
-        first field's error in ``errors`` (and None in the columns)."""
-        out: dict[str, list[Any]] = {}
-        if isinstance(found, list):
-            for field in self.others:
-                values: list[Any] = []
-                for j, (key, members) in enumerate(zip(keys, found, strict=True)):
-                    source = self.sources[raw.shard[j]]
-                    try:
-                        values.append(self.decoder.decode_field(members, key, source, field))
-                    except WdsLoaderError as exc:
-                        errors.setdefault(j, exc)
-                        values.append(None)
-                out[field] = values
-            return out
-        buf = raw.buf
-        assert buf is not None
-        view = memoryview(buf)  # type: ignore[arg-type]
-        for field in self.others:
-            ext, fn = self.decoder.field_decoder(field)
-            if ext not in found:  # an optional field no sample of the batch has
-                out[field] = [None] * len(keys)
-                continue
-            positions, sizes = found[ext]
-            column = batch_decoder(fn)
-            whole = None if column is None else column(buf, positions, sizes)
-            if whole is not None:  # every member read exactly as ``fn`` reads it
-                out[field] = whole
-                continue
-            values, failed = _decode_column(fn, view, positions.tolist(), sizes.tolist())
-            for j, err in failed.items():
-                source = self.sources[raw.shard[j]]
-                errors.setdefault(j, self.decoder.field_error(err, keys[j], source, field, ext))
-            out[field] = values
-        return out
-
-
-def _decode_column(
-    fn: Callable[[Any], Any], view: memoryview, positions: list[int], sizes: list[int]
-) -> tuple[list[Any], dict[int, Exception]]:
-    """``fn`` of each member ``view[p : p + n]``, and the exception of each one that raised
-    (its value None)."""
-    out: list[Any] = []
-    failed: dict[int, Exception] = {}
-    append = out.append
-    todo = zip(positions, sizes, strict=True)
-    while True:
-        try:
-            for p, n in todo:
-                append(fn(view[p : p + n]))
-            return out, failed
-        except Exception as exc:  # the decoder's error becomes its sample's error, not a fallback
-            failed[len(out)] = exc
-            append(None)
+        """Decode the fields that are not gathered (see :func:`decode_fields`)."""
+        return decode_fields(raw, keys, found, self.others, self.decoder, self.sources, errors)

@@ -114,7 +114,7 @@ def tokenizer_fingerprint(tokenizer: Any, probes: Iterable[str] = ()) -> str:
 def _files_digest(path: Paths) -> list[tuple[str, str]]:
     import fsspec
 
-    from build_shards.source_files import resolve_files
+    from build_shards.sources.files import resolve_files
 
     out = []
     for file in resolve_files(path):
@@ -217,8 +217,8 @@ def _cached_shards(
     for that build's manifest (polling, up to ``BUILD_WAIT_S`` seconds) instead of building
     too.
     """
+    from build_shards.commit.lock import OutputLockedError
     from build_shards.errors import BuildError, OutputExistsError
-    from build_shards.lock import OutputLockedError
     from build_shards.text import build_text_shards
     from wdsloader.errors import ManifestError
     from wdsloader.io.manifest_io import load_manifest

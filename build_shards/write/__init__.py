@@ -1,0 +1,1 @@
+"""Write: turn one block of source items into finished shards, indexes and the block's record."""

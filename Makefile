@@ -35,7 +35,7 @@ test: $(STAMP)
 	$(BIN)/python -m mypy
 	$(BIN)/python -m pytest -q
 
-# The quick loop: lint, types, and the tests not marked slow (no torchrun, Ray or server restarts).
+# The quick loop: lint, types, and the tests not marked slow (no torchrun, Ray, example scripts).
 test-fast: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .

@@ -10,6 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import tomllib
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -51,6 +52,7 @@ def test_make_demo_installs_no_extras():
     )
 
 
+@pytest.mark.slow  # runs the demo in its own processes
 def test_demo_runs_with_only_base_requirements(tmp_path):
     allowed = {n.replace("-", "_") for n in _closure(BASE)} | {"wdsloader"}
     blocked = sorted(

@@ -6,7 +6,11 @@ import json
 import math
 import re
 
+import pytest
+
 from tests.examples_util import run_example
+
+pytestmark = pytest.mark.slow  # runs an example script in its own processes
 
 BATCH = 64  # the example's default --batch-size (train drops fewer than one batch)
 

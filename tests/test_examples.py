@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import pytest
+
 from tests.examples_util import run_example
+
+pytestmark = pytest.mark.slow  # runs an example script in its own processes
 
 
 def test_demo_runs_and_resumes_exactly(tmp_path):

@@ -4,7 +4,11 @@ from __future__ import annotations
 
 import re
 
+import pytest
+
 from tests.examples_util import run_example
+
+pytestmark = pytest.mark.slow  # runs an example script in its own processes
 
 
 def test_mixing_example_small(tmp_path):

@@ -33,7 +33,7 @@ OPTS = dict(
 N = 400  # 8 blocks
 
 
-pytestmark = pytest.mark.usefixtures("infer_first_sample_only")
+pytestmark = [pytest.mark.usefixtures("infer_first_sample_only"), pytest.mark.slow]  # a Ray cluster
 
 
 @pytest.fixture(autouse=True)

@@ -13,6 +13,8 @@ from build_shards import BuildError
 from build_shards.sources import JsonlSource, TextSource
 from build_shards.sources.ranged import RangedFileSource, scan_file
 
+pytestmark = pytest.mark.slow  # a Ray cluster
+
 
 def _jsonl_files(folder, rng):
     paths = []

@@ -8,6 +8,8 @@ import pytest
 
 from tests.examples_util import run_example
 
+pytestmark = pytest.mark.slow  # runs an example script in its own processes
+
 
 def test_hf_text_lm_loss_falls():
     pytest.importorskip("datasets")

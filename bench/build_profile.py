@@ -42,8 +42,8 @@ from bench.build_scaling import cpu_seconds
 from build_shards import build_shards
 from build_shards.encode.encoders import make_encoder
 from build_shards.encode.sample import SampleEncoder
-from build_shards.encode.schema import build_schema
 from build_shards.layout.splits import make_splitter
+from build_shards.probe.infer import infer_schema
 from build_shards.sources import open_source
 from build_shards.write.blocks import BlockJob, prepare
 from wdsloader.format import TarStreamWriter
@@ -103,7 +103,7 @@ def stage_times(samples: list[dict[str, Any]], repeats: int, tmp: str) -> dict[s
     """CPU µs per sample of each stage of the builder, timed alone."""
     src = open_source(samples)
     splitter = make_splitter(src, splits=SPLITS, split_field=None, group_by=None, seed=0)
-    schema, dims = build_schema("000000000", samples[0])
+    schema, dims = infer_schema([("000000000", samples[0])])
     encoder = SampleEncoder(schema, dims)
     job = BlockJob(
         source=None, decoder=None, map_fn=None, key_field="__key__", splitter=splitter,

@@ -13,8 +13,8 @@ import pytest
 
 from build_shards import BuildError, OutputExistsError, build_shards
 from build_shards.encode.sample import SampleEncoder
-from build_shards.encode.schema import build_schema
 from build_shards.probe import infer
+from build_shards.probe.infer import infer_schema
 from wdsloader.errors import SchemaError
 from wdsloader.format import (
     BLOCK,
@@ -151,7 +151,7 @@ def test_npy_bytes_equal_numpy_save_for_any_memory_layout():
         np.array(3.5, dtype=np.float32),
     ]
     for arr in arrays:
-        schema, dims = build_schema("k", {"a": arr})
+        schema, dims = infer_schema([("k", {"a": arr})])
         enc = SampleEncoder(schema, dims)
         for _ in range(2):  # second call uses the cached header
             ((_, data),) = enc.encode("k", {"a": arr})[0]

@@ -183,24 +183,6 @@ def _coerce_spec(field: str, base: FieldSpec, declared: Any) -> FieldSpec:
     return spec
 
 
-def build_schema(
-    key: str,
-    sample: Mapping[str, Any],
-    declared: Mapping[str, Any] | None = None,
-    dims: Mapping[str, int] | None = None,
-) -> tuple[dict[str, FieldSpec], dict[str, int]]:
-    """``(schema, dims)`` of one sample (see :func:`finish_schema`)."""
-    by_field: dict[str, tuple[str | None, Any]] = {}
-    for name, value in sample.items():
-        field, explicit = parse_name(name)
-        if field in by_field:
-            raise SchemaError(f"sample {key!r}: field {field!r} appears twice ({name!r})")
-        by_field[field] = (explicit, value)
-    schema = {f: infer_spec(key, f, ex, v) for f, (ex, v) in by_field.items()}
-    values = {f: (key, v) for f, (_, v) in by_field.items()}
-    return finish_schema(schema, values, declared, dims)
-
-
 def finish_schema(
     inferred: Mapping[str, FieldSpec],
     values: Mapping[str, tuple[str, Any]],

@@ -27,39 +27,41 @@ __all__ = ["MixPlanner", "SourceTags"]
 
 class MixPlanner:
     """The mix plan of ``spec`` dealt by ``config``'s topology (the loader's plan over the
-    sources' shards concatenated): its seed, its ``span`` as the mix's block, its window."""
+    sources' shards concatenated): its seed, its ``span`` as the mix's block, its window, and
+    the spec's batching strategy (resolved here, so it travels into workers with the planner).
+    A :class:`~wdsloader.plan.Planner`."""
 
     def __init__(self, spec: MixSpec, config: PlanConfig) -> None:
         self.spec, self.config = spec, config
         self.offsets = spec.offsets
-
-    def _plan(self, epoch: int) -> tuple[MixEpoch, MixTopology]:
-        cfg = self.config
-        topo = MixTopology(
-            batch_size=cfg.batch_size, world_size=cfg.world_size, num_workers=cfg.num_workers,
-            drop_last=cfg.drop_last, window=cfg.window, batching=self.spec.batching,
+        self.topology = MixTopology(
+            batch_size=config.batch_size, world_size=config.world_size,
+            num_workers=config.num_workers, drop_last=config.drop_last, window=config.window,
+            batching=spec.batching,
         )  # fmt: skip
-        return self.spec.epoch(epoch, seed=cfg.seed, block=cfg.span), topo
+
+    def _epoch(self, epoch: int) -> MixEpoch:
+        return self.spec.epoch(epoch, seed=self.config.seed, block=self.config.span)
 
     def num_batches(self, epoch: int, resume: Resume | None = None) -> int:
         """Batches every rank yields in ``epoch`` (from ``resume`` on)."""
-        return mix_num_batches(*self._plan(epoch), resume)
+        return mix_num_batches(self._epoch(epoch), self.topology, resume)
 
     def padding(self, epoch: int) -> int:
         """Samples repeated in ``epoch`` so every rank gets the same batches."""
-        return mix_padding(*self._plan(epoch))
+        return mix_padding(self._epoch(epoch), self.topology)
 
     def dropped(self, epoch: int) -> int:
         """Samples of ``epoch``'s quotas left out so every batch is full."""
-        return mix_dropped(*self._plan(epoch))
+        return mix_dropped(self._epoch(epoch), self.topology)
 
     def worker_batches(
         self, epoch: int, rank: int, worker: int, resume: Resume | None
     ) -> Sequence[np.ndarray]:
         """The split-wide sample ids of each batch DataLoader worker ``worker`` of ``rank``
         yields (computed when indexed)."""
-        me, topo = self._plan(epoch)
-        return GlobalIds(mix_worker_batches(me, topo, rank, worker, resume), self.offsets)
+        batches = mix_worker_batches(self._epoch(epoch), self.topology, rank, worker, resume)
+        return GlobalIds(batches, self.offsets)
 
 
 class SourceTags:

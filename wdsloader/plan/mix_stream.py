@@ -15,7 +15,7 @@ import numpy as np
 from wdsloader.format.checks import as_int
 from wdsloader.plan.order import ROUNDS, KeyedPermutation
 
-__all__ = ["MixEpoch", "epoch_offsets", "mixed_layout", "source_ids"]
+__all__ = ["MixEpoch", "epoch_ids", "epoch_offsets", "mixed_layout", "source_ids"]
 
 
 # ------------------------------------------------------------------------ keyed permutation
@@ -68,7 +68,6 @@ def source_ids(size: int, block: int, keys: np.ndarray, stream: np.ndarray) -> n
 
 _SOURCE_TAG = 0x5043_5EED
 _BLOCK_TAG = 0xB10C_5EED
-_STRAT_TAG = 0x57A7_5EED
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -114,8 +113,9 @@ def epoch_offsets(quotas_by_epoch: Sequence[Sequence[int]]) -> tuple[int, ...]:
     return tuple(int(v) for v in total)
 
 
-def _to_ids(me: MixEpoch, src: np.ndarray, k: np.ndarray) -> np.ndarray:
-    """Sample ids of the ``k``-th epoch samples of sources ``src``."""
+def epoch_ids(me: MixEpoch, src: np.ndarray, k: np.ndarray) -> np.ndarray:
+    """Sample ids (in their sources) of the ``k``-th epoch samples of sources ``src``: the
+    streams' positions ``offsets[src] + k`` (``k`` in ``[0, quota)``)."""
     ids = np.empty(src.size, dtype=np.int64)
     for s in np.unique(src).tolist():
         sel = src == s
@@ -152,4 +152,4 @@ def mixed_layout(me: MixEpoch, positions: np.ndarray) -> tuple[np.ndarray, np.nd
     blocks = _permute(int(whole.sum()), _key(me.seed, me.epoch, _BLOCK_TAG), rest // b)
     s = np.searchsorted(whole_start, blocks, side="right") - 1
     src[~head], k[~head] = s, (blocks - whole_start[s]) * b + rest % b
-    return src, _to_ids(me, src, k)
+    return src, epoch_ids(me, src, k)

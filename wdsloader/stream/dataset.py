@@ -28,18 +28,21 @@ from wdsloader.errors import SkipLimitError, WdsLoaderError
 from wdsloader.format import FieldSpec, Manifest, ShardInfo
 from wdsloader.io.fetch import ShardStore
 from wdsloader.mix.runtime import MixPlanner, SourceTags
+from wdsloader.stream.config import LoaderConfig
 from wdsloader.stream.control import Control
+from wdsloader.stream.dataset_config import (
+    check_config,
+    dataset_collate,
+    dataset_decoder,
+    loader_config,
+)
 from wdsloader.stream.reader import BatchReader, close_store
 from wdsloader.stream.state import resume_from_dict, resume_to_dict, shards_digest
 
 if TYPE_CHECKING:
-    from wdsloader.curriculum.curriculum import Curriculum
-    from wdsloader.mix.spec import MixSpec
     from wdsloader.mix.store import MixStore
 
 log = logging.getLogger(__name__)
-
-ON_ERROR = ("raise", "skip")
 
 
 @dataclass(slots=True)
@@ -74,48 +77,55 @@ class ShardStreamDataset(IterableDataset):
 
     def __init__(
         self,
-        *,
+        config: LoaderConfig | plan.PlanConfig,
         manifest: Manifest,
-        split: str,
         store: ShardStore | MixStore,
-        config: plan.PlanConfig,
-        rank: int,
-        decoder: SampleDecoder,
-        collate_fn: Callable[[list[dict[str, Any]]], Any],
-        on_error: str = "raise",
-        readahead_batches: int = 1,
-        curriculum: Curriculum | None = None,
-        gather: bool = True,
-        max_skipped: int | None = None,
-        mix: MixSpec | None = None,
+        *,
+        decoder: SampleDecoder | None = None,
+        collate_fn: Callable[[list[dict[str, Any]]], Any] | None = None,
+        **deprecated: Any,
     ) -> None:
+        """The dataset ``config`` (a :class:`~wdsloader.stream.LoaderConfig`, as
+        :func:`~wdsloader.create_loader` resolves it) describes over ``manifest``'s split, read
+        through ``store``, starting at ``config.epoch``. ``decoder`` and ``collate_fn`` default
+        to those of the config. The keywords of earlier versions (``config`` a ``PlanConfig``,
+        ``split=``, ``rank=``, ``on_error=``...) still work until 0.2.0, with a warning."""
         super().__init__()
-        if on_error not in ON_ERROR:
-            raise ValueError(f"on_error must be one of {ON_ERROR}, got {on_error!r}")
-        if max_skipped is not None and (isinstance(max_skipped, bool) or max_skipped < 0):
-            raise ValueError(f"max_skipped must be None or >= 0, got {max_skipped!r}")
-        if not 0 <= rank < config.world_size:
-            raise ValueError(f"rank {rank} outside [0, {config.world_size})")
+        if isinstance(config, plan.PlanConfig):
+            config = loader_config(config, decoder, collate_fn, deprecated)
+        elif deprecated:
+            raise TypeError(f"ShardStreamDataset() got unexpected keywords {sorted(deprecated)}")
+        check_config(config)
         # a mix's store offers what the reader asks of a ShardStore, shard by shard
         store = cast(ShardStore, store)
-        self.manifest, self.split, self.store = manifest, split, store
-        self.shards: list[ShardInfo] = list(manifest.split(split).shards)
+        self.loader_config, self.config, self.rank = config, config.plan, config.rank
+        self.manifest, self.split, self.store = manifest, config.split, store
+        self.shards: list[ShardInfo] = list(manifest.split(self.split).shards)
         self.shards_digest = shards_digest(self.shards)
         # a loader that is collected without finishing an iteration closes its files too
         weakref.finalize(self, close_store, store).atexit = False
-        self.config, self.rank = config, rank
-        self.decoder, self.collate_fn = decoder, collate_fn
-        self.on_error, self.max_skipped = on_error, max_skipped
+        self.decoder = decoder if decoder is not None else dataset_decoder(config, manifest)
+        self.collate_fn = (
+            collate_fn if collate_fn is not None else dataset_collate(config, manifest)
+        )
+        self.on_error, self.max_skipped = config.on_error, config.max_skipped
         self._last_skip = ""  # the last error skipped in this process
-        self.readahead_batches = max(1, readahead_batches)
-        self.curriculum = curriculum
-        self.control = Control(config.num_workers)
-        self.mix = mix
-        self._mix: MixPlanner | None = None
-        self._tags: SourceTags | None = None
-        if mix is not None:
-            self._mix, self._tags = MixPlanner(mix, config), SourceTags(mix, config.num_workers)
-        schema = manifest.schema
+        self.readahead_batches = max(1, config.readahead_batches)
+        self.curriculum = config.curriculum
+        self.control = Control(self.config.num_workers)
+        self.control.epoch = config.epoch
+        self.mix = mix = config.mix
+        # the plan: of one source, or of a mix (with each sample's source to count and tag)
+        self.planner: plan.Planner = (
+            plan.SinglePlanner(self.config) if mix is None else MixPlanner(mix, self.config)
+        )
+        self._tags = None if mix is None else SourceTags(mix, self.config.num_workers)
+        self._decoders(config.gather)
+
+    def _decoders(self, gather: bool) -> None:
+        """The fields decoded, the curriculum's variants, the reader and the decoders."""
+        manifest, store, decoder = self.manifest, self.store, self.decoder
+        schema, curriculum = manifest.schema, self.curriculum
         self.fields: tuple[str, ...] | None = (
             decoder.fields if decoder.fields is not None
             else tuple(decoder.schema) if decoder.schema is not None
@@ -124,10 +134,10 @@ class ShardStreamDataset(IterableDataset):
         self.variants = (
             None
             if curriculum is None
-            else Variants(curriculum, schema, manifest.dims, self.fields, config.seed)
+            else Variants(curriculum, schema, manifest.dims, self.fields, self.config.seed)
         )
         self.sources = [store.url(s) for s in self.shards]  # shard names in errors
-        self.reader = BatchReader(store, self.shards, config.counts, on_error == "skip")
+        self.reader = BatchReader(store, self.shards, self.config.counts, self.on_error == "skip")
         self.rows = RowDecoder(decoder, self.sources, self.variants)
         self.columnar: ColumnarDecoder | None = None
         if gather and schema and self.fields is not None:
@@ -175,32 +185,24 @@ class ShardStreamDataset(IterableDataset):
     def __len__(self) -> int:
         return self.num_batches(self.control.epoch)
 
-    # -- the plan: one source, or a mix --------------------------------------------------------
+    # -- the plan -----------------------------------------------------------------------------
     def num_batches(self, epoch: int, resume: plan.Resume | None = None) -> int:
         """Batches every rank yields in ``epoch`` (from ``resume`` on)."""
-        if self._mix is None:
-            return plan.num_batches(self.config, epoch=epoch, resume=resume)
-        return self._mix.num_batches(epoch, resume)
+        return self.planner.num_batches(epoch, resume)
 
     def padding(self) -> int:
         """Samples repeated in the current epoch so every rank gets the same batches."""
-        if self._mix is None:
-            return plan.epoch_padding(self.config, epoch=self.epoch)
-        return self._mix.padding(self.epoch)
+        return self.planner.padding(self.epoch)
 
     def dropped(self) -> int:
         """Samples left out of the current epoch so every batch is full."""
-        if self._mix is None:
-            return plan.epoch_dropped(self.config, epoch=self.epoch)
-        return self._mix.dropped(self.epoch)
+        return self.planner.dropped(self.epoch)
 
     def worker_batches(
         self, epoch: int, worker: int, resume: plan.Resume | None
     ) -> Sequence[np.ndarray]:
         """The split-wide sample ids of each batch DataLoader worker ``worker`` yields."""
-        if self._mix is None:
-            return plan.worker_batches(self.config, epoch, self.rank, worker, resume)
-        return self._mix.worker_batches(epoch, self.rank, worker, resume)
+        return self.planner.worker_batches(epoch, self.rank, worker, resume)
 
     def counters(self) -> dict[str, int]:
         """Counters summed over workers; with a mix also ``samples/<source name>``."""

@@ -10,7 +10,6 @@ from typing import TYPE_CHECKING, Any
 from torch.utils.data import DataLoader
 
 from wdsloader import plan
-from wdsloader.decode.registry import SampleDecoder
 from wdsloader.errors import WorkerDiedError
 from wdsloader.format import FieldSpec, Manifest
 from wdsloader.io.fetch import ReadOptions, ShardStore
@@ -23,7 +22,6 @@ from wdsloader.stream.config import (
     WINDOW_BYTES,
     LoaderConfig,
     default_span_window,
-    make_collate,
     resolve_config,
     resolve_read_options,
 )
@@ -250,30 +248,7 @@ def build_dataset(
     config: LoaderConfig, manifest: Manifest, store: ShardStore | MixStore
 ) -> ShardStreamDataset:
     """The per-worker dataset a :class:`LoaderConfig` describes, set to its epoch."""
-    dataset = ShardStreamDataset(
-        manifest=manifest,
-        split=config.split,
-        store=store,
-        config=config.plan,
-        rank=config.rank,
-        decoder=SampleDecoder(
-            manifest.schema or None,
-            None if config.fields is None else list(config.fields),
-            allow_pickle=config.allow_pickle,
-            dims=manifest.dims,
-        ),
-        collate_fn=make_collate(
-            config, [name for name, spec in manifest.schema.items() if spec.optional]
-        ),
-        on_error=config.on_error,
-        readahead_batches=config.readahead_batches,
-        curriculum=config.curriculum,
-        gather=config.gather,
-        max_skipped=config.max_skipped,
-        mix=config.mix,
-    )
-    dataset.set_epoch(config.epoch)
-    return dataset
+    return ShardStreamDataset(config, manifest, store)
 
 
 def build_loader(config: LoaderConfig, dataset: ShardStreamDataset) -> WdsDataLoader:

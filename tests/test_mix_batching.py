@@ -193,3 +193,20 @@ def test_a_strategy_that_is_not_elastic_refuses_a_chained_resume(sequential):
     chain = Resume(mix_plan_config(me, topo), 1, Resume(mix_plan_config(me, wide), 1))
     with pytest.raises(ValueError, match=r'batching="sequential" resumes only on the topology'):
         mix_num_batches(me, topo, chain)
+
+
+def test_a_strategy_that_cannot_reach_spawned_workers_is_refused_at_creation(data):
+    class Local(SequentialBatching):  # a local class: pickled by reference, it cannot be found
+        pass
+
+    register_batching("local", Local())
+    try:
+        with pytest.raises(
+            ValueError,
+            match=r"the mix plan \(its batching strategy or weights schedule\) cannot be sent to "
+            r"DataLoader workers started by 'spawn' .*local object",
+        ):
+            _loader(data, 0, batching="local", multiprocessing_context="spawn")
+        _loader(data, 0, batching="local", multiprocessing_context="fork")  # fork inherits it
+    finally:
+        unregister_batching("local")

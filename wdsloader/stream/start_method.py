@@ -20,6 +20,7 @@ _PARTS = {
     "collate_fn": "collate_fn",
     "decoder": "decoder (a decoder registered with register_decoder)",
     "curriculum": "curriculum (its schedule)",
+    "planner": "mix plan (its batching strategy or weights schedule)",
     "store": "storage options (storage_options / read_options)",
 }
 

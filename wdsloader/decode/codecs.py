@@ -89,7 +89,7 @@ _SCAN_JSON = json.JSONDecoder().scan_once  # type: ignore[attr-defined]
 
 def _msgspec_json() -> tuple[Callable[[Any], Any] | None, tuple[type[Exception], ...]]:
     """msgspec's JSON decoder and its error type, when msgspec is installed (optional: 3x the
-    stdlib's C scanner on small objects; bench/json_parsers.py)."""
+    stdlib's C scanner on small objects; bench/experiments/json_parsers.py)."""
     try:
         import msgspec
     except ImportError:

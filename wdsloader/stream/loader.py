@@ -332,8 +332,9 @@ def create_loader(
     once per epoch (``drop_last=True`` drops fewer than ``world_size * batch_size``;
     ``drop_last=False`` repeats as few samples as needed to make ranks equal). ``drop_last``
     defaults to True for ``train`` and False otherwise; shuffling to ``train`` only. The first
-    eight parameters, up to ``pin_memory``, may be given by position (the order of the seed's
-    ``create_loader``); the others are keyword-only.
+    eight parameters, up to ``pin_memory``, may be given by position (``dataset_dir, split,
+    batch_size, num_workers, distributed, epoch, drop_last, pin_memory``, the order scripts
+    written for the first ``create_loader`` use); the others are keyword-only.
 
     ``span`` (samples read together from one shard) and ``shuffle_window`` (samples a worker
     shuffles among) default to sizes derived from the average sample size (256 KiB and 64 MiB

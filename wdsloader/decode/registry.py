@@ -1,9 +1,11 @@
 """The decoder registry, and :class:`SampleDecoder`, which decodes the fields a caller asks for.
 
 Decoders are keyed by *encoding* (the last part of a member extension: ``question_emb.npy`` ->
-``npy``); the default table (:data:`wdsloader.decode.codecs.DEFAULT_DECODERS`) is safe: ``.npy``
-is parsed without pickle, ``torch.load`` runs with ``weights_only=True`` and pickle members are
-refused unless the caller opts in.
+``npy``); the default table (:data:`wdsloader.decode.codecs.DEFAULT_DECODERS`, the library
+codecs' decoders) is safe: ``.npy`` is parsed without pickle, ``torch.load`` runs with
+``weights_only=True`` and pickle members are refused unless the caller opts in. A codec
+registered with :func:`wdsloader.format.register_codec` decodes its encodings (over the
+library's decoder); :func:`register_decoder` overrides the decoding of an encoding, over both.
 """
 
 from __future__ import annotations
@@ -22,10 +24,22 @@ from wdsloader.decode.codecs import (
 )
 from wdsloader.decode.groups import GroupedValue
 from wdsloader.errors import DecodeError, PickleNotAllowedError
+from wdsloader.format.codecs import CodecDecoder, decoder_of, user_codecs
 from wdsloader.format.keys import field_of_ext
 from wdsloader.format.manifest import FieldSpec
 
 _REGISTRY: dict[str, Decoder] = dict(DEFAULT_DECODERS)
+"""The library's decoders and those :func:`register_decoder` set, by encoding."""
+
+
+def _decoder_table() -> dict[str, Decoder]:
+    """``{encoding: decoder}``: the user's codecs over the library's decoders, and the
+    decoders :func:`register_decoder` set over both."""
+    table = dict(_REGISTRY)
+    for enc, codec in user_codecs().items():
+        if table.get(enc) is DEFAULT_DECODERS.get(enc):  # not overridden by register_decoder
+            table[enc] = decoder_of(codec)
+    return table
 
 
 def register_decoder(encoding: str, fn: Decoder, *, replace: bool = False) -> None:
@@ -41,9 +55,11 @@ def register_decoder(encoding: str, fn: Decoder, *, replace: bool = False) -> No
     if not callable(fn):
         raise TypeError(f"decoder for {encoding!r} must be callable, got {fn!r}")
     enc = encoding.lower()
-    if enc in _REGISTRY and not replace:
+    table = _decoder_table()
+    if enc in table and not replace:
+        name = getattr(table[enc], "__name__", repr(table[enc]))
         raise ValueError(
-            f"a decoder for encoding {enc!r} is already registered ({_REGISTRY[enc].__name__}); "
+            f"a decoder for encoding {enc!r} is already registered ({name}); "
             "pass replace=True to override it"
         )
     _REGISTRY[enc] = fn
@@ -51,7 +67,7 @@ def register_decoder(encoding: str, fn: Decoder, *, replace: bool = False) -> No
 
 def get_decoder(encoding: str) -> Decoder:
     """The decoder registered for ``encoding``; :func:`decode_bytes` for unknown encodings."""
-    return _REGISTRY.get(encoding.lower(), decode_bytes)
+    return _decoder_table().get(encoding.lower(), decode_bytes)
 
 
 class _SchemaMismatch(ValueError):
@@ -242,7 +258,7 @@ class SampleDecoder:
         self.fields = None if fields is None else tuple(dict.fromkeys(fields))
         self.allow_pickle = allow_pickle
         self.dims = dict(dims or {})
-        table = dict(_REGISTRY)
+        table = _decoder_table()
         if allow_pickle:
             table.update(TRUSTED_DECODERS)
         for enc, fn in (decoders or {}).items():
@@ -286,6 +302,8 @@ class SampleDecoder:
         encoding = (spec.encoding or field_of_ext(spec.ext)[1]).lower()
         post: Callable[[Any], Any] | None = None
         fn = self.decoder_for(encoding)
+        if isinstance(fn, CodecDecoder) and fn.spec is None:
+            fn = CodecDecoder(fn.codec, spec)  # a user codec: decode with the field's spec
         if spec.grouped:  # a value in the sample's JSON object of small fields
             fn = GroupedValue(field, encoding, fn, bool(spec.optional))
         elif fn is decode_bytes and spec.dtype == "uint8":

@@ -61,10 +61,10 @@ def _as_list(samples: list[dict]) -> list[dict]:
     return samples
 
 
-def _read(root, num_workers: int = 0) -> dict[str, dict]:
+def _read(root, num_workers: int = 0, context: str | None = None) -> dict[str, dict]:
     loader = create_loader(
         root, "train", batch_size=2, shuffle=False, drop_last=False, pin_memory=False,
-        collate_fn=_as_list, num_workers=num_workers,
+        collate_fn=_as_list, num_workers=num_workers, multiprocessing_context=context,
     )  # fmt: skip
     return {s["__key__"]: s for batch in loader for s in batch}
 
@@ -94,10 +94,11 @@ def test_a_user_codec_is_used_by_the_build_and_by_the_loader(tmp_path, rev, work
     }
 
 
-def test_a_user_codec_decodes_in_loader_workers(tmp_path, rev):
+@pytest.mark.parametrize("context", [None, "spawn"])
+def test_a_user_codec_decodes_in_loader_workers(tmp_path, rev, context):
     samples = [{"__key__": f"k{i}", "payload.rev": b"abc" * i} for i in range(4)]
     build_shards(samples, tmp_path, splits={"train": 1.0})
-    back = _read(tmp_path, num_workers=1)
+    back = _read(tmp_path, num_workers=1, context=context)  # spawn: the codec travels by pickle
     assert {k: s["payload"] for k, s in back.items()} == {f"k{i}": b"abc" * i for i in range(4)}
 
 

@@ -154,7 +154,9 @@ def register_codec(codec: Codec, *, replace: bool = False) -> None:
 
     An encoding that already has a codec (a library one included) is a ValueError naming it
     unless ``replace=True``; :func:`unregister_codec` undoes the registration. Loaders and
-    builds already constructed keep the codecs they resolved.
+    builds already constructed keep the codecs they resolved (and take them to their worker
+    processes). Register it before reading such a dataset too: the loader reads an encoding
+    without a codec as raw bytes (the WebDataset convention for unknown extensions).
     """
     _ensure_loaded()
     codec = _check(codec)

@@ -40,7 +40,7 @@ import numpy as np
 
 from bench.experiments.build_scaling import cpu_seconds
 from build_shards import build_shards
-from build_shards.encode.encoders import make_encoder
+from build_shards.encode.field_encoder import make_encoder
 from build_shards.encode.sample import SampleEncoder
 from build_shards.layout.splits import make_splitter
 from build_shards.probe.infer import infer_schema

@@ -26,6 +26,7 @@ _provide("manifest-storage", "wdsloader.io.manifest_io")
 __version__ = "0.1.0"
 
 _EXPORTS = {
+    "ShardDataset": "wdsloader.access",
     "CollatorRegistry": "wdsloader.collate",
     "TaskSpec": "wdsloader.collate",
     "Curriculum": "wdsloader.curriculum",

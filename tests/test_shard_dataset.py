@@ -79,15 +79,43 @@ def test_out_of_range_and_wrong_index_types_are_clear(built):
         ds["3"]
 
 
-def test_get_by_key_and_a_missing_key(built, caplog):
+def test_get_by_key_reads_the_key_index_not_the_samples(built, caplog):
     ds = ShardDataset(built, fields=["label", "text"])
     with caplog.at_level(logging.INFO, logger="wdsloader.access.dataset"):
         got = ds.get("doc-0123")
     assert got == {"label": 123 % 7, "text": "sample 123", "__key__": "doc-0123", "__index__": 123}
-    assert "read the keys of 50 samples" in caplog.text
+    assert "read the keys" not in caplog.text
+    # shards 0-2 looked up: their key indexes; then one sample read (no scan of samples)
+    assert ds.store.stats["bytes_read"] == _sample_bytes(ds, 2, 23)
     for i in (0, 49, 50, 229):
         assert ds.get(f"doc-{i:04d}")["__index__"] == i
     with pytest.raises(KeyError, match=r"no sample with key 'doc-9999' in split 'train' of .*ds"):
+        ds.get("doc-9999")
+
+
+def _sample_bytes(ds, shard, pos):
+    offsets = ds.store.index(ds.shards[shard])
+    return int(offsets[pos + 1] - offsets[pos])
+
+
+def test_without_key_indexes_the_keys_are_read_once(built, tmp_path, caplog):
+    import json
+    import shutil
+
+    root = tmp_path / "old"
+    shutil.copytree(built, root)
+    manifest = json.loads((root / "manifest.json").read_text())
+    for shard in manifest["splits"]["train"]["shards"]:
+        (root / shard.pop("keys_path")).unlink()
+    (root / "manifest.json").write_text(json.dumps(manifest))
+    ds = ShardDataset(root, fields=["label", "text"])
+    with caplog.at_level(logging.INFO, logger="wdsloader.access.dataset"):
+        got = ds.get("doc-0123")
+    assert got["__index__"] == 123
+    assert caplog.text.count("read the keys of 50 samples") == 3
+    for i in (0, 49, 50, 229):
+        assert ds.get(f"doc-{i:04d}")["__index__"] == i
+    with pytest.raises(KeyError, match=r"no sample with key 'doc-9999' in split 'train' of .*"):
         ds.get("doc-9999")
 
 

@@ -17,8 +17,9 @@ from wdsloader.decode.parse import parse_sample
 from wdsloader.decode.registry import SampleDecoder
 from wdsloader.format import ShardInfo
 from wdsloader.format.deflate import inflate_sample
-from wdsloader.format.keyindex import key_records, positions_of
+from wdsloader.format.keyindex import decode_key_index, key_records, positions_of
 from wdsloader.io.fetch import ReadOptions, ShardStore
+from wdsloader.io.storage import url_to_fs
 from wdsloader.stream.inputs import open_dataset
 
 log = logging.getLogger(__name__)
@@ -37,8 +38,10 @@ class ShardDataset(Dataset[dict[str, Any]]):
     decoded only with ``allow_pickle=True``. The curriculum's output field is not made here (a
     sample holds its stored variants).
 
-    Keys: each shard's keys are read once, on the first :meth:`get` that needs that shard (a
-    log line says so), and kept as sorted 64-bit hashes (12 bytes a sample).
+    Keys: :meth:`get` reads each shard's key index (sorted 64-bit key hashes, 12 bytes a
+    sample, written by ``build_shards`` and ``adopt``) once, on the first lookup that needs it;
+    a shard without one (a dataset of an earlier version) has its keys read from its samples'
+    headers once instead, with a log line.
     """
 
     def __init__(
@@ -54,7 +57,7 @@ class ShardDataset(Dataset[dict[str, Any]]):
         options = read_options if read_options is not None else ReadOptions()
         if storage_options is not None:
             options = dataclasses.replace(options, storage_options=storage_options)
-        self.root, self.split = os.fspath(source), split
+        self.root, self.split, self.options = os.fspath(source), split, options
         self.store: ShardStore
         self.store, self.manifest = open_dataset(self.root, options, False, split)
         self.shards: list[ShardInfo] = list(self.manifest.split(split).shards)
@@ -147,9 +150,21 @@ class ShardDataset(Dataset[dict[str, Any]]):
             with self._lock:
                 records = self._keys.get(shard)
                 if records is None:
-                    records = self._scan_keys(shard)
+                    records = self._load_keys(shard)
                     self._keys[shard] = records
         return records
+
+    def _load_keys(self, shard: int) -> np.ndarray:
+        """The key records of ``shard``: its key index when the manifest lists one, else read
+        from its samples' headers."""
+        info = self.shards[shard]
+        if info.keys_path is None:
+            return self._scan_keys(shard)
+        url = f"{self.root.rstrip('/')}/{info.keys_path}"
+        fs, path = url_to_fs(url, self.options.storage_options_for(self.root))
+        with fs.open(path, "rb") as f:
+            data = f.read()
+        return decode_key_index(data, info.num_samples, source=str(self.store.redact(url)))
 
     def _scan_keys(self, shard: int) -> np.ndarray:
         """The key records of ``shard``, from its samples' headers (the shard read once)."""

@@ -17,19 +17,35 @@ import numpy as np
 from wdsloader.errors import ShardFormatError
 
 KEY_RECORD = np.dtype([("hash", "<u8"), ("pos", "<u4")])
+KEYS_SUFFIX = ".wdskeys"
+
+
+def keys_path(shard_path: str) -> str:
+    """Path of the key index beside a shard: ``a/b/X.tar`` -> ``a/b/.X.tar.wdskeys``."""
+    head, sep, name = shard_path.rpartition("/")
+    return f"{head}{sep}.{name}{KEYS_SUFFIX}"
 
 
 def key_hash(key: str) -> int:
     """The 64-bit hash of ``key`` the key index sorts by."""
-    digest = hashlib.blake2b(key.encode("utf-8", "surrogateescape"), digest_size=8).digest()
-    return int.from_bytes(digest, "little")
+    return raw_key_hash(key.encode("utf-8", "surrogateescape"))
+
+
+def raw_key_hash(raw_key: bytes) -> int:
+    """:func:`key_hash` of a key given as its UTF-8 bytes."""
+    return int.from_bytes(hashlib.blake2b(raw_key, digest_size=8).digest(), "little")
 
 
 def key_records(keys: Sequence[str]) -> np.ndarray:
     """The sorted key-index records of ``keys`` (the samples of one shard, in order)."""
-    records = np.empty(len(keys), dtype=KEY_RECORD)
-    records["hash"] = np.fromiter((key_hash(k) for k in keys), dtype=np.uint64, count=len(keys))
-    records["pos"] = np.arange(len(keys), dtype=np.uint32)
+    return hash_records([key_hash(k) for k in keys])
+
+
+def hash_records(hashes: Sequence[int]) -> np.ndarray:
+    """The sorted key-index records of the samples whose key hashes are ``hashes``, in order."""
+    records = np.empty(len(hashes), dtype=KEY_RECORD)
+    records["hash"] = np.asarray(hashes, dtype=np.uint64)
+    records["pos"] = np.arange(len(hashes), dtype=np.uint32)
     return np.sort(records, order=["hash", "pos"])
 
 

@@ -29,6 +29,7 @@ _provide("codecs", "wdsloader.decode.codecs")
 __version__ = "0.1.0"
 
 _EXPORTS = {
+    "ShardDataset": "wdsloader.access",
     "CollatorRegistry": "wdsloader.collate",
     "TaskSpec": "wdsloader.collate",
     "Curriculum": "wdsloader.curriculum",

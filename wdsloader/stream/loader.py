@@ -204,7 +204,10 @@ class WdsDataLoader(DataLoader):
         """Counters summed over workers, **cumulative** since the loader was made (over every
         epoch; :meth:`set_epoch` and :meth:`load_state_dict` do not reset them): samples,
         batches, skipped_samples, skipped_batches (batches whose every sample failed, yielded
-        with stand-in samples), gathered_batches; reading several sources, also
+        with stand-in samples), gathered_batches (decoded as columns), parsed_batches and
+        parsed_samples (batches in which samples were parsed one by one, off the whole-batch
+        path, and how many such samples: a shard that does not fit its layout shows here);
+        reading several sources, also
         ``samples/<name>`` per source. Workers count what they made, so mid-epoch the counts
         include batches prefetched but not yet yielded; after a full epoch, the difference of two
         readings is that epoch's."""

@@ -538,6 +538,7 @@ def test_existing_dataset_needs_overwrite_which_replaces_it(tmp_path):
         "README.md",
         "manifest.json",
         "train/.train-r-00000-000.tar.wdsidx",
+        "train/.train-r-00000-000.tar.wdskeys",
         "train/train-r-00000-000.tar",
     ]
     assert sorted(p.name for p in out.iterdir()) == ["README.md", "manifest.json", "train"]
@@ -547,6 +548,7 @@ def test_existing_dataset_needs_overwrite_which_replaces_it(tmp_path):
         "README.md",
         "manifest.json",
         "train/.train-00000-000.tar.wdsidx",
+        "train/.train-00000-000.tar.wdskeys",
         "train/train-00000-000.tar",
     ]
 

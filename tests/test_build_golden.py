@@ -3,7 +3,7 @@ that stopped on an I/O error, hashed and compared with digests recorded from the
 write side was split into modules (shards, indexes, manifest and resume records must not move by
 a byte; a rerun must read the records an earlier version wrote). The digests were recorded again
 when shards were named after their split and indexes hidden (``train/train-00000-000.tar`` and
-``train/.train-00000-000.tar.wdsidx``): every shard and index kept its bytes, the manifest and
+``train/.train-00000-000.tar.wdsidx``): every shard and index kept its bytes (the key indexes ``.X.tar.wdskeys`` joined them later), the manifest and
 records changed only in those paths; :data:`LEGACY_STATE` is the earlier version's state..
 
 Recorded again when blocks began to keep their small last shard of a split as a remainder
@@ -70,14 +70,21 @@ def digests(root: Path) -> dict[str, str]:
 
 GOLDEN_BUILD: dict[str, str] = {
     "README.md": "45331afd75adfadf",
-    "manifest.json": "b5f3f2eae8538184",
+    "manifest.json": "90d1414642295d3f",
     "test/.test-00000-000.tar.wdsidx": "10996ace3ec45499",
+    "test/.test-00000-000.tar.wdskeys": "45b6e7e021422b9e",
     "test/.test-00000-001.tar.wdsidx": "10996ace3ec45499",
+    "test/.test-00000-001.tar.wdskeys": "b3886c4db32f8265",
     "test/.test-00000-002.tar.wdsidx": "d3d9f8a2b441464d",
+    "test/.test-00000-002.tar.wdskeys": "512cf2b735ecd34d",
     "test/.test-00001-000.tar.wdsidx": "eb846ab9a5072bec",
+    "test/.test-00001-000.tar.wdskeys": "cf1029fc94f154e7",
     "test/.test-00002-000.tar.wdsidx": "10996ace3ec45499",
+    "test/.test-00002-000.tar.wdskeys": "20354e846f9f37f5",
     "test/.test-00002-001.tar.wdsidx": "10996ace3ec45499",
+    "test/.test-00002-001.tar.wdskeys": "bf9b8430238d8dd6",
     "test/.test-00002-002.tar.wdsidx": "d3d9f8a2b441464d",
+    "test/.test-00002-002.tar.wdskeys": "683f0c5eadbb97a3",
     "test/test-00000-000.tar": "767ccb2ea5d87b10",
     "test/test-00000-001.tar": "1c2354fc702a303e",
     "test/test-00000-002.tar": "ebdfce7591dd5576",
@@ -86,20 +93,35 @@ GOLDEN_BUILD: dict[str, str] = {
     "test/test-00002-001.tar": "b7ac0d238dbfab55",
     "test/test-00002-002.tar": "53ac5c8ee47d6aef",
     "train/.train-00000-000.tar.wdsidx": "734097f1c4bee32f",
+    "train/.train-00000-000.tar.wdskeys": "d01313b7dac9c4e1",
     "train/.train-00000-001.tar.wdsidx": "10996ace3ec45499",
+    "train/.train-00000-001.tar.wdskeys": "c7212b31419d3e38",
     "train/.train-00000-002.tar.wdsidx": "10996ace3ec45499",
+    "train/.train-00000-002.tar.wdskeys": "9ac6149107f19a4e",
     "train/.train-00000-003.tar.wdsidx": "5d37c96118d7fdcc",
+    "train/.train-00000-003.tar.wdskeys": "726480af83b8abcd",
     "train/.train-00001-000.tar.wdsidx": "10996ace3ec45499",
+    "train/.train-00001-000.tar.wdskeys": "84a5b14513e3df71",
     "train/.train-00001-001.tar.wdsidx": "10996ace3ec45499",
+    "train/.train-00001-001.tar.wdskeys": "2bb6b95c17418521",
     "train/.train-00001-002.tar.wdsidx": "10996ace3ec45499",
+    "train/.train-00001-002.tar.wdskeys": "091bb8f75a188ced",
     "train/.train-00001-003.tar.wdsidx": "10996ace3ec45499",
+    "train/.train-00001-003.tar.wdskeys": "22809d8a42526801",
     "train/.train-00001-004.tar.wdsidx": "7db82adaa2b8af48",
+    "train/.train-00001-004.tar.wdskeys": "f66f048f11e5776b",
     "train/.train-00002-000.tar.wdsidx": "10996ace3ec45499",
+    "train/.train-00002-000.tar.wdskeys": "8449206a3c2eb8f7",
     "train/.train-00002-001.tar.wdsidx": "10996ace3ec45499",
+    "train/.train-00002-001.tar.wdskeys": "a22d32f0543d0c5c",
     "train/.train-00002-002.tar.wdsidx": "dcf88022137efc1d",
+    "train/.train-00002-002.tar.wdskeys": "368c29cc9d112ad9",
     "train/.train-00003-000.tar.wdsidx": "10996ace3ec45499",
+    "train/.train-00003-000.tar.wdskeys": "2c1496cc0b6182db",
     "train/.train-00003-001.tar.wdsidx": "10996ace3ec45499",
+    "train/.train-00003-001.tar.wdskeys": "cef630f674fc39bc",
     "train/.train-00003-002.tar.wdsidx": "10996ace3ec45499",
+    "train/.train-00003-002.tar.wdskeys": "ad5ee9eb7374e13b",
     "train/train-00000-000.tar": "fe50036f07f3e6da",
     "train/train-00000-001.tar": "97dffa2cdd526fee",
     "train/train-00000-002.tar": "d32428e3df8bb10c",
@@ -116,28 +138,39 @@ GOLDEN_BUILD: dict[str, str] = {
     "train/train-00003-001.tar": "ef8f03fd2cec32c9",
     "train/train-00003-002.tar": "2296e0b8893a647c",
     "val/.val-00001-000.tar.wdsidx": "eb846ab9a5072bec",
+    "val/.val-00001-000.tar.wdskeys": "b6075acc7ea5af37",
     "val/val-00001-000.tar": "484ad57fede077ea",
 }
 
 GOLDEN_STATE: dict[str, str] = {
-    "_build/block-00000.json": "4a28db7288aaf7c9",
-    "_build/block-00001.json": "1c82a38f958ea19f",
-    "_build/block-00002.json": "b2f799a3f0691601",
+    "_build/block-00000.json": "a9130a070181dba6",
+    "_build/block-00001.json": "97355034ab81d2b1",
+    "_build/block-00002.json": "fdc80f41faaed165",
     "_build/build.json": "4c6631a2edc352aa",
     "_build/rest/test/.test-00000-002.tar.wdsidx": "a0e6a709ec7216fa",
+    "_build/rest/test/.test-00000-002.tar.wdskeys": "800c298437d95f72",
     "_build/rest/test/test-00000-002.tar": "3ec6d94ddcd7db5f",
     "_build/rest/train/.train-00001-004.tar.wdsidx": "a2e09659f60a857e",
+    "_build/rest/train/.train-00001-004.tar.wdskeys": "d35b9ad17ed181a3",
     "_build/rest/train/.train-00002-003.tar.wdsidx": "a0e6a709ec7216fa",
+    "_build/rest/train/.train-00002-003.tar.wdskeys": "56cd125c17cd16a3",
     "_build/rest/train/train-00001-004.tar": "4a37c213392cbdaf",
     "_build/rest/train/train-00002-003.tar": "252af2c42cc6ec0f",
     "_build/rest/val/.val-00001-000.tar.wdsidx": "16ac1da15287dad8",
+    "_build/rest/val/.val-00001-000.tar.wdskeys": "945ea47fa06116e4",
     "_build/rest/val/val-00001-000.tar": "2b66bc3cc8020018",
     "test/.test-00000-000.tar.wdsidx": "10996ace3ec45499",
+    "test/.test-00000-000.tar.wdskeys": "45b6e7e021422b9e",
     "test/.test-00000-001.tar.wdsidx": "10996ace3ec45499",
+    "test/.test-00000-001.tar.wdskeys": "b3886c4db32f8265",
     "test/.test-00001-000.tar.wdsidx": "eb846ab9a5072bec",
+    "test/.test-00001-000.tar.wdskeys": "cf1029fc94f154e7",
     "test/.test-00002-000.tar.wdsidx": "10996ace3ec45499",
+    "test/.test-00002-000.tar.wdskeys": "20354e846f9f37f5",
     "test/.test-00002-001.tar.wdsidx": "10996ace3ec45499",
+    "test/.test-00002-001.tar.wdskeys": "bf9b8430238d8dd6",
     "test/.test-00002-002.tar.wdsidx": "d3d9f8a2b441464d",
+    "test/.test-00002-002.tar.wdskeys": "683f0c5eadbb97a3",
     "test/test-00000-000.tar": "767ccb2ea5d87b10",
     "test/test-00000-001.tar": "1c2354fc702a303e",
     "test/test-00001-000.tar": "78d269b750e1ae24",
@@ -145,16 +178,27 @@ GOLDEN_STATE: dict[str, str] = {
     "test/test-00002-001.tar": "b7ac0d238dbfab55",
     "test/test-00002-002.tar": "53ac5c8ee47d6aef",
     "train/.train-00000-000.tar.wdsidx": "734097f1c4bee32f",
+    "train/.train-00000-000.tar.wdskeys": "d01313b7dac9c4e1",
     "train/.train-00000-001.tar.wdsidx": "10996ace3ec45499",
+    "train/.train-00000-001.tar.wdskeys": "c7212b31419d3e38",
     "train/.train-00000-002.tar.wdsidx": "10996ace3ec45499",
+    "train/.train-00000-002.tar.wdskeys": "9ac6149107f19a4e",
     "train/.train-00000-003.tar.wdsidx": "5d37c96118d7fdcc",
+    "train/.train-00000-003.tar.wdskeys": "726480af83b8abcd",
     "train/.train-00001-000.tar.wdsidx": "10996ace3ec45499",
+    "train/.train-00001-000.tar.wdskeys": "84a5b14513e3df71",
     "train/.train-00001-001.tar.wdsidx": "10996ace3ec45499",
+    "train/.train-00001-001.tar.wdskeys": "2bb6b95c17418521",
     "train/.train-00001-002.tar.wdsidx": "10996ace3ec45499",
+    "train/.train-00001-002.tar.wdskeys": "091bb8f75a188ced",
     "train/.train-00001-003.tar.wdsidx": "10996ace3ec45499",
+    "train/.train-00001-003.tar.wdskeys": "22809d8a42526801",
     "train/.train-00002-000.tar.wdsidx": "10996ace3ec45499",
+    "train/.train-00002-000.tar.wdskeys": "8449206a3c2eb8f7",
     "train/.train-00002-001.tar.wdsidx": "10996ace3ec45499",
+    "train/.train-00002-001.tar.wdskeys": "a22d32f0543d0c5c",
     "train/.train-00002-002.tar.wdsidx": "dcf88022137efc1d",
+    "train/.train-00002-002.tar.wdskeys": "368c29cc9d112ad9",
     "train/train-00000-000.tar": "fe50036f07f3e6da",
     "train/train-00000-001.tar": "97dffa2cdd526fee",
     "train/train-00000-002.tar": "d32428e3df8bb10c",
@@ -251,10 +295,15 @@ def to_legacy_state(root: Path) -> None:
         if p.is_file() and shard.fullmatch(rel):
             p.rename(root / shard.sub(legacy, rel))
     shutil.rmtree(root / "_build" / "rest", ignore_errors=True)
+    for p in root.rglob(".*.wdskeys"):  # that version wrote no key index
+        p.unlink()
     for p in (root / "_build").glob("block-*.json"):
         record = json.loads(p.read_text())
         for split, info in record.pop("rests", {}).items():
             record["splits"].setdefault(split, []).append(info)
+        for shards in record["splits"].values():
+            for info in shards:
+                info.pop("keys_path", None)
         p.write_text(shard.sub(legacy, json.dumps(record)))
     build = root / "_build" / "build.json"
     build.write_text(build.read_text().replace('"prefix": "{split}"', '"prefix": "shard"'))

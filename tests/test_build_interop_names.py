@@ -250,6 +250,7 @@ def to_legacy_names(root: Path) -> Manifest:
             old = f"{split}/shard{name[len(split) :]}"
             (root / s["path"]).rename(root / old)
             (root / s["idx_path"]).rename(root / f"{old}.idx")
+            (root / s.pop("keys_path")).unlink()  # no key index then
             s["path"], s["idx_path"] = old, f"{old}.idx"
     (root / "manifest.json").write_text(json.dumps(body))
     return Manifest.load(str(root))
@@ -273,7 +274,10 @@ def test_a_rebuild_replaces_a_dataset_with_the_earlier_names(tmp_path):
     )
     files = sorted(str(p.relative_to(root)) for p in root.rglob("*") if p.is_file())
     listed = sorted(
-        p for info in manifest.splits.values() for s in info.shards for p in (s.path, s.idx_path)
+        p
+        for info in manifest.splits.values()
+        for s in info.shards
+        for p in (s.path, s.idx_path, s.keys_path)
     )
     assert files == sorted([*listed, "README.md", "manifest.json"])
     assert not any("shard-" in f for f in files)

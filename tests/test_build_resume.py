@@ -242,13 +242,13 @@ def disk_full_at(monkeypatch, n: int) -> list[str]:
     real = ShardSink._commit
     calls: list[str] = []
 
-    def commit(self, f, tmp, rel, idx):
+    def commit(self, f, tmp, rel, *indexes):
         calls.append(rel)
         if len(calls) == n:
             f.close()
             os.remove(tmp)
             raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), tmp)
-        return real(self, f, tmp, rel, idx)
+        return real(self, f, tmp, rel, *indexes)
 
     monkeypatch.setattr(ShardSink, "_commit", commit)
     return calls

@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 from build_shards import build_shards
 from tests.shard_edit import header_of, patch_shard
 from wdsloader import create_loader
-from wdsloader.decode import columnar
+from wdsloader.decode import finder
 from wdsloader.decode.walk import KeyNames, walk_members, walk_steps
 from wdsloader.errors import DecodeError, ShardFormatError
 from wdsloader.format import BLOCK
@@ -208,7 +208,7 @@ def test_label_json_and_text_read_the_same_both_ways(tmp_path, monkeypatch):
         walked.append(1)
         return walk_members(*args, **kwargs)
 
-    monkeypatch.setattr(columnar, "walk_members", counted)
+    monkeypatch.setattr(finder, "walk_members", counted)
     fast, a = _read(root)
     slow, b = _read(root, gather=False)
     _same(a, b)

@@ -22,7 +22,7 @@ from typing import Any, NoReturn
 
 import numpy as np
 
-from build_shards.adopt.scan import NpyInfo, ShardScan, key_hash, merge_info, open_buffer, scan_all
+from build_shards.adopt.scan import NpyInfo, ShardScan, merge_info, open_buffer, scan_all
 from build_shards.commit.card import write_card
 from wdsloader.errors import ManifestError, ShardFormatError
 from wdsloader.format import (
@@ -36,6 +36,7 @@ from wdsloader.format import (
     index_path,
     iter_samples,
 )
+from wdsloader.format.keyindex import hash_records, key_hash, keys_path
 from wdsloader.io.manifest_io import save_manifest
 from wdsloader.io.setup_errors import setup_errors_in_one_line
 from wdsloader.io.storage import join, url_to_fs, write_atomic
@@ -368,15 +369,17 @@ def _refuse_heterogeneous(
 
 
 def _write_indexes(fs: Any, base: str, group: list[ShardScan]) -> SplitInfo:
-    """Write each shard's index; the split's entry in the manifest."""
+    """Write each shard's index and key index; the split's entry in the manifest."""
     info = SplitInfo()
     for scan in group:
-        rel_idx = index_path(scan.path)
+        rel_idx, rel_keys = index_path(scan.path), keys_path(scan.path)
         write_atomic(fs, join(base, rel_idx), encode_index(scan.offsets))
+        write_atomic(fs, join(base, rel_keys), hash_records(scan.key_hashes.tolist()).tobytes())
         info.shards.append(
             ShardInfo(
                 path=scan.path,
                 idx_path=rel_idx,
+                keys_path=rel_keys,
                 num_samples=scan.num_samples,
                 num_bytes=scan.num_bytes,
                 sha256=scan.sha256,

@@ -17,6 +17,7 @@ import numpy as np
 
 from wdsloader.errors import ShardFormatError
 from wdsloader.format import iter_samples, padded, read_npy_header
+from wdsloader.format.keyindex import key_hash
 from wdsloader.format.keys import skip_reason
 from wdsloader.io.storage import is_local
 
@@ -42,7 +43,8 @@ class ShardScan:
     """``(dtype, shape)`` of each npy extension; either is None where samples disagree."""
     layout: dict[str, list[int]] | None = None
     key_hashes: np.ndarray = field(default_factory=lambda: np.zeros(0, np.uint64))
-    """A 64-bit hash of each sample's key (to find keys that two shards share)."""
+    """Each sample's key hash (:func:`wdsloader.format.keyindex.key_hash`): the key index, and
+    to find keys that two shards share."""
     num_skipped: int = 0
     """Regular members that are no sample member (metadata, no extension, hidden)."""
     skipped: list[tuple[str, str]] = field(default_factory=list)
@@ -82,12 +84,6 @@ def scan_buffer(buf: bytes | memoryview | mmap.mmap, *, path: str, source: str) 
         return _scan_view(view, path=path, source=source)
     finally:
         view.release()
-
-
-def key_hash(key: str) -> int:
-    """A stable 64-bit hash of a sample key (the same in every process)."""
-    raw = key.encode("utf-8", "surrogateescape")
-    return int.from_bytes(hashlib.blake2b(raw, digest_size=8).digest(), "little")
 
 
 def _scan_view(view: memoryview, *, path: str, source: str) -> ShardScan:

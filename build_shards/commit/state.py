@@ -30,10 +30,12 @@ from build_shards.write.paths import (
     TMP_MARK,
     build_file_path,
     record_path,
+    shard_files,
 )
 from build_shards.write.records import BlockRecord, RecordError
 from wdsloader.errors import WdsLoaderError
 from wdsloader.format import INDEX_SUFFIX, MANIFEST_NAME, Manifest
+from wdsloader.format.keyindex import KEYS_SUFFIX
 from wdsloader.io.manifest_io import load_manifest, save_manifest
 from wdsloader.io.setup_errors import setup_errors_in_one_line
 from wdsloader.io.storage import is_local, join, write_atomic
@@ -41,11 +43,13 @@ from wdsloader.redact import redact, secrets_of
 
 log = logging.getLogger("build_shards")
 
-# a shard, its index (hidden ``.X.tar.wdsidx``, or ``X.tar.idx`` of the legacy prefixes) or their
-# temporary files; the stem is checked against the folder's split by :func:`_name_stem`
+# a shard, its index (hidden ``.X.tar.wdsidx``, or ``X.tar.idx`` of the legacy prefixes), its key
+# index (hidden ``.X.tar.wdskeys``) or their temporary files; the stem is checked against the
+# folder's split by :func:`_name_stem`
+_HIDDEN = f"({re.escape(INDEX_SUFFIX)}|{re.escape(KEYS_SUFFIX)})"
 _OURS = re.compile(
     r"^(?P<hidden>\.)?(?P<stem>.+?)-\d{5,}-\d{3,}\.tar(\.gz)?"
-    rf"(?(hidden){re.escape(INDEX_SUFFIX)}|(?P<legacy_idx>\.idx)?)(\.tmp-[0-9a-f]+)?$"
+    rf"(?(hidden){_HIDDEN}|(?P<legacy_idx>\.idx)?)(\.tmp-[0-9a-f]+)?$"
 )
 
 
@@ -106,7 +110,7 @@ class OutputState:
                         join(self.root, p)
                         for split in old.splits.values()
                         for shard in split.shards
-                        for p in (shard.path, shard.idx_path)
+                        for p in shard_files(shard)
                     }
         return self._protected
 
@@ -267,7 +271,7 @@ class OutputState:
             try:
                 if self.fs.size(join(self.root, s.path)) != s.num_bytes:
                     return False
-                if not self.fs.exists(join(self.root, s.idx_path)):
+                if not all(self.fs.exists(join(self.root, p)) for p in shard_files(s)[1:]):
                     return False
             except FileNotFoundError:
                 return False
@@ -287,7 +291,7 @@ class OutputState:
             join(self.root, p)
             for split in manifest.splits.values()
             for s in split.shards
-            for p in (s.path, s.idx_path)
+            for p in shard_files(s)
         }
         save_manifest(manifest, self.url, self.storage_options)
         old = self.protected() - listed

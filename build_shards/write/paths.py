@@ -15,6 +15,7 @@ from __future__ import annotations
 import os
 import re
 
+from wdsloader.format import ShardInfo
 from wdsloader.io.storage import join
 
 BUILD_DIR = "_build"
@@ -38,6 +39,11 @@ def shard_name(
     gzip-compressed); ``{split}`` in ``prefix`` stands for the split's name."""
     stem = prefix.replace(SPLIT_FIELD, split)
     return f"{stem}-{block:05d}-{part:03d}.tar{'' if compression is None else '.gz'}"
+
+
+def shard_files(info: ShardInfo) -> tuple[str, ...]:
+    """The files of a shard, relative to the root: the shard, its index, its key index."""
+    return (info.path, info.idx_path, *(() if info.keys_path is None else (info.keys_path,)))
 
 
 def record_path(root: str, block: int) -> str:

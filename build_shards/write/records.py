@@ -147,12 +147,15 @@ def shard_info_dict(info: ShardInfo) -> dict[str, Any]:
         "num_bytes": info.num_bytes,
         "sha256": info.sha256,
         "layout": info.layout,
+        **({} if info.keys_path is None else {"keys_path": info.keys_path}),
     }
 
 
 def shard_info_from_dict(d: Any) -> ShardInfo:
     d = _mapping(d, "shard entry")
-    sha, layout = d.get("sha256"), d.get("layout")
+    sha, layout, keys = d.get("sha256"), d.get("layout"), d.get("keys_path")
+    if keys is not None and not isinstance(keys, str):
+        raise RecordError(f"shard keys_path {keys!r} is not a string")
     if sha is not None and not isinstance(sha, str):
         raise RecordError(f"shard sha256 {sha!r} is not a string")
     if layout is not None and not isinstance(layout, dict):
@@ -164,6 +167,7 @@ def shard_info_from_dict(d: Any) -> ShardInfo:
         num_bytes=_int(d, "num_bytes"),
         sha256=sha,
         layout=layout,
+        keys_path=keys,
     )
 
 

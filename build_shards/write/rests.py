@@ -32,10 +32,11 @@ from collections.abc import Iterator, Mapping
 from typing import Any
 
 from build_shards.write.blocks import BlockJob
-from build_shards.write.paths import shard_name
+from build_shards.write.paths import shard_files, shard_name
 from build_shards.write.records import BlockRecord
 from build_shards.write.sink import Committer, ShardSink
 from wdsloader.format import ShardInfo, decode_index, index_path, inflate_sample
+from wdsloader.format.keyindex import keys_path
 from wdsloader.io.storage import is_local, join
 
 Placed = tuple[tuple[int, int], ShardInfo]  # ((block, part), shard): where a shard sorts
@@ -115,9 +116,16 @@ def _move(fs: Any, root: str, split: str, block: int, part: int, info: ShardInfo
     """A split's only remainder, moved to its place among the shards (packing it alone would
     write the same bytes under the same name)."""
     rel = f"{split}/{os.path.basename(info.path)}"
-    for src, dst in ((info.idx_path, index_path(rel)), (info.path, rel)):
+    moved = dataclasses.replace(
+        info,
+        path=rel,
+        idx_path=index_path(rel),
+        keys_path=None if info.keys_path is None else keys_path(rel),
+    )
+    # the shard last: its index and key index are in place once it is
+    for src, dst in reversed(list(zip(shard_files(info), shard_files(moved), strict=True))):
         if is_local(fs):
             os.replace(join(root, src), join(root, dst))
         else:
             fs.mv(join(root, src), join(root, dst))
-    return (block, part), dataclasses.replace(info, path=rel, idx_path=index_path(rel))
+    return (block, part), moved

@@ -24,6 +24,7 @@ from typing import Any, BinaryIO
 
 from build_shards.write.paths import BUILD_DIR, SHARD_PREFIXES, TMP_MARK, remove_quietly, shard_name
 from wdsloader.format import ShardInfo, TarStreamWriter, index_path
+from wdsloader.format.keyindex import keys_path
 from wdsloader.io.storage import is_local, join, write_atomic
 
 log = logging.getLogger("build_shards")
@@ -167,12 +168,14 @@ class ShardSink:
         w, f, tmp = self._writer, self._file, self._tmp
         assert w is not None and f is not None and tmp is not None
         idx, sha = w.close()
+        keys = w.key_index()
         f.flush()
         self._writer = self._file = self._tmp = None
         rel = f"{REST_DIR}/{self.split}/{self._name}" if rest else f"{self.split}/{self._name}"
         info = ShardInfo(
             path=rel,
             idx_path=index_path(rel),
+            keys_path=keys_path(rel),
             num_samples=w.num_samples,
             num_bytes=w.offset,
             sha256=sha,
@@ -184,17 +187,18 @@ class ShardSink:
         else:
             self.infos.append(info)
         if self.committer is None:
-            self._commit(f, tmp, rel, idx)
+            self._commit(f, tmp, rel, idx, keys)
             return
         try:
-            self.committer.submit(lambda: self._commit(f, tmp, rel, idx))
+            self.committer.submit(lambda: self._commit(f, tmp, rel, idx, keys))
         except BaseException:  # an earlier commit failed: this one was not submitted
             f.close()
             remove_quietly(tmp)
             raise
 
-    def _commit(self, f: BinaryIO, tmp: str, rel: str, idx: bytes) -> None:
-        """Make a finished shard durable and visible under its final name, then its index."""
+    def _commit(self, f: BinaryIO, tmp: str, rel: str, idx: bytes, keys: bytes) -> None:
+        """Make a finished shard durable and visible under its final name, then its index and
+        key index."""
         final = join(self.root, rel)
         try:
             if self.local:
@@ -212,8 +216,9 @@ class ShardSink:
                 os.remove(tmp)
             raise
         self.written.append(final)
-        write_atomic(self.fs, join(self.root, index_path(rel)), idx)
-        self.written.append(join(self.root, index_path(rel)))
+        for path, data in ((index_path(rel), idx), (keys_path(rel), keys)):
+            write_atomic(self.fs, join(self.root, path), data)
+            self.written.append(join(self.root, path))
 
     def close(self) -> list[ShardInfo]:
         """Finish the open shard (as the remainder when it is small and ``rest`` was asked

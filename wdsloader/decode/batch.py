@@ -49,10 +49,12 @@ class NotGatherable:
 class Columns:
     """A batch as columns (``field -> (n, ...) array or list``, ``__key__`` first), and the
     samples whose decoding failed: ``errors[j]`` for row ``j`` (their list entries are None).
+    ``parsed``: how many samples had their members found by parsing each one (no batch walk).
     """
 
     columns: dict[str, Any]
     errors: dict[int, WdsLoaderError] = dataclasses.field(default_factory=dict)
+    parsed: int = 0
 
     def __len__(self) -> int:
         return len(self.columns["__key__"])

@@ -20,6 +20,7 @@ import numpy as np
 
 from wdsloader.decode.batch import Columns, NotGatherable, RawBatch
 from wdsloader.decode.codecs import decode_uint8
+from wdsloader.decode.finder import MemberFinder
 from wdsloader.decode.gather import (
     LARGE_ROW,
     FieldTable,
@@ -33,16 +34,15 @@ from wdsloader.decode.gather import (
 from wdsloader.decode.parse import parse_sample
 from wdsloader.decode.placement import Placement, placed_values, restore
 from wdsloader.decode.registry import SampleDecoder
-from wdsloader.decode.ungathered import Found, decode_fields, parse_members
+from wdsloader.decode.ungathered import Found, decode_fields
 from wdsloader.decode.variants import Variants
-from wdsloader.decode.walk import KeyNames, WalkSteps, skip_pax, walk_members, walk_steps
+from wdsloader.decode.walk import skip_pax
 from wdsloader.errors import ShardFormatError, WdsLoaderError
 from wdsloader.format.manifest import FieldSpec, ShardInfo
 from wdsloader.format.ustar import BLOCK, NAME, checksum_ok, checksums_ok
 from wdsloader.io.buffers import BufferPool
 
 SMALL_BLOCK = 16 * 2**10  # sample prefixes up to this size are gathered in one piece
-MAX_WALKS = 64  # layouts whose walks are remembered
 
 
 @dataclass(slots=True, frozen=True)
@@ -102,8 +102,8 @@ class ColumnarDecoder:
             dtype=np.int64,
         )
         self.layout_id, self.block_len = self._block_plan(len(shards))
-        # per shard layout id: the headers the last walk over its variable members passed
-        self.walks: dict[int, WalkSteps] = {}
+        # where the members of the other fields lie: one walk over the batch's headers
+        self.finder = MemberFinder(shards, self.parse_from, decoder, self.others, self.sources)
 
     def _block_plan(self, nshards: int) -> tuple[np.ndarray, int]:
         """Per shard an id of its layout (-1: none), and the bytes of each sample to gather in
@@ -182,7 +182,8 @@ class ColumnarDecoder:
         for name in self.fields:
             columns[name] = gathered[name] if name in gathered else decoded[name]
         columns.update(steered)
-        return Columns(columns, dict(sorted(errors.items())))
+        parsed = len(keys) if isinstance(found, list) else 0  # members parsed one by one
+        return Columns(columns, dict(sorted(errors.items())), parsed)
 
     def _steer(
         self,
@@ -341,31 +342,13 @@ class ColumnarDecoder:
     ) -> Found | NotGatherable:
         """Where the members of the fields that are not gathered lie: found for the whole batch
         at once (checking only the headers after the constant-offset prefix, where an earlier
-        batch of the same layout found them, else walking them; the members found so, their
-        headers checked, are noted in ``heads``), else by parsing each sample."""
-        assert raw.buf is not None
-        parse_from = self.parse_from[raw.shard]
-        starts = raw.start + parse_from
-        names = KeyNames(keys, heads.names, heads.ends)
-        plan = int(self.layout_id[raw.shard[0]]) if len(raw) else -1
-        steps = self.walks.get(plan)
-        members = None
-        if steps is not None:
-            members = walk_steps(raw.buf, starts, raw.stop, names, steps)
-        if members is None:
-            first = None
-            if block is not None:
-                at = int(parse_from[0])
-                first = block[:, at : at + BLOCK] if block.shape[1] >= at + BLOCK else None
-            first_checked = bool((parse_from == 0).all())
-            walked = walk_members(raw.buf, starts, raw.stop, names, first, first_checked)
-            if walked is None:
-                return self._parse_others(raw, keys)
-            members, steps = walked
-            if not steps.offsets:  # the headers lie elsewhere in each sample: no prediction
-                self.walks.pop(plan, None)
-            elif plan in self.walks or len(self.walks) < MAX_WALKS:
-                self.walks[plan] = steps
+        batch of the same layout found them, else walking them; a batch whose samples come
+        from shards of different layouts is walked one layout group at a time; the members
+        found so, their headers checked, are noted in ``heads``), else by parsing each
+        sample."""
+        members = self.finder.find(raw, keys, heads.names, heads.ends, block)
+        if not isinstance(members, dict):
+            return members  # parsed sample by sample (or not even that)
         # a gathered field's members were found by the walk: ``_gather`` need not check their
         # headers again, unless one's size is not the layout's (then its check words the error)
         sizes = {table.ext: table.nbytes for table in self.tables.values()}
@@ -381,10 +364,6 @@ class ColumnarDecoder:
             if ext not in members and field not in self.optional:
                 return NotGatherable(f"the samples have no member .{ext} (field {field!r})")
         return members
-
-    def _parse_others(self, raw: RawBatch, keys: list[str]) -> Found | NotGatherable:
-        """The members of each sample after its constant-offset prefix, parsed one by one."""
-        return parse_members(raw, keys, self.parse_from[raw.shard], self.sources)
 
     def _decode_others(
         self, raw: RawBatch, keys: list[str], found: Found, errors: dict[int, WdsLoaderError]

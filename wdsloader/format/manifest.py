@@ -28,6 +28,7 @@ from wdsloader.format.checks import (
     check_total,
     path_problem,
 )
+from wdsloader.format.codecs import is_fixed_width
 from wdsloader.format.deflate import COMPRESSIONS
 from wdsloader.format.toplevel import check_top_level
 
@@ -86,9 +87,10 @@ class FieldSpec:
 
     @property
     def fixed_size(self) -> bool:
-        """True when every sample stores this field in the same number of bytes."""
+        """True when every sample stores this field in the same number of bytes: a fixed-width
+        codec's field (``npy``) with a declared dtype and shape."""
         return (
-            self.encoding == "npy"
+            is_fixed_width(self.encoding)
             and self.shape is not None
             and self.dtype is not None
             and not self.optional
@@ -113,6 +115,9 @@ class ShardInfo:
     compression: str | None = None
     """None (a plain tar) or ``"gzip"`` (see :mod:`wdsloader.format.deflate`): the index then
     holds compressed offsets and ``num_bytes``/``sha256`` are the compressed file's."""
+    keys_path: str | None = None
+    """The shard's key index (:mod:`wdsloader.format.keyindex`), when it has one: a sample is
+    found by key without reading the shard."""
 
 
 @dataclass(slots=True, kw_only=True)
@@ -274,8 +279,10 @@ class Manifest:
         """
         for name, split in self.splits.items():
             for i, shard in enumerate(split.shards):
-                for key in ("path", "idx_path"):
-                    _check_path(getattr(shard, key), f"splits.{name}.shards[{i}].{key}", source)
+                for key in ("path", "idx_path", "keys_path"):
+                    value = getattr(shard, key)
+                    if value is not None:
+                        _check_path(value, f"splits.{name}.shards[{i}].{key}", source)
 
     # -- I/O (wdsloader.io.manifest_io reads and writes it: this layer imports no storage) ------
     def save(
@@ -355,8 +362,8 @@ GROUPABLE = ("cls", "json", "txt")
 
 
 _SPEC_KEYS = {"ext", "encoding", "dtype", "shape", "range", "grouped", "optional"}
-_SHARD_KEYS = {"path", "idx_path", "num_samples", "num_bytes", "sha256", "layout", "compression"}
-_SHARD_REQUIRED = _SHARD_KEYS - {"sha256", "layout", "compression"}
+_SHARD_REQUIRED = {"path", "idx_path", "num_samples", "num_bytes"}
+_SHARD_KEYS = _SHARD_REQUIRED | {"sha256", "layout", "compression", "keys_path"}
 
 
 def _check_spec_values(
@@ -392,8 +399,8 @@ def _shard_info(shard: Any, split: str, i: int) -> ShardInfo:
     # list millions of shards
     try:
         check_keys(check_obj(shard, ""), "", _SHARD_REQUIRED, _SHARD_KEYS)
-        for key in ("path", "idx_path"):
-            problem = path_problem(shard[key])
+        for key in ("path", "idx_path", "keys_path"):
+            problem = None if shard.get(key) is None else path_problem(shard[key])
             if problem is not None:
                 raise InvalidField(_path_message(shard[key], f".{key}", problem))
         n, size = shard["num_samples"], shard["num_bytes"]

@@ -15,7 +15,8 @@ from typing import BinaryIO
 
 from wdsloader.format.deflate import COMPRESSIONS, ShardDeflater, deflate_bound
 from wdsloader.format.index import encode_index
-from wdsloader.format.keys import validate_key
+from wdsloader.format.keyindex import hash_records, key_hash, raw_key_hash
+from wdsloader.format.keys import split_name, validate_key
 from wdsloader.format.ustar import (
     BLOCK,
     CHECKSUM,
@@ -27,6 +28,7 @@ from wdsloader.format.ustar import (
     MAX_NAME_BYTES,
     MODE,
     MTIME,
+    NAME,
     SIZE,
     TYPEFLAG,
     UID,
@@ -157,6 +159,7 @@ class TarStreamWriter:
         self._sha = hashlib.sha256()
         self.offset = 0
         self.offsets: list[int] = []
+        self.key_hashes: list[int] = []  # each sample's key hash, for the key index
         self.layout: dict[str, list[int]] | None = None
         self.closed = False
         self.compression = compression
@@ -189,6 +192,11 @@ class TarStreamWriter:
         """Append one sample's tar bytes as :meth:`write_sample` wrote them into another shard
         (to pack shards together); ``layout``: that shard's (None: it had none, so this shard
         gets none either)."""
+        name = bytes(sample[: NAME.stop]).split(b"\0", 1)[0].decode("utf-8", "surrogateescape")
+        parts = split_name(name)
+        if parts is None:
+            raise ValueError(f"a raw sample must start with a member KEY.EXT, got {name!r}")
+        self.key_hashes.append(key_hash(parts[0]))
         self.offsets.append(self.offset)
         if self._deflater is not None:
             self._write(self._deflater.sample(sample))
@@ -222,6 +230,7 @@ class TarStreamWriter:
         for checksum, (_, data) in zip(frame.checksums, members, strict=True):
             args += (raw_key, checksum + keysum, data)
         sample = frame.fmt % tuple(args)
+        self.key_hashes.append(raw_key_hash(raw_key))
         self.offsets.append(self.offset)
         if self._deflater is not None:
             self._write(self._deflater.sample(sample))
@@ -246,3 +255,7 @@ class TarStreamWriter:
             self._write(END_OF_ARCHIVE)
         self.closed = True
         return encode_index([*self.offsets, end]), self._sha.hexdigest()
+
+    def key_index(self) -> bytes:
+        """The bytes of this shard's key index (:mod:`wdsloader.format.keyindex`)."""
+        return hash_records(self.key_hashes).tobytes()

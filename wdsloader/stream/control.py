@@ -21,7 +21,15 @@ _NSLOTS = 3
 RESUME_CAPACITY = 1 << 16  # bytes of JSON for a resume chain
 
 # per-worker counters
-COUNTERS = ("samples", "batches", "skipped_samples", "skipped_batches", "gathered_batches")
+COUNTERS = (
+    "samples",
+    "batches",
+    "skipped_samples",
+    "skipped_batches",
+    "gathered_batches",
+    "parsed_batches",
+    "parsed_samples",
+)
 _INDEX = {name: i for i, name in enumerate(COUNTERS)}
 # per-worker slots of the current pass, after the counters in the same row
 _PASS_SKIPPED, _READING = len(COUNTERS), len(COUNTERS) + 1

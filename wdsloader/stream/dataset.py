@@ -336,6 +336,9 @@ class ShardStreamDataset(IterableDataset):
                 self.control.add(worker, "samples", n)
                 self.control.add(worker, "batches")
                 self.control.add(worker, "gathered_batches")
+                if decoded.parsed:
+                    self.control.add(worker, "parsed_batches")
+                    self.control.add(worker, "parsed_samples", decoded.parsed)
             return _collate_columns(self.collate_fn, columns) if n else None
         samples = self._decode_rows(raw, worker, epoch, forced, count)
         if self._tags is not None:
@@ -345,6 +348,8 @@ class ShardStreamDataset(IterableDataset):
         if count:
             self.control.add(worker, "samples", len(samples))
             self.control.add(worker, "batches")
+            self.control.add(worker, "parsed_batches")
+            self.control.add(worker, "parsed_samples", len(raw))
         return self.collate_fn(samples) if samples else None
 
     def _decode_rows(

@@ -202,7 +202,10 @@ class WdsDataLoader(DataLoader):
         """Counters summed over workers, **cumulative** since the loader was made (over every
         epoch; :meth:`set_epoch` and :meth:`load_state_dict` do not reset them): samples,
         batches, skipped_samples, skipped_batches (batches whose every sample failed, yielded
-        with stand-in samples), gathered_batches; reading several sources, also
+        with stand-in samples), gathered_batches (decoded as columns), parsed_batches and
+        parsed_samples (batches in which samples were parsed one by one, off the whole-batch
+        path, and how many such samples: a shard that does not fit its layout shows here);
+        reading several sources, also
         ``samples/<name>`` per source. Workers count what they made, so mid-epoch the counts
         include batches prefetched but not yet yielded; after a full epoch, the difference of two
         readings is that epoch's."""
@@ -307,8 +310,9 @@ def create_loader(
     once per epoch (``drop_last=True`` drops fewer than ``world_size * batch_size``;
     ``drop_last=False`` repeats as few samples as needed to make ranks equal). ``drop_last``
     defaults to True for ``train`` and False otherwise; shuffling to ``train`` only. The first
-    eight parameters, up to ``pin_memory``, may be given by position (the order of the seed's
-    ``create_loader``); the others are keyword-only.
+    eight parameters, up to ``pin_memory``, may be given by position (``dataset_dir, split,
+    batch_size, num_workers, distributed, epoch, drop_last, pin_memory``, the order scripts
+    written for the first ``create_loader`` use); the others are keyword-only.
 
     ``span`` (samples read together from one shard) and ``shuffle_window`` (samples a worker
     shuffles among) default to sizes derived from the average sample size (256 KiB and 64 MiB

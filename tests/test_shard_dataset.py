@@ -1,0 +1,156 @@
+"""Random access by index and key: ``ShardDataset`` gives back exactly the samples the loader
+yields, reads only the sample's bytes, and works in a torch DataLoader with any sampler."""
+
+from __future__ import annotations
+
+import logging
+import pickle
+
+import numpy as np
+import pytest
+import torch
+from torch.utils.data import DataLoader, DistributedSampler
+
+from build_shards import build_shards
+from wdsloader import create_loader
+from wdsloader.access import ShardDataset
+
+N = 230
+
+
+def _items():
+    return [
+        {
+            "__key__": f"doc-{i:04d}",
+            "emb": np.full(4, i, dtype=np.float32),
+            "label": i % 7,
+            "meta": {"i": i, "name": "x" * (i % 5)},
+            "text": f"sample {i}",
+        }
+        for i in range(N)
+    ]
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory):
+    root = tmp_path_factory.mktemp("access") / "ds"
+    build_shards(_items(), root, shard_max_count=50)
+    return root
+
+
+def _loader_samples(root, **kwargs):
+    loader = create_loader(
+        root, "train", 10, drop_last=False, shuffle=False, collate_fn=list, **kwargs
+    )
+    return [s for batch in loader for s in batch]
+
+
+def _same(a, b):
+    assert sorted(a) == sorted(b)
+    for name, value in a.items():
+        if isinstance(value, np.ndarray):
+            assert np.array_equal(value, b[name]) and value.dtype == b[name].dtype, name
+        else:
+            assert value == b[name], name
+
+
+def test_every_index_gives_the_sample_the_loader_yields(built):
+    ds = ShardDataset(built)
+    streamed = _loader_samples(built)
+    assert len(ds) == len(streamed) == N
+    for i, sample in enumerate(streamed):
+        got = ds[i]
+        assert got["__index__"] == i
+        got.pop("__index__")
+        _same(got, sample)
+    assert ds[-1]["__key__"] == f"doc-{N - 1:04d}" and ds[-N]["__index__"] == 0
+    assert ds[np.int64(7)]["meta"] == {"i": 7, "name": "xx"}
+
+
+def test_out_of_range_and_wrong_index_types_are_clear(built):
+    ds = ShardDataset(built)
+    with pytest.raises(
+        IndexError, match=r"index 230 out of range for split 'train' \(230 samples\)"
+    ):
+        ds[N]
+    with pytest.raises(IndexError, match="index -231 out of range"):
+        ds[-N - 1]
+    with pytest.raises(TypeError, match="indexed by an int, got '3'"):
+        ds["3"]
+
+
+def test_get_by_key_reads_the_key_index_not_the_samples(built, caplog):
+    ds = ShardDataset(built, fields=["label", "text"])
+    with caplog.at_level(logging.INFO, logger="wdsloader.access.dataset"):
+        got = ds.get("doc-0123")
+    assert got == {"label": 123 % 7, "text": "sample 123", "__key__": "doc-0123", "__index__": 123}
+    assert "read the keys" not in caplog.text
+    # shards 0-2 looked up: their key indexes; then one sample read (no scan of samples)
+    assert ds.store.stats["bytes_read"] == _sample_bytes(ds, 2, 23)
+    for i in (0, 49, 50, 229):
+        assert ds.get(f"doc-{i:04d}")["__index__"] == i
+    with pytest.raises(KeyError, match=r"no sample with key 'doc-9999' in split 'train' of .*ds"):
+        ds.get("doc-9999")
+
+
+def _sample_bytes(ds, shard, pos):
+    offsets = ds.store.index(ds.shards[shard])
+    return int(offsets[pos + 1] - offsets[pos])
+
+
+def test_without_key_indexes_the_keys_are_read_once(built, tmp_path, caplog):
+    import json
+    import shutil
+
+    root = tmp_path / "old"
+    shutil.copytree(built, root)
+    manifest = json.loads((root / "manifest.json").read_text())
+    for shard in manifest["splits"]["train"]["shards"]:
+        (root / shard.pop("keys_path")).unlink()
+    (root / "manifest.json").write_text(json.dumps(manifest))
+    ds = ShardDataset(root, fields=["label", "text"])
+    with caplog.at_level(logging.INFO, logger="wdsloader.access.dataset"):
+        got = ds.get("doc-0123")
+    assert got["__index__"] == 123
+    assert caplog.text.count("read the keys of 50 samples") == 3
+    for i in (0, 49, 50, 229):
+        assert ds.get(f"doc-{i:04d}")["__index__"] == i
+    with pytest.raises(KeyError, match=r"no sample with key 'doc-9999' in split 'train' of .*"):
+        ds.get("doc-9999")
+
+
+def test_a_lookup_reads_only_that_samples_bytes(built):
+    ds = ShardDataset(built)
+    offsets = ds.store.index(ds.shards[2])
+    before = ds.store.stats["bytes_read"]
+    ds[2 * 50 + 10]
+    assert ds.store.stats["bytes_read"] - before == int(offsets[11] - offsets[10])
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_a_dataloader_with_a_distributed_sampler(built, num_workers):
+    ds = ShardDataset(built, fields=["emb", "label"])
+    seen = []
+    for rank in (0, 1):
+        sampler = DistributedSampler(ds, num_replicas=2, rank=rank, shuffle=True, seed=5)
+        loader = DataLoader(ds, batch_size=8, sampler=sampler, num_workers=num_workers)
+        for batch in loader:
+            assert torch.equal(batch["emb"][:, 0].long(), batch["__index__"])
+            assert torch.equal(batch["label"], batch["__index__"] % 7)
+            seen += batch["__index__"].tolist()
+    assert sorted(seen) == list(range(N))  # 230 over 2 ranks: no padding needed
+    assert pickle.loads(pickle.dumps(ds)).get("doc-0042")["__index__"] == 42
+
+
+def test_gzip_shards_and_s3(tmp_path, s3_bucket):
+    url, options = s3_bucket
+    build_shards(_items(), f"{url}/gz", shard_max_count=60, compression="gzip",
+                 storage_options=options)  # fmt: skip
+    ds = ShardDataset(f"{url}/gz", storage_options=options)
+    streamed = _loader_samples(f"{url}/gz", storage_options=options)
+    for i in (0, 59, 60, 229):
+        got = ds[i]
+        got.pop("__index__")
+        _same(got, streamed[i])
+    assert ds.get("doc-0200")["text"] == "sample 200"
+    assert "testing" not in repr(ds)

@@ -23,10 +23,10 @@ from wdsloader.plan.batching import (
     GlobalBatching,
     MixedBatching,
     StratifiedBatching,
-    batching_names,
-    batching_strategy,
-    register_batching,
-    unregister_batching,
+    batching_strategies,
+    get_batching_strategy,
+    register_batching_strategy,
+    unregister_batching_strategy,
 )
 from wdsloader.plan.mix import (
     MixEpoch,
@@ -40,6 +40,8 @@ from wdsloader.plan.mix import (
 class SequentialBatching(GlobalBatching):
     """A third strategy: the epoch's samples in source order (all of source 0's quota, then
     source 1's...), cut into global batches in that order."""
+
+    name = "sequential"
 
     def slots(self, me: MixEpoch, topo: MixTopology):
         g = topo.world_size * topo.batch_size
@@ -56,38 +58,44 @@ class SequentialBatching(GlobalBatching):
 
 @pytest.fixture
 def sequential():
-    register_batching("sequential", SequentialBatching())
+    register_batching_strategy(SequentialBatching())
     yield "sequential"
-    unregister_batching("sequential")
+    unregister_batching_strategy("sequential")
 
 
 def test_the_registry_lists_mixed_and_stratified():
-    assert batching_names() == ("mixed", "stratified")
-    assert isinstance(batching_strategy("mixed"), MixedBatching)
-    assert isinstance(batching_strategy("stratified"), StratifiedBatching)
-    assert batching_strategy("mixed").elastic and not batching_strategy("stratified").elastic
+    assert batching_strategies() == ("mixed", "stratified")
+    assert isinstance(get_batching_strategy("mixed"), MixedBatching)
+    assert isinstance(get_batching_strategy("stratified"), StratifiedBatching)
+    assert (
+        get_batching_strategy("mixed").elastic and not get_batching_strategy("stratified").elastic
+    )
 
 
 def test_registry_errors(sequential):
-    assert batching_names() == ("mixed", "stratified", "sequential")
+    assert batching_strategies() == ("mixed", "stratified", "sequential")
     with pytest.raises(
         ValueError,
         match=r"batching must be one of \('mixed', 'stratified', 'sequential'\), got 'x'",
     ):
-        batching_strategy("x")
+        get_batching_strategy("x")
     with pytest.raises(ValueError, match=r"batching must be 'mixed', 'stratified' or 'sequential'"):
         MixTopology(batch_size=2, batching="x")
-    with pytest.raises(ValueError, match=r"'sequential' is already registered"):
-        register_batching("sequential", SequentialBatching())
-    register_batching("sequential", batching_strategy("sequential"))  # the same one: a no-op
-    with pytest.raises(ValueError, match=r"a built-in strategy cannot be replaced"):
-        register_batching("mixed", SequentialBatching())
+    with pytest.raises(ValueError, match=r"'sequential' is already registered; pass replace=True"):
+        register_batching_strategy(SequentialBatching())
+    other = SequentialBatching()
+    register_batching_strategy(other, replace=True)
+    assert get_batching_strategy("sequential") is other
+    mixed = type("Mixed", (SequentialBatching,), {"name": "mixed"})
+    with pytest.raises(ValueError, match=r"'mixed' is built in and cannot be replaced"):
+        register_batching_strategy(mixed(), replace=True)
     with pytest.raises(ValueError, match=r"'stratified' is built in and cannot be unregistered"):
-        unregister_batching("stratified")
-    with pytest.raises(TypeError, match=r"'odd' must have elastic, num_batches.*got object"):
-        register_batching("odd", object())
-    with pytest.raises(ValueError, match=r"non-empty string, got ''"):
-        register_batching("", SequentialBatching())
+        unregister_batching_strategy("stratified")
+    with pytest.raises(TypeError, match=r"needs name, elastic, num_batches.*got <object"):
+        register_batching_strategy(object())
+    bad = type("Bad", (SequentialBatching,), {"name": "No Spaces"})
+    with pytest.raises(ValueError, match=r"'No Spaces' must be lower-case letters, digits and '_'"):
+        register_batching_strategy(bad())
 
 
 @FAST
@@ -99,14 +107,14 @@ def test_registry_errors(sequential):
     drop_last=st.booleans(),
 )
 def test_a_strategy_over_global_batches_delivers_the_epoch(me, world, workers, batch, drop_last):
-    register_batching("sequential", SequentialBatching())
+    register_batching_strategy(SequentialBatching())
     try:
         topo = MixTopology(batch_size=batch, world_size=world, num_workers=workers,
                            drop_last=drop_last, batching="sequential")  # fmt: skip
         n = mix_num_batches(me, topo)
         ranks = [mix_rank_batches(me, topo, r) for r in range(world)]
     finally:
-        unregister_batching("sequential")
+        unregister_batching_strategy("sequential")
     assert [len(r) for r in ranks] == [n] * world
     g = world * batch
     got = sum((pairs(r) for r in ranks if r), Counter())
@@ -197,9 +205,9 @@ def test_a_strategy_that_is_not_elastic_refuses_a_chained_resume(sequential):
 
 def test_a_strategy_that_cannot_reach_spawned_workers_is_refused_at_creation(data):
     class Local(SequentialBatching):  # a local class: pickled by reference, it cannot be found
-        pass
+        name = "local"
 
-    register_batching("local", Local())
+    register_batching_strategy(Local())
     try:
         with pytest.raises(
             ValueError,
@@ -209,4 +217,4 @@ def test_a_strategy_that_cannot_reach_spawned_workers_is_refused_at_creation(dat
             _loader(data, 0, batching="local", multiprocessing_context="spawn")
         _loader(data, 0, batching="local", multiprocessing_context="fork")  # fork inherits it
     finally:
-        unregister_batching("local")
+        unregister_batching_strategy("local")

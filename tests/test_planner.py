@@ -14,7 +14,7 @@ from wdsloader import create_loader, plan
 from wdsloader.mix import MixSource, MixSpec
 from wdsloader.mix.runtime import MixPlanner
 from wdsloader.plan import PlanConfig, Planner, Resume, SinglePlanner
-from wdsloader.plan.batching import register_batching, unregister_batching
+from wdsloader.plan.batching import register_batching_strategy, unregister_batching_strategy
 from wdsloader.plan.mix import (
     MixTopology,
     mix_dropped,
@@ -82,12 +82,12 @@ def test_a_registered_strategy_travels_with_the_planner():
 
     spec_args = {"sources": (MixSource("a", repeat=1), MixSource("b", repeat=1)),
                  "sizes": (5, 8), "shards": (1, 1)}  # fmt: skip
-    register_batching("sequential", SequentialBatching())
+    register_batching_strategy(SequentialBatching())
     try:
         planner = MixPlanner(MixSpec(**spec_args, batching="sequential"), CFG)
         sent = pickle.dumps(planner)
     finally:
-        unregister_batching("sequential")
+        unregister_batching_strategy("sequential")
     worker = pickle.loads(sent)  # as a worker started by spawn receives it
     assert isinstance(worker.topology.strategy, SequentialBatching)
     got = [

@@ -18,7 +18,7 @@ from wdsloader.format import FieldSpec, Manifest, ShardInfo, SplitInfo
 from wdsloader.format.checks import MAX_INT, as_int
 from wdsloader.mix.offsets import EpochOffsets
 from wdsloader.mix.source import MixSource, epoch_offsets_for, mix_epoch, mix_names
-from wdsloader.plan.batching import BUILTIN_BATCHINGS, batching_strategy
+from wdsloader.plan.batching import BUILTIN_BATCHINGS, get_batching_strategy
 from wdsloader.plan.mix import MixEpoch
 
 __all__ = ["MIX_ALGORITHM", "BATCHINGS", "MixSpec", "merge_manifests"]
@@ -26,7 +26,7 @@ __all__ = ["MIX_ALGORITHM", "BATCHINGS", "MixSpec", "merge_manifests"]
 # The mix plan's name and version, recorded in the "mix" part of a mix loader's stage
 # fingerprint: bump it whenever the same spec, epoch, rank and worker would yield other samples.
 MIX_ALGORITHM: tuple[str, int] = ("mix-feistel", 1)
-BATCHINGS = BUILTIN_BATCHINGS  # the built-in strategies; the registry: batching_names()
+BATCHINGS = BUILTIN_BATCHINGS  # the built-in strategies; the registry: batching_strategies()
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -35,7 +35,7 @@ class MixSpec:
     the split, concatenated in source order) with the options of
     :func:`~wdsloader.create_loader`: ``weights`` (a schedule of weights over epochs, for the
     sources without ``samples``/``repeat``), ``epoch_samples``, ``batching`` (a registered
-    strategy's name: :func:`~wdsloader.plan.batching.batching_names`) and ``source_field``
+    strategy's name: :func:`~wdsloader.plan.batching.batching_strategies`) and ``source_field``
     (the batch field holding each sample's source index, or None)."""
 
     sources: tuple[MixSource, ...]
@@ -58,7 +58,7 @@ class MixSpec:
             raise ValueError(
                 f"{len(self.sizes)} sizes and {len(self.shards)} shard counts for {n} sources"
             )
-        batching_strategy(self.batching)  # a registered strategy (ValueError listing them)
+        get_batching_strategy(self.batching)  # a registered strategy (ValueError listing them)
         if self.weights is not None and not isinstance(self.weights, Schedule):
             raise TypeError(
                 f"weights must be a schedule (wdsloader.curriculum.fixed, linear, cosine, steps, "

@@ -4,8 +4,8 @@
 resumes elastically; ``"stratified"`` (:mod:`~wdsloader.plan.batching.stratified`) gives every
 global batch each source's exact share and resumes on the same topology only. A new strategy
 implements :class:`BatchingStrategy` (or, filling each global batch on its own, subclasses
-:class:`GlobalBatching`) and is registered by name with :func:`register_batching`; the mix
-options of :func:`~wdsloader.create_loader` then accept ``batching=name``. Pure, like the rest
+:class:`GlobalBatching`) and is registered under its name with
+:func:`register_batching_strategy`; the mix options of :func:`~wdsloader.create_loader` then accept ``batching=name``. Pure, like the rest
 of :mod:`wdsloader.plan`.
 """
 
@@ -15,11 +15,11 @@ from wdsloader.plan.batching.base import (
     BatchingStrategy,
     MixBatchIds,
     MixTopology,
-    batching_names,
-    batching_strategy,
-    register_batching,
+    batching_strategies,
+    get_batching_strategy,
+    register_batching_strategy,
     same_topology_done,
-    unregister_batching,
+    unregister_batching_strategy,
 )
 from wdsloader.plan.batching.global_batches import (
     GlobalBatches,
@@ -42,14 +42,14 @@ __all__ = [
     "MixedBatching",
     "Slots",
     "StratifiedBatching",
-    "batching_names",
-    "batching_strategy",
+    "batching_strategies",
+    "get_batching_strategy",
     "global_batch_count",
     "mix_plan_config",
-    "register_batching",
+    "register_batching_strategy",
     "same_topology_done",
-    "unregister_batching",
+    "unregister_batching_strategy",
 ]
 
-register_batching("mixed", MixedBatching())
-register_batching("stratified", StratifiedBatching())
+register_batching_strategy(MixedBatching())
+register_batching_strategy(StratifiedBatching())

@@ -1,10 +1,11 @@
 """The batching seam of the mix plan: what a strategy is (:class:`BatchingStrategy`), the
 topology it deals an epoch over (:class:`MixTopology`) and the registry of strategies by name
-(:func:`register_batching`, :func:`batching_strategy`)."""
+(:func:`register_batching_strategy`, :func:`get_batching_strategy`)."""
 
 from __future__ import annotations
 
 import dataclasses
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
@@ -21,11 +22,11 @@ __all__ = [
     "BatchingStrategy",
     "MixBatchIds",
     "MixTopology",
-    "batching_names",
-    "batching_strategy",
-    "register_batching",
+    "batching_strategies",
+    "get_batching_strategy",
+    "register_batching_strategy",
     "same_topology_done",
-    "unregister_batching",
+    "unregister_batching_strategy",
 ]
 
 #: One mixed batch: the source and the sample id (in that source) of each of its samples.
@@ -50,6 +51,11 @@ class BatchingStrategy(Protocol):
     :class:`~wdsloader.plan.Resume` chain whose configs give the topology of each earlier run;
     an ``elastic`` strategy continues on another topology, the others raise ValueError there.
     """
+
+    @property
+    def name(self) -> str:
+        """The name ``batching=`` selects it by (lower-case letters, digits and '_')."""
+        ...
 
     @property
     def elastic(self) -> bool:
@@ -77,51 +83,58 @@ class BatchingStrategy(Protocol):
         ...
 
 
+_NAME_RE = re.compile(r"^[a-z][a-z0-9_]*$")
 _REGISTRY: dict[str, BatchingStrategy] = {}
 
 
-def batching_names() -> tuple[str, ...]:
+def batching_strategies() -> tuple[str, ...]:
     """The registered strategies' names, the built-in ones first."""
     return tuple(_REGISTRY)
 
 
-def batching_strategy(name: str) -> BatchingStrategy:
+def get_batching_strategy(name: str) -> BatchingStrategy:
     """The strategy registered as ``name``; a ValueError listing the registered ones if none."""
     strategy = _REGISTRY.get(name) if isinstance(name, str) else None
     if strategy is None:
-        raise ValueError(f"batching must be one of {batching_names()}, got {name!r}")
+        raise ValueError(f"batching must be one of {batching_strategies()}, got {name!r}")
     return strategy
 
 
-def register_batching(name: str, strategy: BatchingStrategy) -> None:
-    """Make ``strategy`` the mix's ``batching=name`` (e.g. ``create_loader(sources, ...,
-    batching=name)``). The name enters the loader state's fingerprint: a state saved under
-    one strategy does not load under another. Registering a taken name is a ValueError (unless
-    it is the same object again); a strategy reaches spawned workers inside the loader, so it
-    must pickle (an instance of a module-level class does)."""
-    if not isinstance(name, str) or not name:
-        raise ValueError(f"a batching strategy's name must be a non-empty string, got {name!r}")
+def register_batching_strategy(strategy: BatchingStrategy, *, replace: bool = False) -> None:
+    """Make ``strategy`` the mix's ``batching=strategy.name`` (e.g. ``create_loader(sources,
+    ..., batching=name)``).
+
+    The name enters the loader state's fingerprint, so a state saved under one strategy does
+    not load under another; for that reason a built-in name cannot be replaced. Another name
+    already registered is a ValueError unless ``replace=True``. The strategy reaches spawned
+    workers inside the loader, so it must pickle (an instance of a module-level class does).
+    """
     if not isinstance(strategy, BatchingStrategy):
         raise TypeError(
-            f"batching strategy {name!r} must have elastic, num_batches, padding, dropped and "
-            f"worker_batches (wdsloader.plan.batching.BatchingStrategy), got "
-            f"{type(strategy).__name__}"
+            "a batching strategy needs name, elastic, num_batches, padding, dropped and "
+            "worker_batches (wdsloader.plan.batching.BatchingStrategy, or subclass "
+            f"GlobalBatching); got {strategy!r}"
         )
-    if _REGISTRY.get(name, strategy) is not strategy:
+    name = strategy.name
+    if not isinstance(name, str) or not _NAME_RE.match(name):
         raise ValueError(
-            f"batching {name!r} is already registered ({type(_REGISTRY[name]).__name__}); "
-            "unregister_batching it first"
-            + (" (a built-in strategy cannot be replaced)" if name in BUILTIN_BATCHINGS else "")
+            f"batching strategy name {name!r} must be lower-case letters, digits and '_'"
+        )
+    if name in BUILTIN_BATCHINGS and name in _REGISTRY:
+        raise ValueError(f"batching {name!r} is built in and cannot be replaced")
+    if name in _REGISTRY and not replace:
+        raise ValueError(
+            f"a batching strategy named {name!r} is already registered; pass replace=True to "
+            "override it"
         )
     _REGISTRY[name] = strategy
 
 
-def unregister_batching(name: str) -> None:
-    """Remove the strategy registered as ``name`` (a built-in one is a ValueError)."""
+def unregister_batching_strategy(name: str) -> None:
+    """Undo :func:`register_batching_strategy` (a built-in name is a ValueError)."""
     if name in BUILTIN_BATCHINGS:
         raise ValueError(f"batching {name!r} is built in and cannot be unregistered")
-    batching_strategy(name)
-    del _REGISTRY[name]
+    _REGISTRY.pop(name, None)
 
 
 def _either(names: Sequence[str]) -> str:
@@ -135,7 +148,7 @@ class MixTopology:
     """How the epoch is dealt: ``batch_size`` per rank, ``world_size`` ranks, ``num_workers``
     plan workers per rank (at least 1), ``drop_last``, the per-worker shuffle ``window``
     (samples; ``batching="mixed"`` only) and ``batching``: a registered strategy's name
-    (:func:`batching_names`), resolved once into :attr:`strategy` (which travels with the
+    (:func:`batching_strategies`), resolved once into :attr:`strategy` (which travels with the
     topology into workers)."""
 
     batch_size: int
@@ -152,7 +165,9 @@ class MixTopology:
         object.__setattr__(self, "window", as_int(self.window, "window", 0))
         strategy = _REGISTRY.get(self.batching) if isinstance(self.batching, str) else None
         if strategy is None:
-            raise ValueError(f"batching must be {_either(batching_names())}, got {self.batching!r}")
+            raise ValueError(
+                f"batching must be {_either(batching_strategies())}, got {self.batching!r}"
+            )
         object.__setattr__(self, "strategy", strategy)
 
 

@@ -36,8 +36,9 @@ class GlobalBatching(ABC):
     last short batch of ``L < G`` samples with ``drop_last=False``, dropped otherwise); rank
     ``r`` gets its slots ``[r * batch_size, (r + 1) * batch_size)`` (of the short batch, slots
     ``r * ceil(L / world_size) + i`` modulo ``L``: a few repeated so every rank gets one
-    batch). Subclasses give :meth:`slots`: which samples fill the slots."""
+    batch). Subclasses give their ``name`` and :meth:`slots`: which samples fill the slots."""
 
+    name: ClassVar[str]
     elastic: ClassVar[bool] = False
 
     @abstractmethod

@@ -41,6 +41,7 @@ class MixedBatching:
     """The sources shuffled together: each epoch position's ``(source, sample)`` comes from
     the keyed block order, the positions are dealt by the single-source plan (elastic)."""
 
+    name: ClassVar[str] = "mixed"
     elastic: ClassVar[bool] = True
 
     def num_batches(self, me: MixEpoch, topo: MixTopology, resume: Resume | None = None) -> int:

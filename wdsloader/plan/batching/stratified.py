@@ -90,5 +90,7 @@ class StratifiedBatching(GlobalBatching):
     ``quota * G / epoch length`` samples, so that the epoch's full batches give every source
     its quota (a short last batch: the largest-remainder share of its samples)."""
 
+    name = "stratified"
+
     def slots(self, me: MixEpoch, topo: MixTopology) -> Slots:
         return _StrataSlots(me, _strata(me, topo))

@@ -331,3 +331,18 @@ def test_the_text_builder_takes_the_option_objects_and_warns_at_its_caller(tmp_p
             tmp_path / "in.txt", tmp_path / "k", tok, seq_length=8,
             samples=SampleOptions(key_field="id"),
         )  # fmt: skip
+
+
+def test_the_engine_seam_reads_the_engine_option():
+    from build_shards.engines import LocalEngine, make_engine
+    from build_shards.engines.ray_engine import RayClusterEngine
+
+    assert isinstance(make_engine("local", workers=2), LocalEngine)
+    for engine, address in (("ray", None), (RayEngine(), None), (RayEngine(address="h:1"), "h:1")):
+        made = make_engine(engine)  # nothing connects to Ray before a build runs
+        assert isinstance(made, RayClusterEngine) and made.address == address
+    with pytest.raises(ValueError, match="workers is an option of the local engine"):
+        make_engine(RayEngine(address="h:1"), workers=2)
+    with pytest.raises(ValueError) as info:
+        make_engine("spark")
+    assert str(info.value) == "engine must be one of 'local', 'ray' or a RayEngine, got 'spark'"

@@ -346,3 +346,26 @@ def test_the_engine_seam_reads_the_engine_option():
     with pytest.raises(ValueError) as info:
         make_engine("spark")
     assert str(info.value) == "engine must be one of 'local', 'ray' or a RayEngine, got 'spark'"
+
+
+def test_the_library_errors_name_the_option_objects_and_the_cli_its_flags(tmp_path, capsys):
+    from build_shards import OutputLockedError
+    from build_shards.cli import main
+    from build_shards.commit.lock import BuildLock
+    from wdsloader.errors import SchemaError
+    from wdsloader.io.storage import url_to_fs
+
+    with pytest.raises(SchemaError) as nan:
+        build_shards(rows(nan=True), tmp_path / "nan")
+    assert "NaN or Inf value (pass samples=SampleOptions(allow_nan=True) to keep" in str(nan.value)
+    out = str(tmp_path / "held")
+    fs, root = url_to_fs(out)
+    fs.makedirs(root, exist_ok=True)
+    with BuildLock(fs, root, out, fingerprint="another build"):
+        with pytest.raises(OutputLockedError) as held:
+            build_shards(rows(), out)
+        assert str(held.value).endswith("if it is dead, pass lock=LockOptions(break_lock=True)")
+        (tmp_path / "a.jsonl").write_text('{"v": 1}\n')
+        with pytest.raises(SystemExit):
+            main(["build", str(tmp_path / "a.jsonl"), "-o", out])
+    assert capsys.readouterr().err.rstrip().endswith("if it is dead, pass --force-unlock")

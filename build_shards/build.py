@@ -1,6 +1,6 @@
 """``build_shards``: source -> (key, sample) -> map -> split -> encode -> shards + idx -> manifest.
 
-The steps: check the options, open the source and infer the schema (:class:`Input`), take the
+The steps: resolve the options (:mod:`build_shards.resolve`), open the source and infer the schema (:class:`Input`), take the
 output's lock and resume what an unfinished build kept, run the blocks, merge their records into
 the manifest and finalize the output.
 """
@@ -306,12 +306,11 @@ def _suggest_small_record_options(members: list[tuple[str, bytes]], grouped: boo
     data = sum(len(d) for _, d in members)
     tar = sample_tar_bytes(members)
     if tar > SUGGEST_RATIO * max(data, 1):
-        options = (
-            "compression='gzip'" if grouped else "group_small_fields=True and compression='gzip'"
-        )
+        fields = "compression='gzip'" if grouped else "group_small_fields=True, compression='gzip'"
+        options = f"shards=ShardOptions({fields})"
         log.info(
             "each sample takes %d tar bytes for %d bytes of data (%.0fx: small fields, each a "
-            "member with a 512-byte header and padding); %s make such shards much smaller "
+            "member with a 512-byte header and padding); %s makes such shards much smaller "
             "(CLI: --group-small-fields, --compression gzip)",
             tar, data, tar / max(data, 1), options,
         )  # fmt: skip

@@ -369,3 +369,21 @@ def test_the_library_errors_name_the_option_objects_and_the_cli_its_flags(tmp_pa
         with pytest.raises(SystemExit):
             main(["build", str(tmp_path / "a.jsonl"), "-o", out])
     assert capsys.readouterr().err.rstrip().endswith("if it is dead, pass --force-unlock")
+
+
+def test_the_small_records_hint_names_the_shard_options(tmp_path, caplog):
+    import logging
+
+    small = [{"a": i, "b": f"s{i}", "c": i % 2 == 0} for i in range(50)]
+    with caplog.at_level(logging.INFO, logger="build_shards"):
+        build_shards(small, tmp_path / "plain")
+        build_shards(small, tmp_path / "grouped", shards=ShardOptions(group_small_fields=True))
+    hints = [
+        r.getMessage().split("); ")[1] for r in caplog.records if "tar bytes" in r.getMessage()
+    ]
+    assert hints == [
+        "shards=ShardOptions(group_small_fields=True, compression='gzip') makes such shards much "
+        "smaller (CLI: --group-small-fields, --compression gzip)",
+        "shards=ShardOptions(compression='gzip') makes such shards much smaller "
+        "(CLI: --group-small-fields, --compression gzip)",
+    ]

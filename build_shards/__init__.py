@@ -5,13 +5,27 @@ from build_shards.build import build_shards
 from build_shards.commit.lock import OutputLockedError
 from build_shards.errors import BuildError, BuildWorkerError, OutputExistsError, SourceChangedError
 from build_shards.layout.splits import hash_unit
+from build_shards.options import (
+    BuildOptions,
+    LoaderDefaults,
+    LockOptions,
+    RayEngine,
+    SampleOptions,
+    ShardOptions,
+)
 from build_shards.sources import Source, open_source
 
 __all__ = [
     "BuildError",
+    "BuildOptions",
     "BuildWorkerError",
+    "LoaderDefaults",
+    "LockOptions",
     "OutputExistsError",
     "OutputLockedError",
+    "RayEngine",
+    "SampleOptions",
+    "ShardOptions",
     "Source",
     "SourceChangedError",
     "adopt",

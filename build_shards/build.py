@@ -1,6 +1,6 @@
 """``build_shards``: source -> (key, sample) -> map -> split -> encode -> shards + idx -> manifest.
 
-The steps: check the options, open the source and infer the schema (:class:`Input`), take the
+The steps: resolve the options (:mod:`build_shards.resolve`), open the source and infer the schema (:class:`Input`), take the
 output's lock and resume what an unfinished build kept, run the blocks, merge their records into
 the manifest and finalize the output.
 """
@@ -15,7 +15,7 @@ from contextlib import closing
 from dataclasses import dataclass
 from typing import Any
 
-from build_shards.commit.lock import DEFAULT_LOCK_TIMEOUT, BuildLock, OutputLockedError
+from build_shards.commit.lock import BuildLock, OutputLockedError
 from build_shards.commit.merge import manifest_build, merge
 from build_shards.commit.resume import check_kept
 from build_shards.commit.state import OutputState
@@ -33,15 +33,23 @@ from build_shards.layout.params import (
     sample_tar_bytes,
 )
 from build_shards.layout.splits import Splitter, make_splitter
+from build_shards.options import (
+    BuildOptions,
+    EngineSpec,
+    LoaderDefaults,
+    LockOptions,
+    SampleOptions,
+    ShardOptions,
+)
 from build_shards.probe.estimate import item_seconds
 from build_shards.probe.infer import first_rows, infer_schema
+from build_shards.resolve import resolve_options
 from build_shards.sources import Source, open_source
 from build_shards.write.blocks import BlockJob
 from build_shards.write.records import BlockRecord
 from build_shards.write.rests import Placed, pack_rests
 from wdsloader.errors import SchemaError
 from wdsloader.format import FieldSpec, Manifest
-from wdsloader.format.deflate import COMPRESSIONS
 from wdsloader.io.storage import url_to_fs
 
 log = logging.getLogger("build_shards")
@@ -54,30 +62,19 @@ def build_shards(
     output: str | os.PathLike[str],
     *,
     splits: Mapping[str, float] | None = None,
-    split_field: str | None = None,
-    group_by: str | None = None,
-    key_field: str = "__key__",
+    map: Callable[[dict[str, Any]], dict[str, Any] | None] | None = None,
     schema: Mapping[str, FieldSpec | Mapping[str, Any]] | None = None,
-    dims: Mapping[str, int] | None = None,
-    map: Callable[[dict[str, Any]], dict[str, Any]] | None = None,
-    shard_max_count: int = 10_000,
-    shard_max_bytes: int = 256 * 2**20,
-    block_size: int | None = None,
     workers: int = 1,
     seed: int = 0,
-    allow_nan: bool = False,
     overwrite: bool = False,
     storage_options: dict[str, Any] | None = None,
-    loader_defaults: Mapping[str, Any] | None = None,
-    curriculum: Any = None,
     progress: Progress = False,
-    lock_timeout: float | None = DEFAULT_LOCK_TIMEOUT,
-    break_lock: bool = False,
-    engine: str = "local",
-    ray_address: str | None = None,
-    compression: str | None = None,
-    group_small_fields: bool = False,
-    build_record: Callable[[], Mapping[str, Any]] | None = None,
+    engine: EngineSpec = "local",
+    shards: ShardOptions | None = None,
+    samples: SampleOptions | None = None,
+    lock: LockOptions | None = None,
+    defaults: LoaderDefaults | Mapping[str, Any] | None = None,
+    **deprecated: Any,
 ) -> Manifest:
     """Write ``source`` as WebDataset tar shards with their indexes and ``manifest.json``.
 
@@ -86,108 +83,78 @@ def build_shards(
     list) of ``.jsonl`` files or plain text files (documents separated by blank lines become
     ``{"text": doc}``). ``output``: a folder or any fsspec URL (``memory://``, ``s3://``).
 
-    Each item is a dict of fields; its key is ``item[key_field]`` or the zero-padded source index.
-    ``map(sample) -> sample`` runs on every item (it sees the key under ``key_field`` and may
-    change it; returning None drops the item); it must be deterministic, and picklable (a
-    module-level function) when ``workers > 1``. Splits: ``splits={"train": 0.8, ...}`` by a
-    hash of the key (or of the ``group_by`` field) and ``seed``, or ``split_field`` (the field
-    names the split and is not stored), or the DatasetDict's splits; else all in ``train``.
-
-    The schema is inferred from the first samples (after ``map``; up to 1,000: a field absent or
-    None in some is ``optional``, ints mixed with floats are floats; see
+    Each item is a dict of fields, keyed as :class:`SampleOptions` (``samples=``) says.
+    ``map(sample) -> sample`` runs on every item (returning None drops it); it must be
+    deterministic, and picklable (a module-level function) when ``workers > 1``. Splits:
+    ``splits={"train": 0.8, ...}`` by a hash of the key (or of ``samples.group_by``) and
+    ``seed``, or ``samples.split_field``, or the DatasetDict's splits; else all in ``train``.
+    The schema is inferred from the first samples (after ``map``, see
     :mod:`build_shards.probe.infer`); ``schema`` declares fields (``FieldSpec`` or dict such as
-    ``{"score": {"encoding": "json", "optional": True}}``, symbolic dims bound by ``dims`` or by
-    the first samples); every sample is checked against it. NaN/Inf is a SchemaError unless ``allow_nan`` (then counted in
-    ``manifest.build["nan_samples"]``).
+    ``{"score": {"encoding": "json", "optional": True}}``); every sample is checked against it.
 
-    Shards: the source is cut into blocks of ``block_size`` consecutive items (default: at most
-    4 full shards, judged by the first sample's size, and at least 16 blocks when the source's
-    length is known, a block keeping >= 4 MiB or one full shard: see
-    :func:`build_shards.layout.params.default_block_size`); each block writes
-    ``{split}/{split}-BBBBB-PPP.tar`` bounded by
-    ``shard_max_count`` samples and ``shard_max_bytes`` file bytes (a bigger sample gets a shard
-    of its own); its small last shard of a split is packed with the other blocks' at the end
-    (:mod:`build_shards.write.rests`), so each split has at most one small shard. The layout depends
-    on the data and these options only, never on ``workers`` (at most that many local
-    processes; a build estimated under 2 s of work runs in this process, see
-    :data:`build_shards.engines.local.SMALL_BUILD_S`; indexable sources are read by the
-    workers, sequential ones by this process). ``workers > 1`` called from a main script's top
-    level without an ``if __name__ == "__main__":`` guard is a BuildError at once (workers
-    import the script again). ``manifest.json`` is written last.
+    The shards' layout (:class:`ShardOptions`, ``shards=``) depends on the data and these
+    options only, never on ``workers`` (at most that many local processes; a build estimated
+    under 2 s of work runs in this process, see :data:`build_shards.engines.local.SMALL_BUILD_S`).
+    ``workers > 1`` from a main script's top level without an ``if __name__ == "__main__":``
+    guard is a BuildError. ``engine``: ``"local"``, or ``"ray"`` / :class:`RayEngine` (one Ray
+    task per block, byte-identical shards). ``manifest.json`` is written last, with
+    ``defaults`` (:class:`LoaderDefaults` or a mapping) as the loader's defaults.
 
     Failures: finished blocks are recorded under ``OUTPUT/_build/``. A user error (BuildError,
     SchemaError) removes what the unfinished build wrote; after a crash or any other error (an
     ``OSError`` such as a full disk carries a note saying the blocks are kept), a rerun with the
     same options keeps every block whose first and last items still match the source (else
-    :class:`SourceChangedError`: resuming would mix old and new samples). A complete dataset in
-    ``output`` is refused unless ``overwrite``, which starts over: the new shards are written
-    beside the old dataset, which stays readable until the new manifest replaces it (then its
-    files are removed); an unfinished overwrite is resumed by a rerun without ``overwrite``.
+    :class:`SourceChangedError`). A complete dataset in ``output`` is refused unless
+    ``overwrite``, which writes the new shards beside the old dataset (readable until the new
+    manifest replaces it); an unfinished overwrite is resumed by a rerun without ``overwrite``.
+    One build at a time per output (:class:`LockOptions`, ``lock=``): a second build raises
+    :class:`OutputLockedError` before it touches anything.
 
-    One build at a time per output: ``OUTPUT/_build.lock`` (an exclusive create) makes a second
-    build raise :class:`OutputLockedError` before it touches anything. A lock whose build is
-    gone (a dead process of this host, or nothing finished for ``lock_timeout`` seconds; None:
-    never) is taken over; ``break_lock=True`` takes any lock.
-
-    ``curriculum`` (a :class:`wdsloader.Curriculum` or its dict) is stored as the loader's
-    default (``loader_defaults["curriculum"]``) after checking its variant fields against the
-    schema (ValueError before anything is written).
-
-    ``engine``: ``"local"`` (this process, or ``workers`` local processes) or ``"ray"``: one Ray
-    task per block on the cluster at ``ray_address`` (None: the cluster ``ray.init()`` finds, or
-    a local one; an already initialised Ray is used as is). Each task reads its block's range of
-    the source itself and writes its shards straight to ``output`` (so the output must be
-    reachable from every node, e.g. ``s3://``); the shards are byte-identical to the local
-    engine's. Ray reads a ``datasets`` Dataset/DatasetDict, a torch map-style Dataset, or JSONL
-    and text files (indexed by one task per file first); a list, iterator or iterable dataset
-    lives in this process and is refused (BuildError). Ray retries a task that raised an
-    ``OSError`` or whose worker died; a block written twice is the same bytes.
-
-    ``progress``: True for a tqdm bar, or a callable ``(items_done, items_total_or_0)``; the
-    total of local uncompressed JSONL files is their number of lines (blank ones included).
-
-    Small records: ``group_small_fields=True`` writes a sample's small scalar fields (ints,
-    JSON scalars, strings of up to 512 bytes) as one member ``KEY.fields.json`` (the loader
-    still yields each field; see :mod:`wdsloader.format.groups`); ``compression="gzip"``
-    writes ``.tar.gz`` shards whose samples the loader still reads one by one (see
-    :mod:`wdsloader.format.deflate`; ``shard_max_bytes`` is then judged before compression).
-
-    ``build_record`` (for builders on top of this one, e.g. the text builder): called once the
-    source is consumed; its entries join ``manifest.build`` before the manifest is written.
+    ``progress``: True for a tqdm bar, or a callable ``(items_done, items_total_or_0)``.
+    The loose keywords of 0.1 (``shard_max_count=``, ``key_field=``, ``lock_timeout=``,
+    ``ray_address=``, ``loader_defaults=``, ...; see :data:`build_shards.resolve.DEPRECATED`)
+    still work with a DeprecationWarning naming their replacement, until 0.2.0.
     """
+    options = resolve_options(
+        dict(
+            splits=splits, map=map, schema=schema, workers=workers, seed=seed,
+            overwrite=overwrite, storage_options=storage_options, progress=progress,
+            engine=engine, shards=shards, samples=samples, lock=lock, defaults=defaults,
+            **deprecated,
+        )
+    )  # fmt: skip
+    return run_build(source, output, options)
+
+
+def run_build(
+    source: Any,
+    output: str | os.PathLike[str],
+    options: BuildOptions,
+    *,
+    build_record: Callable[[], Mapping[str, Any]] | None = None,
+) -> Manifest:
+    """:func:`build_shards` with its options resolved. ``build_record`` (for builders on top of
+    this one, e.g. the text builder): called once the source is consumed; its entries join
+    ``manifest.build`` before the manifest is written."""
     refuse_reimported_main()
-    _check_options(shard_max_count, shard_max_bytes, block_size, workers, key_field, lock_timeout)
-    if workers > 1 and engine == "local":
-        refuse_unguarded_main(workers)
-    if compression is not None and compression not in COMPRESSIONS:
-        raise ValueError(f"compression must be None or one of {COMPRESSIONS}, got {compression!r}")
-    with closing(make_engine(engine, workers=workers, ray_address=ray_address)) as runner:
-        out = _open_output(output, storage_options, runner)
-        state = OutputState(out.fs, out.root, out.url, storage_options)
-        state.check_existing(overwrite)
+    if options.workers > 1 and options.engine == "local":
+        refuse_unguarded_main(options.workers)
+    with closing(make_engine(options.engine, workers=options.workers)) as runner:
+        out = _open_output(output, options.storage_options, runner)
+        state = OutputState(out.fs, out.root, out.url, options.storage_options)
+        state.check_existing(options.overwrite)
         given = open_source(source)
-        inp = _open_input(
-            runner.prepare(given), length=given.length, splits=splits, split_field=split_field,
-            group_by=group_by, key_field=key_field, schema=schema, dims=dims, map_fn=map,
-            seed=seed, allow_nan=allow_nan, shard_max_count=shard_max_count,
-            shard_max_bytes=shard_max_bytes,
-            block_size=block_size, compression=compression, group_small=bool(group_small_fields),
-            measure=runner.name == "local" and not runner.single_process,
-        )  # fmt: skip
-        defaults = dict(loader_defaults or {})
-        if curriculum is not None:
-            defaults["curriculum"] = _curriculum_dict(
-                curriculum, inp.params.schema, inp.params.dims
-            )
-        fingerprint = inp.job.fingerprint
+        measure = runner.name == "local" and not runner.single_process
+        inp = _open_input(runner.prepare(given), given.length, options, measure=measure)
+        defaults = _loader_defaults(options.defaults, inp.params)
         lock = BuildLock(
-            out.fs, out.root, out.url, fingerprint=fingerprint, timeout=lock_timeout,
-            break_lock=break_lock,
+            out.fs, out.root, out.url, fingerprint=inp.job.fingerprint,
+            timeout=options.lock.timeout, break_lock=options.lock.break_lock,
         )  # fmt: skip
         with lock:
-            job, stream, completed = _resume(state, inp, overwrite)
+            job, stream, completed = _resume(state, inp, options.overwrite)
             hint = given.count_hint()
-            bar = ProgressBar(progress, inp.src.length or hint)
+            bar = ProgressBar(options.progress, inp.src.length or hint)
             if hint is not None and inp.item_seconds:
                 left = hint - sum(rec.num_items for rec in completed.values())
                 runner.expect(max(0, left) * inp.item_seconds)
@@ -227,31 +194,6 @@ class Input:
     item_seconds: float  # what an item costs, measured on a few (build_shards.probe.estimate)
 
 
-def _check_options(
-    shard_max_count: int,
-    shard_max_bytes: int,
-    block_size: int | None,
-    workers: int,
-    key_field: str,
-    lock_timeout: float | None,
-) -> None:
-    for name, value in (
-        ("shard_max_count", shard_max_count),
-        ("shard_max_bytes", shard_max_bytes),
-        ("workers", workers),
-    ):
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ValueError(f"{name} must be a positive int, got {value!r}")
-    if block_size is not None and (
-        isinstance(block_size, bool) or not isinstance(block_size, int) or block_size < 1
-    ):
-        raise ValueError(f"block_size must be a positive int or None, got {block_size!r}")
-    if not isinstance(key_field, str) or not key_field:
-        raise ValueError(f"key_field must be a non-empty string, got {key_field!r}")
-    if lock_timeout is not None and (isinstance(lock_timeout, bool) or not lock_timeout > 0):
-        raise ValueError(f"lock_timeout must be a positive number or None, got {lock_timeout!r}")
-
-
 def _open_output(
     output: str | os.PathLike[str], storage_options: dict[str, Any] | None, runner: Engine
 ) -> Output:
@@ -268,31 +210,19 @@ def _open_output(
 
 
 def _open_input(
-    src: Source,
-    *,
-    length: int | None,
-    splits: Mapping[str, float] | None,
-    split_field: str | None,
-    group_by: str | None,
-    key_field: str,
-    schema: Mapping[str, FieldSpec | Mapping[str, Any]] | None,
-    dims: Mapping[str, int] | None,
-    map_fn: Callable[[dict[str, Any]], dict[str, Any]] | None,
-    seed: int,
-    allow_nan: bool,
-    shard_max_count: int,
-    shard_max_bytes: int,
-    block_size: int | None,
-    compression: str | None = None,
-    group_small: bool = False,
-    measure: bool = False,
+    src: Source, length: int | None, options: BuildOptions, *, measure: bool = False
 ) -> Input:
     """Infer the schema from the source's first samples and check the first (and with
     ``measure``, time a few more). ``length``: the source's as given, before the engine
     prepared it (the default block size depends on it, so every engine writes the same
     shards)."""
+    shards, samples, seed, map_fn = options.shards, options.samples, options.seed, options.map
+    split_field, group_by, key_field = samples.split_field, samples.group_by, samples.key_field
+    allow_nan, compression = samples.allow_nan, shards.compression
+    shard_max_count, shard_max_bytes = shards.max_count, shards.max_bytes
+    group_small, block_size = shards.group_small_fields, shards.block_size
     splitter = make_splitter(
-        src, splits=splits, split_field=split_field, group_by=group_by, seed=seed
+        src, splits=options.splits, split_field=split_field, group_by=group_by, seed=seed
     )
     job = BlockJob(
         source=None,
@@ -306,7 +236,7 @@ def _open_input(
         fingerprint="",
     )
     stream, rows = first_rows(src, job)
-    full_schema, all_dims = infer_schema(rows, schema, dims)
+    full_schema, all_dims = infer_schema(rows, options.schema, samples.dims)
     key, sample = rows[0]
     del rows
     if group_small:
@@ -376,12 +306,11 @@ def _suggest_small_record_options(members: list[tuple[str, bytes]], grouped: boo
     data = sum(len(d) for _, d in members)
     tar = sample_tar_bytes(members)
     if tar > SUGGEST_RATIO * max(data, 1):
-        options = (
-            "compression='gzip'" if grouped else "group_small_fields=True and compression='gzip'"
-        )
+        fields = "compression='gzip'" if grouped else "group_small_fields=True, compression='gzip'"
+        options = f"shards=ShardOptions({fields})"
         log.info(
             "each sample takes %d tar bytes for %d bytes of data (%.0fx: small fields, each a "
-            "member with a 512-byte header and padding); %s make such shards much smaller "
+            "member with a 512-byte header and padding); %s makes such shards much smaller "
             "(CLI: --group-small-fields, --compression gzip)",
             tar, data, tar / max(data, 1), options,
         )  # fmt: skip
@@ -402,18 +331,22 @@ def _note_resumable(exc: OSError, url: str, replaces: bool) -> None:
     naming_options(exc, "overwrite")
 
 
-def _curriculum_dict(
-    curriculum: Any, schema: Mapping[str, FieldSpec], dims: Mapping[str, int]
-) -> dict[str, Any]:
-    """The curriculum as stored in the manifest, checked against the dataset's schema."""
+def _loader_defaults(defaults: LoaderDefaults, params: BuildParams) -> dict[str, Any]:
+    """``manifest.loader_defaults``: the entries of ``defaults``, its curriculum checked against
+    the dataset's schema (a ValueError before anything is written) and stored as its dict."""
     from wdsloader.curriculum import Curriculum
 
+    entries = defaults.entries()
+    curriculum = entries.get("curriculum")
+    if curriculum is None:
+        return entries
     if isinstance(curriculum, Mapping):
         curriculum = Curriculum.from_dict(curriculum)
     if not isinstance(curriculum, Curriculum):
         raise TypeError(f"curriculum must be a wdsloader.Curriculum or a dict, got {curriculum!r}")
-    curriculum.output_specs(schema, dims)
-    return curriculum.to_dict()
+    curriculum.output_specs(params.schema, params.dims)
+    entries["curriculum"] = curriculum.to_dict()
+    return entries
 
 
 def _protocols(fs: Any) -> tuple[str, ...]:

@@ -27,11 +27,11 @@ def make_data(path: str) -> None:
     """1001 samples of a 4-d vector in 7 shards of unequal size (an awkward case on purpose)."""
     import numpy as np
 
-    from build_shards import build_shards
+    from build_shards import ShardOptions, build_shards
 
     rng = np.random.default_rng(0)
     samples = [{"vec": rng.normal(size=4).astype(np.float32)} for _ in range(1001)]
-    build_shards(samples, path, shard_max_count=150, overwrite=True)
+    build_shards(samples, path, shards=ShardOptions(max_count=150), overwrite=True)
 
 
 def main() -> None:

@@ -12,7 +12,7 @@ import time
 import numpy as np
 import torch
 
-from build_shards import build_shards
+from build_shards import ShardOptions, build_shards
 from wdsloader import create_loader
 
 
@@ -43,7 +43,7 @@ def main() -> None:
         generate(args.samples),
         out,
         splits={"train": 0.8, "val": 0.1, "test": 0.1},
-        shard_max_count=500,
+        shards=ShardOptions(max_count=500),
         workers=args.workers,
         seed=0,
     )

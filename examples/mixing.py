@@ -26,7 +26,7 @@ from pathlib import Path
 
 import numpy as np
 
-from build_shards import build_shards
+from build_shards import ShardOptions, build_shards
 from wdsloader import MultiDataLoader, MultiDataLoaderConfig, create_loader
 from wdsloader.mix import MixSource, mix_quotas_for
 from wdsloader.plan.quotas import largest_remainder
@@ -42,7 +42,8 @@ def corpus(name: str, n: int):
 
 def build(root: Path, sizes: dict[str, int]) -> None:
     for name, n in sizes.items():
-        build_shards(corpus(name, n), str(root / name), shard_max_count=500, overwrite=True)
+        shards = ShardOptions(max_count=500)
+        build_shards(corpus(name, n), str(root / name), shards=shards, overwrite=True)
 
 
 def mixer(root: Path, batch_size: int) -> MultiDataLoader:

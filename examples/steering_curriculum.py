@@ -31,7 +31,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from build_shards import build_shards
+from build_shards import LoaderDefaults, SampleOptions, ShardOptions, build_shards
 from wdsloader import create_loader, set_epoch
 from wdsloader.curriculum import Curriculum, zero_decay
 from wdsloader.validate import validate_first_batch
@@ -295,12 +295,14 @@ def run(args: argparse.Namespace, out: Path) -> None:
         samples(corpus),
         data,
         splits=SPLITS,
-        group_by="question_id",
         schema=schema(args.clusters),
-        dims={"D": args.dim, "N_neg": args.neg},
-        shard_max_count=1000,
+        samples=SampleOptions(
+            group_by="question_id",  # a question never straddles two splits
+            dims={"D": args.dim, "N_neg": args.neg},
+        ),
+        shards=ShardOptions(max_count=1000),
         seed=args.seed,
-        curriculum=curriculum,
+        defaults=LoaderDefaults(curriculum=curriculum),
         overwrite=True,
     )
     build_s = time.perf_counter() - t0

@@ -20,7 +20,7 @@ import torch
 from PIL import Image
 from torch import nn
 
-from build_shards import build_shards
+from build_shards import ShardOptions, build_shards
 from wdsloader import CollatorRegistry, TaskSpec, create_loader
 
 SIZE, CLASSES = 32, 4
@@ -83,7 +83,10 @@ def main() -> None:
     torch.manual_seed(0)
 
     manifest = build_shards(
-        generate(args.samples), out, splits={"train": 0.8, "val": 0.2}, shard_max_count=250
+        generate(args.samples),
+        out,
+        splits={"train": 0.8, "val": 0.2},
+        shards=ShardOptions(max_count=250),
     )
     stored = manifest.schema["pixel_values"].encoding
     print(f"built {manifest.num_samples} samples -> {out} (images stored as {stored})")

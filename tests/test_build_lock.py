@@ -95,7 +95,7 @@ def test_a_second_build_during_a_build_is_refused_and_touches_nothing(output):
         # ... other data with overwrite ...
         with pytest.raises(OutputLockedError, match="the same build") as info:
             build_shards(gen_samples(80), output, **OPTS)
-        assert "pass break_lock=True" in str(info.value)
+        assert "pass lock=LockOptions(break_lock=True)" in str(info.value)
         with pytest.raises(OutputLockedError, match=f"{re.escape(output)} is being written"):
             build_shards(list(gen_samples(30, start=500)), output, overwrite=True)
         assert snapshot(output) == before

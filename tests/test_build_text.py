@@ -333,14 +333,14 @@ def test_the_one_manifest_written_holds_the_text_record(tmp_path, tok, monkeypat
 
     (tmp_path / "in.txt").write_text("\n\n".join(make_corpus(30)) + "\n")
     seen = []
-    real = builder.build_shards
+    real = builder.run_build
 
-    def spy(source, output, **kwargs):
-        manifest = real(source, output, **kwargs)
+    def spy(source, output, options, **kwargs):
+        manifest = real(source, output, options, **kwargs)
         seen.append(Manifest.load(output).build.get("text"))  # as written by the build
         return manifest
 
-    monkeypatch.setattr(builder, "build_shards", spy)
+    monkeypatch.setattr(builder, "run_build", spy)
     out = tmp_path / "ds"
     build_text_shards(tmp_path / "in.txt", out, tok, seq_length=8, record={"cache": {"key": "k"}})
     assert len(seen) == 1 and seen[0] is not None

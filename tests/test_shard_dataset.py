@@ -11,7 +11,7 @@ import pytest
 import torch
 from torch.utils.data import DataLoader, DistributedSampler
 
-from build_shards import build_shards
+from build_shards import ShardOptions, build_shards
 from wdsloader import create_loader
 from wdsloader.access import ShardDataset
 
@@ -34,7 +34,7 @@ def _items():
 @pytest.fixture(scope="module")
 def built(tmp_path_factory):
     root = tmp_path_factory.mktemp("access") / "ds"
-    build_shards(_items(), root, shard_max_count=50)
+    build_shards(_items(), root, shards=ShardOptions(max_count=50))
     return root
 
 
@@ -144,7 +144,7 @@ def test_a_dataloader_with_a_distributed_sampler(built, num_workers):
 
 def test_gzip_shards_and_s3(tmp_path, s3_bucket):
     url, options = s3_bucket
-    build_shards(_items(), f"{url}/gz", shard_max_count=60, compression="gzip",
+    build_shards(_items(), f"{url}/gz", shards=ShardOptions(max_count=60, compression="gzip"),
                  storage_options=options)  # fmt: skip
     ds = ShardDataset(f"{url}/gz", storage_options=options)
     streamed = _loader_samples(f"{url}/gz", storage_options=options)

@@ -9,7 +9,7 @@ import json
 import numpy as np
 import pytest
 
-from build_shards import build_shards
+from build_shards import ShardOptions, build_shards
 from wdsloader import create_loader
 
 
@@ -22,7 +22,7 @@ def running_index(tmp_path_factory):
         {"emb": np.full(8, i, dtype=np.float32), "cls": i, "meta": {"i": i, "s": "x" * (i % 7)}}
         for i in range(300)
     ]
-    build_shards(items, out, shard_max_count=100)
+    build_shards(items, out, shards=ShardOptions(max_count=100))
     return out
 
 

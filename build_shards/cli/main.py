@@ -21,6 +21,7 @@ from typing import Any
 
 from build_shards.cli.parser import PROG, CliError, build_parser, fail
 from build_shards.cli.report import Progress, describe_error, format_summary, small_records_hint
+from build_shards.options import LockOptions, RayEngine, SampleOptions, ShardOptions
 from wdsloader.errors import WdsLoaderError
 from wdsloader.io.setup_errors import setup_error
 from wdsloader.io.storage import parse_storage_options
@@ -85,21 +86,23 @@ def _run_build(args: argparse.Namespace, options: dict[str, Any], progress: bool
         fail("--ray-address needs --engine ray")
     if args.engine == "ray" and args.workers != 1:
         fail("--workers is for --engine local; --engine ray runs one task per block")
+    if args.split_field is not None and args.group_by is not None:
+        fail("--group-by groups the samples that --splits assigns; --split-field names each "
+             "sample's split: pass one of them")  # fmt: skip
     schema = None if args.schema is None else read_schema(args.schema)
     source = _build_source(args)
     return build_shards(
         source,
         args.output,
         splits=args.splits,
-        split_field=args.split_field,
-        group_by=args.group_by,
-        key_field=args.key_field,
-        allow_nan=args.allow_nan,
+        samples=SampleOptions(
+            split_field=args.split_field,
+            group_by=args.group_by,
+            key_field=args.key_field,
+            allow_nan=args.allow_nan,
+        ),
         progress=progress,
-        engine=args.engine,
-        ray_address=args.ray_address,
-        compression=args.compression,
-        group_small_fields=args.group_small_fields,
+        engine=RayEngine(address=args.ray_address) if args.engine == "ray" else args.engine,
         schema=schema,
         **options,
     )
@@ -160,14 +163,17 @@ def _write_command(
 ) -> int:
     storage_options = parse_storage_options(args.storage_option)
     options = {
-        "shard_max_count": args.shard_max_count,
-        "shard_max_bytes": args.shard_max_bytes,
+        "shards": ShardOptions(
+            max_count=args.shard_max_count,
+            max_bytes=args.shard_max_bytes,
+            compression=getattr(args, "compression", None),  # build only
+            group_small_fields=getattr(args, "group_small_fields", False),
+        ),
         "workers": args.workers,
         "seed": args.seed,
         "overwrite": args.overwrite,
         "storage_options": storage_options or None,
-        "lock_timeout": args.lock_timeout,
-        "break_lock": args.force_unlock,
+        "lock": LockOptions(timeout=args.lock_timeout, break_lock=args.force_unlock),
     }
     created = _EmptyOutput(args.output)
     # build_shards' own bar shows samples/s and MB/s; only on a terminal, so that an error

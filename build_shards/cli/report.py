@@ -12,9 +12,12 @@ from wdsloader.redact import redact
 SUGGEST_RATIO = 4.0
 """Shard bytes per input byte above which ``build`` prints the small-record options."""
 
-# the library's keyword arguments that errors name (``name=value``), and this command's flags
-# for them; a ``name=value`` entry maps that value alone
+# the library's keyword arguments that errors name (``name=value``, or an option object's field
+# as ``name=Options(field=value)``), and this command's flags for them; a ``name=value`` entry
+# maps that value alone
 FLAGS = {
+    "samples=SampleOptions(allow_nan=True)": "--allow-nan",
+    "lock=LockOptions(break_lock=True)": "--force-unlock",
     "allow_nan": "--allow-nan",
     "overwrite": "--overwrite",
     "break_lock": "--force-unlock",
@@ -106,6 +109,9 @@ def describe_error(exc: BaseException) -> str:
 def _as_flags(text: str, options: tuple[str, ...]) -> str:
     """``text`` with each ``name=value`` of the keyword arguments ``options`` in flag form:
     ``--flag`` for True (or a bare ``name=``), ``--flag VALUE`` for other values."""
+    for option, flag in FLAGS.items():
+        if "(" in option:  # an option object's field: replaced whole
+            text = text.replace(option, flag)
     for name in options:
         text = re.sub(rf"\b{re.escape(name)}=([^\s,;)]*)", _as_flag, text)
     return text

@@ -237,7 +237,7 @@ class BuildLock:
         return (
             f"{self.url} is being written by another build ({who}): two builds in one folder "
             "would destroy each other's files, so this one stops without touching anything. "
-            "Wait for that build to finish; if it is dead, pass break_lock=True"
+            "Wait for that build to finish; if it is dead, pass lock=LockOptions(break_lock=True)"
         )
 
     # -- while held ----------------------------------------------------------------------------

@@ -77,7 +77,7 @@ def manifest_build(params: BuildParams, records: Mapping[int, BlockRecord]) -> d
     """``manifest.build``: the build's parameters and counts."""
     total_nan = sum(r.nan_samples for r in records.values())
     if total_nan:
-        log.warning("%d samples hold NaN or Inf values (allow_nan=True)", total_nan)
+        log.warning("%d samples hold NaN or Inf values (SampleOptions(allow_nan=True))", total_nan)
     return {
         **params.manifest_build(),
         "nan_samples": total_nan,

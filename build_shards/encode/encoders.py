@@ -64,8 +64,9 @@ def _range_error(key: str, field: str, spec: FieldSpec, lo: float, hi: float) ->
 def _nan_error(key: str, field: str) -> SchemaError:
     return naming_options(
         SchemaError(
-            f"sample {key!r}: field {field!r}: NaN or Inf value (pass allow_nan=True to keep such "
-            "samples; they are counted in the manifest)"
+            f"sample {key!r}: field {field!r}: NaN or Inf value (pass "
+            "samples=SampleOptions(allow_nan=True) to keep such samples; they are counted in the "
+            "manifest)"
         ),
         "allow_nan",
     )

@@ -57,7 +57,7 @@ def ray_write_block(job: BlockJob, url: str, storage_options: Any, task: BlockTa
     return write_block(job, fs, root, task)
 
 
-class RayEngine:
+class RayClusterEngine:
     """Runs each block as a Ray task on the cluster at ``address`` (see the module's text)."""
 
     name = "ray"

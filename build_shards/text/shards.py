@@ -30,10 +30,11 @@ import hashlib
 import itertools
 import os
 from collections.abc import Mapping
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from typing import Any
 
 from build_shards.errors import BuildError
+from build_shards.options import BuildOptions
 from build_shards.text.docs import PathArg, Paths, iter_documents
 from build_shards.text.pack import PackStats, check_lengths, pack_tokens
 from build_shards.text.tokens import is_tokenizers_lib, load_tokenizer, vocab_size
@@ -71,20 +72,19 @@ def build_text_shards(
     declared (``tokens``: npy, the token dtype, shape ``[seq_length + 1]``), the loader default
     collator is ``causal_lm``, and ``manifest.build["text"]`` records the packing (tokenizer,
     seq_length, stride, separators, documents, tokens, chunks, dropped tail; plus the entries of
-    ``record``, e.g. a cache's key) in the one manifest written. Other keyword arguments go to :func:`build_shards.build_shards` (splits, shard sizes, workers, overwrite,
-    storage_options, progress ...). No document or too few tokens for one chunk raises
+    ``record``, e.g. a cache's key) in the one manifest written. Other keyword arguments are
+    those of :func:`build_shards.build_shards` (splits, ``shards=ShardOptions(...)``, workers,
+    overwrite, storage_options, progress ...). No document or too few tokens for one chunk raises
     :class:`BuildError` before anything is written.
     """
-    from build_shards.build import build_shards
+    from build_shards.build import run_build
 
+    options = _build_options(build_options)
     stride = check_lengths(seq_length, stride)
     if not isinstance(paths, str | os.PathLike):
         paths = list(paths)
     if isinstance(tokenizer, str | os.PathLike):
         tokenizer = load_tokenizer(tokenizer)
-    for reserved in ("schema", "source", "key_field", "build_record"):
-        if reserved in build_options:
-            raise TypeError(f"build_text_shards sets {reserved!r} itself")
     stats = PackStats()
     documents = iter_documents(paths, text_field=text_field)
     chunks = pack_tokens(
@@ -111,7 +111,7 @@ def build_text_shards(
             ext="tokens.npy", encoding="npy", dtype=stats.dtype, shape=[seq_length + 1]
         )
     }
-    loader_defaults = {"collate": "causal_lm", **dict(build_options.pop("loader_defaults", {}))}
+    defaults = replace(options.defaults, collate=options.defaults.collate or "causal_lm")
     text = {
         "tokenizer": _tokenizer_info(tokenizer),
         "seq_length": seq_length,
@@ -120,14 +120,27 @@ def build_text_shards(
         "add_special_tokens": add_special_tokens,
         **dict(record or {}),
     }
-    return build_shards(
+    return run_build(
         itertools.chain([first], chunks),
         output,
-        schema=schema,
-        loader_defaults=loader_defaults,
+        replace(options, schema=schema, defaults=defaults),
         build_record=_TextRecord(text, stats),
-        **build_options,
     )
+
+
+def _build_options(build_options: Mapping[str, Any]) -> BuildOptions:
+    """The build's options from ``build_text_shards``' other keywords (those it sets itself are
+    a TypeError)."""
+    from build_shards.resolve import resolve_options
+
+    for reserved in ("schema", "source", "key_field", "build_record"):
+        if reserved in build_options:
+            raise TypeError(f"build_text_shards sets {reserved!r} itself")
+    # stacklevel 4: a deprecation warning points at the call of build_text_shards
+    options = resolve_options(build_options, caller="build_text_shards", stacklevel=4)
+    if options.samples.key_field != "__key__":
+        raise TypeError("build_text_shards sets the key itself: samples.key_field is not taken")
+    return options
 
 
 class _TextRecord:

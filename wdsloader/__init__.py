@@ -44,7 +44,13 @@ _EXPORTS = {
     "MultiDataLoaderConfig": "wdsloader.mix",
     "SamplingStrategy": "wdsloader.mix",
     "MixSource": "wdsloader.mix",
+    "Mix": "wdsloader.mix",
     "ReadOptions": "wdsloader.io",
+    "PlanOptions": "wdsloader.stream",
+    "Topology": "wdsloader.stream",
+    "WorkerOptions": "wdsloader.stream",
+    "DecodeOptions": "wdsloader.stream",
+    "ErrorPolicy": "wdsloader.stream",
     "LoaderState": "wdsloader.stream",
     "WdsDataLoader": "wdsloader.stream",
     "create_loader": "wdsloader.stream",
@@ -113,10 +119,21 @@ if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs
         WorkerDiedError,
     )
     from wdsloader.io import ReadOptions
-    from wdsloader.mix import MixSource, MultiDataLoader, MultiDataLoaderConfig, SamplingStrategy
+    from wdsloader.mix import (
+        Mix,
+        MixSource,
+        MultiDataLoader,
+        MultiDataLoaderConfig,
+        SamplingStrategy,
+    )
     from wdsloader.stream import (
+        DecodeOptions,
+        ErrorPolicy,
         LoaderState,
+        PlanOptions,
+        Topology,
         WdsDataLoader,
+        WorkerOptions,
         create_loader,
         set_epoch,
     )

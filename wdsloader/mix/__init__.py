@@ -1,8 +1,10 @@
 """Mixing several datasets: loaders on a schedule (:class:`MultiDataLoader`), and weighted
-sources mixed sample by sample (:class:`MixSource`, planned by :mod:`wdsloader.plan.mix`)."""
+sources mixed sample by sample (a :class:`Mix` of :class:`MixSource`, planned by
+:mod:`wdsloader.plan.mix`)."""
 
 from wdsloader.lazy import moved_names
 from wdsloader.mix.multi import MixStep, MultiDataLoader
+from wdsloader.mix.options import Mix
 from wdsloader.mix.schedule import (
     EpochLengthPolicy,
     MultiDataLoaderConfig,
@@ -16,6 +18,7 @@ from wdsloader.mix.spec import MIX_ALGORITHM, MixSpec
 __all__ = [
     "MIX_ALGORITHM",
     "EpochLengthPolicy",
+    "Mix",
     "MixSpec",
     "MixStep",
     "MultiDataLoader",

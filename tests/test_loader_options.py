@@ -275,7 +275,7 @@ def test_mix_keywords_with_one_dataset_are_an_error(ds):
         ),
         (
             lambda: ErrorPolicy(on_error="skip", max_skipped=True),
-            "max_skipped must be None or an integer >= 0, got True",
+            "max_skipped must be None or >= 0, got True",
         ),
         (lambda: Mix([]), "a mix needs a non-empty list of MixSource"),
         (

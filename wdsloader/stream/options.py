@@ -212,6 +212,6 @@ class ErrorPolicy:
             raise ValueError(f"on_error must be one of {ON_ERROR}, got {self.on_error!r}")
         skipped = self.max_skipped
         if skipped is not None and (not _is_int(skipped) or skipped < 0):
-            raise ValueError(f"max_skipped must be None or an integer >= 0, got {skipped!r}")
+            raise ValueError(f"max_skipped must be None or >= 0, got {skipped!r}")
         if skipped is not None and self.on_error == "raise":
             raise ValueError(f"max_skipped={skipped!r} needs on_error='skip' (nothing is skipped)")

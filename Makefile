@@ -7,7 +7,7 @@ DEMO_STAMP := $(VENV)/.installed-demo
 # The extras the test suite exercises (make test installs them; make demo needs none of them).
 TEST_EXTRAS := test,hf,s3,http,text,image,ray,fast
 
-.PHONY: install demo test test-fast lint format clean
+.PHONY: install demo test test-fast lint format docs clean
 
 # make demo: the package and its four requirements only (torch, numpy, fsspec, tqdm).
 $(DEMO_STAMP): pyproject.toml Makefile
@@ -42,6 +42,11 @@ test-fast: $(STAMP)
 	$(BIN)/python -m mypy
 	$(BIN)/python -m pytest -q -m "not slow"
 
+# The docs site from docs/ (mkdocs-material; the API reference from the docstrings) into site/:
+# --strict makes every warning (a broken link or anchor, an unresolved reference) an error.
+docs: $(STAMP)
+	NO_MKDOCS_2_WARNING=1 $(BIN)/python -m mkdocs build --strict --site-dir site
+
 lint: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
@@ -51,7 +56,7 @@ format: $(STAMP)
 	$(BIN)/ruff format .
 
 clean:
-	rm -rf $(VENV) .pytest_cache .mypy_cache build *.egg-info demo_out
+	rm -rf $(VENV) .pytest_cache .mypy_cache build *.egg-info demo_out site
 
 # ---- benchmarks: `make bench` (full, ~20-25 min on 2 cores), `make bench-quick` ------------------
 # The peers (webdataset, MosaicML Streaming, LitData, HF datasets) go into their own venv, never

@@ -2,8 +2,8 @@
 
 The imports of every module of ``wdsloader`` and ``build_shards`` are parsed with :mod:`ast`
 (module level and inside functions; ``if TYPE_CHECKING:`` blocks are not imports; relative imports
-resolved), and the folder order is read from the README's layout list ("Development"), so the README
-and the code cannot disagree silently.
+resolved), and the folder order is read from the layout list of docs/design.md ("Package layout"), so
+the docs and the code cannot disagree silently.
 """
 
 from __future__ import annotations
@@ -117,14 +117,15 @@ def _root_leaves() -> set[str]:
     return leaves
 
 
-def readme_folders(package: str = "wdsloader") -> list[str]:
-    """The folders of ``package`` in the README's layout list, top to bottom (arrows point down)."""
-    text = (ROOT / "README.md").read_text(encoding="utf-8")
-    section = text.split("\n## Development\n", 1)[1].split("\n## ", 1)[0]
+def layout_folders(package: str = "wdsloader") -> list[str]:
+    """The folders of ``package`` in the layout list of docs/design.md, top to bottom (arrows
+    point down)."""
+    text = (ROOT / "docs" / "design.md").read_text(encoding="utf-8")
+    section = text.split("\n## Package layout\n", 1)[1].split("\n## ", 1)[0]
     block = section.split("```\n", 2)[1]
-    lines = re.split(rf"^  {package}/.*\n", block, maxsplit=1, flags=re.M)[1].splitlines()
-    lines = list(itertools.takewhile(lambda line: not re.match(r"^  \S", line), lines))
-    return [m[1] for line in lines if (m := re.match(r"^    ([a-z_]+)/\s", line))]
+    lines = re.split(rf"^{package}/.*\n", block, maxsplit=1, flags=re.M)[1].splitlines()
+    lines = list(itertools.takewhile(lambda line: not re.match(r"^\S", line), lines))
+    return [m[1] for line in lines if (m := re.match(r"^  ([a-z_]+)/\s", line))]
 
 
 def test_no_import_cycle():
@@ -195,14 +196,14 @@ def test_the_builder_uses_the_contract_not_the_reader():
 
 
 @pytest.mark.parametrize("package", PACKAGES)
-def test_the_readme_lists_every_folder(package):
+def test_the_layout_doc_lists_every_folder(package):
     folders = sorted(p.parent.name for p in (ROOT / package).glob("*/__init__.py"))
-    assert sorted(readme_folders(package)) == folders
+    assert sorted(layout_folders(package)) == folders
 
 
-def test_imports_point_down_the_readme_order():
+def test_imports_point_down_the_layout_order():
     """A module imports from its own folder, the folders below it and the root leaf modules."""
-    order = readme_folders()
+    order = layout_folders()
     leaves = _root_leaves() | {"wdsloader.errors"}
 
     def floor(name: str) -> int:

@@ -333,7 +333,7 @@ def test_the_seed_000_positional_order_then_keyword_only(ds):
 
 
 def test_manifest_property_gives_the_dims_validate_batch_needs(ds):
-    """The README's ``validate_batch(batch, loader.output_schema(), dims=loader.manifest.dims)``."""
+    """docs/loading.md's ``validate_batch(batch, loader.output_schema(), dims=loader.manifest.dims)``."""
     from wdsloader import validate_batch
 
     loader = create_loader(ds, "val", batch_size=4)

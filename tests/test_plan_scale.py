@@ -174,7 +174,7 @@ def test_elastic_replan_holds_a_few_pieces_per_worker_not_the_consumed_samples()
 
 def test_shuffle_quality_holds_over_seeds():
     """The keyed order is as good as a uniform permutation of spans on the quality benchmark's
-    split (bench/shuffle_quality.py): small |rho| for every seed, consecutive distance ~ N/3."""
+    split (bench/experiments/shuffle_quality.py): small |rho| for every seed, consecutive distance ~ N/3."""
     from scipy.stats import spearmanr
 
     rhos, dists = [], []

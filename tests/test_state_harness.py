@@ -3,8 +3,8 @@ loader configuration: a state taken after any number of batches, saved and loade
 loader (as after a process restart), continues with exactly the batches that followed.
 
 States travel as a checkpoint would: ``torch.save``/``torch.load(weights_only=True)`` (what the
-README's training loop and ``examples/ddp_train.py`` do) and ``json.dumps``/``json.loads`` (a
-state is plain JSON data); the harness resumes from both.
+training loop of docs/loading.md and ``examples/ddp_train.py`` do) and
+``json.dumps``/``json.loads`` (a state is plain JSON data); the harness resumes from both.
 """
 
 from __future__ import annotations
@@ -158,7 +158,7 @@ def check_save_load(
         resumed = make_loader()
         resumed.load_state_dict(round_trip(state, codec))
         assert len(resumed) == per_epoch
-        # the README's loop calls set_epoch(start_epoch) first; a loader may also just go on
+        # docs/loading.md's loop calls set_epoch(start_epoch) first; a loader may also just go on
         rest, _ = play(resumed, state["epoch"], epochs, set_first=bool(i % 2))
         what = f"resumed from the state {cp} (via {codec})"
         assert_same_stream(rest, reference[cp.batches :], cp.batches, what)

@@ -22,6 +22,9 @@ from wdsloader.seams import provide as _provide
 # The on-disk contract (wdsloader.format) imports no storage: Manifest.load/save read and write
 # through this module, imported (and plugged in) at their first use.
 _provide("manifest-storage", "wdsloader.io.manifest_io")
+# The codec registry (wdsloader.format.codecs) imports the codecs that decode with Pillow or torch
+# from here at its first lookup.
+_provide("codecs", "wdsloader.decode.codecs")
 
 __version__ = "0.1.0"
 

@@ -1,5 +1,9 @@
 """The checking encoder of one field: its value as member bytes, or a SchemaError naming the
-sample key and the field (see :mod:`build_shards.encode.sample` for the encodings)."""
+sample key and the field (see :mod:`build_shards.encode.sample` for the encodings).
+
+These are the library codecs' checking encoders;
+:func:`build_shards.encode.field_encoder.make_encoder` picks a field's encoder from the codec
+registry."""
 
 from __future__ import annotations
 
@@ -23,6 +27,7 @@ from build_shards.encode.schema import (
 from build_shards.errors import naming_options
 from wdsloader.errors import SchemaError
 from wdsloader.format import FieldSpec
+from wdsloader.format.codecs import registered_encodings
 
 _HEADER_CACHE_MAX = 256
 _INT64 = np.dtype(np.int64)
@@ -105,7 +110,7 @@ def _npy_bytes(value: np.ndarray, headers: dict[Any, bytes], hkey: Any) -> bytes
     return header + value.tobytes()
 
 
-def _npy_encoder(field: str, spec: FieldSpec, dims: Mapping[str, int], allow_nan: bool) -> Encoder:
+def npy_encoder(field: str, spec: FieldSpec, dims: Mapping[str, int], allow_nan: bool) -> Encoder:
     want_dtype = np.dtype(spec.dtype) if spec.dtype is not None else None
     want_shape = (
         None
@@ -197,7 +202,7 @@ def _int_bounds(dtype: str | None) -> tuple[int, int, str]:
     return int(info.min), int(info.max), dt.name
 
 
-def _cls_encoder(field: str, spec: FieldSpec) -> Encoder:
+def cls_encoder(field: str, spec: FieldSpec) -> Encoder:
     low, high, dtype = _int_bounds(spec.dtype)
 
     def encode(key: str, value: Any) -> tuple[bytes, bool]:
@@ -275,7 +280,7 @@ def _container_problem(item: Any, depth: int) -> str | None:
     return None
 
 
-def _json_encoder(field: str, spec: FieldSpec, allow_nan: bool) -> Encoder:
+def json_encoder(field: str, spec: FieldSpec, dims: Mapping[str, int], allow_nan: bool) -> Encoder:
     strict, lenient = _json_text_encoder(False), _json_text_encoder(True)
     floats = spec.dtype == "float64"  # numbers: ints are written as floats (1 -> 1.0)
 
@@ -343,7 +348,7 @@ def _check_bytes(key: str, field: str, encoding: str, data: bytes) -> None:
         ) from None
 
 
-def _bytes_encoder(field: str, spec: FieldSpec) -> Encoder:
+def bytes_encoder(field: str, spec: FieldSpec, known: bool = True) -> Encoder:
     fmt = IMAGE_FORMATS.get(spec.encoding)
     checked = spec.encoding in _CHECKED_BYTES
 
@@ -368,20 +373,16 @@ def _bytes_encoder(field: str, spec: FieldSpec) -> Encoder:
             img.save(buf, format=fmt, **({"quality": 95} if fmt == "JPEG" else {}))
             return buf.getvalue(), False
         want = "str" if spec.dtype == "str" else "bytes or a PIL image" if fmt else "bytes"
+        if not known:  # no codec: only bytes (and str) can be stored under this encoding
+            raise SchemaError(
+                f"sample {key!r}: field {field!r}: expected {want} (.{spec.encoding}), got "
+                f"{type(value).__name__}, and no codec is registered for encoding "
+                f"{spec.encoding!r} (registered: {', '.join(registered_encodings())}); "
+                "register one with wdsloader.format.register_codec"
+            )
         raise SchemaError(
             f"sample {key!r}: field {field!r}: expected {want} (.{spec.encoding}), got "
             f"{type(value).__name__}{declare_hint(field, encoding='json')}"
         )
 
     return encode
-
-
-def make_encoder(field: str, spec: FieldSpec, dims: Mapping[str, int], allow_nan: bool) -> Encoder:
-    """The checking encoder of one field."""
-    if spec.encoding == "npy":
-        return _npy_encoder(field, spec, dims, allow_nan)
-    if spec.encoding == "cls":
-        return _cls_encoder(field, spec)
-    if spec.encoding == "json":
-        return _json_encoder(field, spec, allow_nan)
-    return _bytes_encoder(field, spec)

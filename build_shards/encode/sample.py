@@ -14,6 +14,8 @@ PIL image                                       ``.png``, or the field's ``.jpg`
                                                 ``.webp``
 ``bytes``                                       only with an explicit extension in the
                                                 field name: ``"image.jpg": b"..."``
+any value, under a user codec's encoding        that codec's ``encode`` (see
+                                                :func:`wdsloader.format.register_codec`)
 ==============================================  =========================================
 
 A sample dict's names are field names, optionally with an explicit extension
@@ -38,10 +40,11 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
-from build_shards.encode.encoders import make_encoder
+from build_shards.encode.field_encoder import make_encoder
 from build_shards.encode.schema import declare_hint, parse_name
 from wdsloader.errors import SchemaError
 from wdsloader.format import FieldSpec
+from wdsloader.format.codecs import Codec, get_codec, is_library_codec
 from wdsloader.format.ustar import MAX_NAME_BYTES
 
 _NAMES_CACHE_MAX = 64  # sets of sample names already checked against the schema
@@ -68,6 +71,13 @@ class SampleEncoder:
                     raise SchemaError(f"symbolic dim {d!r} is not bound (pass dims={{{d!r}: N}})")
         fixed = sorted(f for f, s in self.schema.items() if s.fixed_size)
         self.order: list[str] = fixed + sorted(f for f in self.schema if f not in fixed)
+        # user codecs resolved here travel with the encoder to worker processes, where they may
+        # not be registered
+        self.codecs: dict[str, Codec] = {}
+        for f, spec in self.schema.items():
+            codec = get_codec(spec.encoding)
+            if codec is not None and not is_library_codec(codec):
+                self.codecs[f] = codec
         self._setup()
 
     def _setup(self) -> None:
@@ -75,7 +85,8 @@ class SampleEncoder:
         # a key longer than this many characters may make a member name over the tar limit
         self._safe_key_len = (MAX_NAME_BYTES - 1 - max(map(len, self._exts), default=0)) // 4
         self._encoders = [
-            make_encoder(f, self.schema[f], self.dims, self.allow_nan) for f in self.order
+            make_encoder(f, self.schema[f], self.dims, self.allow_nan, self.codecs.get(f))
+            for f in self.order
         ]
         # per field: None, or the JSON text before its value in the grouped member
         self._group_keys = [
@@ -95,6 +106,7 @@ class SampleEncoder:
             "dims": self.dims,
             "allow_nan": self.allow_nan,
             "order": self.order,
+            "codecs": self.codecs,
         }
 
     def __setstate__(self, state: dict[str, Any]) -> None:

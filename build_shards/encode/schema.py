@@ -15,6 +15,7 @@ import numpy as np
 
 from wdsloader.errors import SchemaError
 from wdsloader.format import FieldSpec, member_ext, validate_field
+from wdsloader.format.codecs import get_codec, is_fixed_width, is_library_codec
 from wdsloader.format.groups import GROUP_EXT, GROUP_FIELD, MIN_GROUPED, SMALL_TEXT_BYTES
 
 IMAGE_FORMATS = {"png": "PNG", "jpg": "JPEG", "jpeg": "JPEG", "webp": "WEBP"}
@@ -96,6 +97,8 @@ def infer_spec(key: str, field: str, explicit: str | None, value: Any) -> FieldS
             ext=member_ext(field, encoding), encoding=encoding, dtype=dtype, shape=shape
         )
 
+    if explicit is not None and _is_user_codec(explicit):  # its encode takes the value
+        return FieldSpec(ext=member_ext(field, explicit), encoding=explicit)
     if is_tensor(value):
         value = tensor_to_numpy(key, field, value)
     if isinstance(value, np.ndarray):
@@ -139,6 +142,13 @@ def infer_spec(key: str, field: str, explicit: str | None, value: Any) -> FieldS
     )
 
 
+def _is_user_codec(encoding: str) -> bool:
+    """Whether a user registered a codec for ``encoding`` (see
+    :func:`wdsloader.format.register_codec`)."""
+    codec = get_codec(encoding)
+    return codec is not None and not is_library_codec(codec)
+
+
 def _coerce_spec(field: str, base: FieldSpec, declared: Any) -> FieldSpec:
     """A declared FieldSpec or dict merged over the inferred ``base``."""
     if isinstance(declared, FieldSpec):
@@ -156,8 +166,9 @@ def _coerce_spec(field: str, base: FieldSpec, declared: Any) -> FieldSpec:
             and "dtype" not in declared
             and values["encoding"] != base.encoding
         ):
-            values["dtype"] = _DEFAULT_DTYPES.get(values["encoding"], "bytes")
-        if values["encoding"] != "npy" and "shape" not in declared:
+            enc = values["encoding"]
+            values["dtype"] = None if _is_user_codec(enc) else _DEFAULT_DTYPES.get(enc, "bytes")
+        if not is_fixed_width(values["encoding"]) and "shape" not in declared:
             values["shape"] = None
         spec = FieldSpec(**values)
     else:
@@ -167,8 +178,10 @@ def _coerce_spec(field: str, base: FieldSpec, declared: Any) -> FieldSpec:
             f"schema[{field!r}]: ext {spec.ext!r} must be {member_ext(field, spec.encoding)!r}"
         )
     if spec.shape is not None:
-        if spec.encoding != "npy":
-            raise ValueError(f"schema[{field!r}]: a shape is only meaningful for npy fields")
+        if not is_fixed_width(spec.encoding):
+            raise ValueError(
+                f"schema[{field!r}]: a shape is only meaningful for fixed-width encodings (npy)"
+            )
         bad = [d for d in spec.shape if not isinstance(d, (int, str)) or isinstance(d, bool)]
         if bad:
             raise ValueError(

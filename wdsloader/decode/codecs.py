@@ -1,4 +1,5 @@
-"""Codecs: member bytes to Python/numpy values, one function per encoding.
+"""Codecs: member bytes to Python/numpy values, one function per encoding; the library codecs
+whose decoding needs Pillow or torch register here (see :mod:`wdsloader.format.codecs`).
 
 The default table (:data:`DEFAULT_DECODERS`) is safe: ``.npy`` is parsed without pickle,
 ``torch.load`` runs with ``weights_only=True`` and pickle members are refused;
@@ -12,47 +13,43 @@ from __future__ import annotations
 
 import importlib
 import io
-import json
-import math
 from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
 from wdsloader.errors import PickleNotAllowedError
-from wdsloader.format.npy import read_npy_header
+from wdsloader.format.builtin_codecs import (
+    PICKLE_HINT,
+    decode_bytes,
+    decode_int,
+    decode_json,
+    decode_npy,
+    decode_text,
+)
+from wdsloader.format.codecs import FunctionCodec, library_decoders, register_library_codec
 
 Buffer = bytes | bytearray | memoryview
 Decoder = Callable[[Any], Any]
 
-
-_PICKLE_HINT = "pass allow_pickle=True if you trust the data"
-
-
-def decode_npy(buf: Buffer) -> np.ndarray:
-    """A ``.npy`` member as a writable array that owns its memory; never unpickles.
-
-    The header is parsed here (and cached by its bytes) instead of by ``np.load``, which costs
-    tens of microseconds per call. An object dtype raises :class:`PickleNotAllowedError`.
-    """
-    view = buf if isinstance(buf, memoryview) else memoryview(buf)
-    dtype, shape, fortran, offset = read_npy_header(view)
-    if dtype.hasobject:
-        raise PickleNotAllowedError(
-            f"the .npy array has dtype {dtype} (Python objects), which needs pickle to load; "
-            + _PICKLE_HINT
-        )
-    count = math.prod(shape)
-    need = count * dtype.itemsize
-    if len(view) - offset < need:
-        raise ValueError(
-            f".npy data truncated: {len(view) - offset} bytes for shape {shape} of {dtype} "
-            f"({need} bytes)"
-        )
-    flat = np.frombuffer(view, dtype=dtype, count=count, offset=offset)
-    if fortran:
-        return flat.reshape(shape[::-1]).T.copy(order="F")
-    return flat.reshape(shape).copy()
+__all__ = [
+    "DEFAULT_DECODERS",
+    "IMAGE_ENCODINGS",
+    "PICKLE_ENCODINGS",
+    "TRUSTED_DECODERS",
+    "Buffer",
+    "Decoder",
+    "decode_bytes",
+    "decode_image",
+    "decode_int",
+    "decode_json",
+    "decode_npy",
+    "decode_npz",
+    "decode_pickle_refused",
+    "decode_pt",
+    "decode_text",
+    "decode_uint8",
+]
 
 
 def _decode_npy_trusted(buf: Buffer) -> np.ndarray:
@@ -70,7 +67,7 @@ def _load_npz(buf: Buffer, allow_pickle: bool) -> dict[str, np.ndarray]:
     except ValueError as exc:
         if not allow_pickle and "allow_pickle" in str(exc):
             raise PickleNotAllowedError(
-                f"the .npz holds object arrays, which need pickle to load; {_PICKLE_HINT}"
+                f"the .npz holds object arrays, which need pickle to load; {PICKLE_HINT}"
             ) from None
         raise
 
@@ -82,62 +79,6 @@ def decode_npz(buf: Buffer) -> dict[str, np.ndarray]:
 
 def _decode_npz_trusted(buf: Buffer) -> dict[str, np.ndarray]:
     return _load_npz(buf, allow_pickle=True)
-
-
-_SCAN_JSON = json.JSONDecoder().scan_once  # type: ignore[attr-defined]
-
-
-def _msgspec_json() -> tuple[Callable[[Any], Any] | None, tuple[type[Exception], ...]]:
-    """msgspec's JSON decoder and its error type, when msgspec is installed (optional: 3x the
-    stdlib's C scanner on small objects; bench/json_parsers.py)."""
-    try:
-        import msgspec
-    except ImportError:
-        return None, ()
-    return msgspec.json.Decoder().decode, (msgspec.MsgspecError,)
-
-
-_FAST_JSON, _FAST_JSON_ERRORS = _msgspec_json()
-
-
-def decode_json(buf: Buffer) -> Any:
-    """A JSON member, exactly as ``json.loads`` reads it (UTF-8, a BOM or UTF-16/32 included).
-
-    With msgspec installed, msgspec decodes it (the same values and types: exact big ints,
-    correctly rounded floats, the last of duplicate keys); anything msgspec refuses (NaN and
-    Infinity, numbers beyond float range, lone surrogates, a BOM, UTF-16/32, invalid JSON)
-    goes the stdlib way, which also words the errors. Without msgspec, a UTF-8 document without
-    surrounding whitespace goes straight to the C scanner, skipping ``json.loads``' Python
-    layers.
-    """
-    if _FAST_JSON is not None:
-        try:
-            return _FAST_JSON(buf)
-        except _FAST_JSON_ERRORS:
-            pass
-    try:
-        text = str(buf, "utf-8")
-        value, end = _SCAN_JSON(text, 0)
-    except (UnicodeDecodeError, StopIteration, ValueError):
-        return json.loads(bytes(buf))
-    if end != len(text):
-        return json.loads(bytes(buf))
-    return value
-
-
-def decode_text(buf: Buffer) -> str:
-    """A UTF-8 text member as ``str``."""
-    return str(buf, "utf-8")
-
-
-def decode_int(buf: Buffer) -> int:
-    """A class label / index member (ASCII digits, surrounding whitespace allowed) as ``int``."""
-    return int(bytes(buf))
-
-
-def decode_bytes(buf: Buffer) -> bytes:
-    """Any other member: its raw bytes (a copy, so the shard buffer is not kept alive)."""
-    return bytes(buf)
 
 
 def decode_uint8(buf: Buffer) -> np.ndarray:
@@ -163,7 +104,7 @@ def decode_pickle_refused(buf: Buffer) -> Any:
     """Refuse a pickle member: unpickling untrusted data can run arbitrary code."""
     raise PickleNotAllowedError(
         "pickle members can run arbitrary code when loaded and are refused by default; "
-        + _PICKLE_HINT
+        + PICKLE_HINT
     )
 
 
@@ -202,23 +143,19 @@ def decode_image(buf: Buffer) -> np.ndarray:
 
 IMAGE_ENCODINGS = ("jpg", "jpeg", "png", "webp", "bmp", "gif", "tif", "tiff")
 PICKLE_ENCODINGS = ("pkl", "pickle", "pyd")
-# The default decoder of each encoding: safe for untrusted data.
-DEFAULT_DECODERS: dict[str, Decoder] = {
-    "npy": decode_npy,
-    "npz": decode_npz,
-    "json": decode_json,
-    "jsn": decode_json,
-    "txt": decode_text,
-    "text": decode_text,
-    "cls": decode_int,
-    "cls2": decode_int,
-    "index": decode_int,
-    "id": decode_int,
-    "pt": decode_pt,
-    "pth": decode_pt,
-    **{enc: decode_image for enc in IMAGE_ENCODINGS},
-    **{enc: decode_pickle_refused for enc in PICKLE_ENCODINGS},
-}
+# The library's codecs whose decoding needs Pillow or torch, or is refused (pickle); the pure ones
+# (npy, json, txt, cls and aliases) are registered by wdsloader.format.builtin_codecs. Their bytes
+# are written as they are (the builder encodes PIL images itself).
+for _codec in (
+    FunctionCodec("npz", decode_npz),
+    FunctionCodec("pt", decode_pt, encodings=("pt", "pth")),
+    FunctionCodec("image", decode_image, encodings=IMAGE_ENCODINGS),
+    FunctionCodec("pickle", decode_pickle_refused, encodings=PICKLE_ENCODINGS),
+):
+    register_library_codec(_codec)
+
+# The default decoder of each encoding (the library codecs' decoders): safe for untrusted data.
+DEFAULT_DECODERS: dict[str, Decoder] = library_decoders()
 
 # What ``allow_pickle=True`` swaps in: the caller said the data are trusted.
 TRUSTED_DECODERS: dict[str, Decoder] = {

@@ -1,9 +1,11 @@
 """The decoder registry, and :class:`SampleDecoder`, which decodes the fields a caller asks for.
 
 Decoders are keyed by *encoding* (the last part of a member extension: ``question_emb.npy`` ->
-``npy``); the default table (:data:`wdsloader.decode.codecs.DEFAULT_DECODERS`) is safe: ``.npy``
-is parsed without pickle, ``torch.load`` runs with ``weights_only=True`` and pickle members are
-refused unless the caller opts in.
+``npy``); the default table (:data:`wdsloader.decode.codecs.DEFAULT_DECODERS`, the library
+codecs' decoders) is safe: ``.npy`` is parsed without pickle, ``torch.load`` runs with
+``weights_only=True`` and pickle members are refused unless the caller opts in. A codec
+registered with :func:`wdsloader.format.register_codec` decodes its encodings (over the
+library's decoder); :func:`register_decoder` overrides the decoding of an encoding, over both.
 """
 
 from __future__ import annotations
@@ -11,8 +13,14 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-import numpy as np
-
+from wdsloader.decode.checks import (
+    ClsCast,
+    NoneOr,
+    SchemaMismatch,
+    Then,
+    cls_cast,
+    npy_check,
+)
 from wdsloader.decode.codecs import (
     DEFAULT_DECODERS,
     TRUSTED_DECODERS,
@@ -22,10 +30,22 @@ from wdsloader.decode.codecs import (
 )
 from wdsloader.decode.groups import GroupedValue
 from wdsloader.errors import DecodeError, PickleNotAllowedError
+from wdsloader.format.codecs import CodecDecoder, decoder_of, user_codecs
 from wdsloader.format.keys import field_of_ext
 from wdsloader.format.manifest import FieldSpec
 
 _REGISTRY: dict[str, Decoder] = dict(DEFAULT_DECODERS)
+"""The library's decoders and those :func:`register_decoder` set, by encoding."""
+
+
+def _decoder_table() -> dict[str, Decoder]:
+    """``{encoding: decoder}``: the user's codecs over the library's decoders, and the
+    decoders :func:`register_decoder` set over both."""
+    table = dict(_REGISTRY)
+    for enc, codec in user_codecs().items():
+        if table.get(enc) is DEFAULT_DECODERS.get(enc):  # not overridden by register_decoder
+            table[enc] = decoder_of(codec)
+    return table
 
 
 def register_decoder(encoding: str, fn: Decoder, *, replace: bool = False) -> None:
@@ -41,9 +61,11 @@ def register_decoder(encoding: str, fn: Decoder, *, replace: bool = False) -> No
     if not callable(fn):
         raise TypeError(f"decoder for {encoding!r} must be callable, got {fn!r}")
     enc = encoding.lower()
-    if enc in _REGISTRY and not replace:
+    table = _decoder_table()
+    if enc in table and not replace:
+        name = getattr(table[enc], "__name__", repr(table[enc]))
         raise ValueError(
-            f"a decoder for encoding {enc!r} is already registered ({_REGISTRY[enc].__name__}); "
+            f"a decoder for encoding {enc!r} is already registered ({name}); "
             "pass replace=True to override it"
         )
     _REGISTRY[enc] = fn
@@ -51,159 +73,10 @@ def register_decoder(encoding: str, fn: Decoder, *, replace: bool = False) -> No
 
 def get_decoder(encoding: str) -> Decoder:
     """The decoder registered for ``encoding``; :func:`decode_bytes` for unknown encodings."""
-    return _REGISTRY.get(encoding.lower(), decode_bytes)
+    return _decoder_table().get(encoding.lower(), decode_bytes)
 
 
-class _SchemaMismatch(ValueError):
-    """A decoded value does not match its FieldSpec."""
-
-
-class _NpyCheck:
-    """Post-decode check of an ``npy`` field against the schema's dtype and shape (literal
-    sizes and symbolic dims bound in the manifest's ``dims``; an unbound dim takes any size).
-
-    A small class rather than a closure: the decoder travels to ``spawn``/``forkserver``
-    workers by pickle.
-    """
-
-    __slots__ = ("declared", "dtype", "shape")
-
-    def __init__(
-        self,
-        dtype: np.dtype,
-        shape: tuple[int | None, ...],
-        declared: tuple[int | str, ...] | None = None,
-    ) -> None:
-        self.dtype = dtype
-        self.shape = shape
-        self.declared = declared if declared is not None else shape
-
-    def __call__(self, value: Any) -> Any:
-        if not isinstance(value, np.ndarray):
-            raise _SchemaMismatch(f"expected an array, got {type(value).__name__}")
-        if value.dtype != self.dtype:
-            raise _SchemaMismatch(f"dtype {value.dtype}, schema says {self.dtype}")
-        if value.ndim != len(self.shape) or any(
-            want is not None and want != got
-            for want, got in zip(self.shape, value.shape, strict=False)
-        ):
-            raise _SchemaMismatch(f"shape {list(value.shape)}, schema says {self._says()}")
-        return value
-
-    def _says(self) -> str:
-        bound = [
-            (d, n) for d, n in zip(self.declared, self.shape, strict=True) if isinstance(d, str)
-        ]
-        if not bound:
-            return str(list(self.shape))
-        sizes = ", ".join(f"{d}={n}" for d, n in bound if n is not None)
-        return f"{list(self.declared)} with {sizes} (the manifest's dims)"
-
-    def __eq__(self, other: object) -> bool:
-        return isinstance(other, _NpyCheck) and (self.dtype, self.shape, self.declared) == (
-            other.dtype,
-            other.shape,
-            other.declared,
-        )
-
-    def __hash__(self) -> int:
-        return hash((self.dtype, self.shape, self.declared))
-
-    def __repr__(self) -> str:
-        return f"_NpyCheck({self.dtype}, {list(self.declared)})"
-
-
-def _npy_check(spec: FieldSpec, dims: Mapping[str, int]) -> _NpyCheck | None:
-    """A post-decode check of dtype and shape for an ``npy`` field with a declared dtype and
-    shape, its symbolic dims bound by ``dims``."""
-    if spec.dtype is None or spec.shape is None:
-        return None
-    shape = tuple(int(d) if isinstance(d, int) else dims.get(d) for d in spec.shape)
-    if all(isinstance(d, int) for d in spec.shape):
-        return _NpyCheck(np.dtype(spec.dtype), shape)
-    if all(n is None for d, n in zip(spec.shape, shape, strict=True) if isinstance(d, str)):
-        return None  # no dim bound: a variable-size field, as before
-    return _NpyCheck(np.dtype(spec.dtype), shape, tuple(spec.shape))
-
-
-class ClsCast:
-    """Cast a ``cls`` int to a numpy scalar type (a class, so it pickles; see :class:`_NpyCheck`)."""
-
-    __slots__ = ("dtype",)
-
-    def __init__(self, dtype: np.dtype) -> None:
-        self.dtype = dtype
-
-    def __call__(self, value: Any) -> Any:
-        try:
-            return self.dtype.type(value)
-        except (OverflowError, ValueError) as exc:
-            raise _SchemaMismatch(
-                f"value {value!r} does not fit dtype {self.dtype}: {exc}"
-            ) from None
-
-    def __eq__(self, other: object) -> bool:
-        return isinstance(other, ClsCast) and self.dtype == other.dtype
-
-    def __hash__(self) -> int:
-        return hash(self.dtype)
-
-    def __repr__(self) -> str:
-        return f"ClsCast({self.dtype})"
-
-
-def _cls_cast(spec: FieldSpec) -> ClsCast | None:
-    """Cast a ``cls`` int to the numpy scalar type the schema declares (``int64`` ...)."""
-    if spec.dtype is None:
-        return None
-    try:
-        dtype = np.dtype(spec.dtype)
-    except TypeError:
-        return None
-    if dtype.kind not in "biuf":
-        return None  # a non-numeric dtype name: keep the Python int
-    return ClsCast(dtype)
-
-
-class Then:
-    """``post(fn(buf))``: a decoder followed by its schema check (picklable)."""
-
-    __slots__ = ("fn", "post")
-
-    def __init__(self, fn: Decoder, post: Callable[[Any], Any]) -> None:
-        self.fn = fn
-        self.post = post
-
-    def __call__(self, buf: Any) -> Any:
-        return self.post(self.fn(buf))
-
-    def __eq__(self, other: object) -> bool:
-        return isinstance(other, Then) and (self.fn, self.post) == (other.fn, other.post)
-
-    def __hash__(self) -> int:
-        return hash((self.fn, self.post))
-
-    def __repr__(self) -> str:
-        return f"Then({self.fn!r}, {self.post!r})"
-
-
-class NoneOr:
-    """``post(value)``, None for None: the check of an optional field (picklable)."""
-
-    __slots__ = ("post",)
-
-    def __init__(self, post: Callable[[Any], Any]) -> None:
-        self.post = post
-
-    def __call__(self, value: Any) -> Any:
-        return None if value is None else self.post(value)
-
-    def __eq__(self, other: object) -> bool:
-        return isinstance(other, NoneOr) and self.post == other.post
-
-    def __hash__(self) -> int:
-        return hash(self.post)
-
+__all__ = ["ClsCast", "NoneOr", "SampleDecoder", "Then", "get_decoder", "register_decoder"]
 
 _Step = tuple[str, str, Decoder, Callable[[Any], Any] | None]  # field, ext, decoder, post
 
@@ -242,7 +115,7 @@ class SampleDecoder:
         self.fields = None if fields is None else tuple(dict.fromkeys(fields))
         self.allow_pickle = allow_pickle
         self.dims = dict(dims or {})
-        table = dict(_REGISTRY)
+        table = _decoder_table()
         if allow_pickle:
             table.update(TRUSTED_DECODERS)
         for enc, fn in (decoders or {}).items():
@@ -286,14 +159,16 @@ class SampleDecoder:
         encoding = (spec.encoding or field_of_ext(spec.ext)[1]).lower()
         post: Callable[[Any], Any] | None = None
         fn = self.decoder_for(encoding)
+        if isinstance(fn, CodecDecoder) and fn.spec is None:
+            fn = CodecDecoder(fn.codec, spec)  # a user codec: decode with the field's spec
         if spec.grouped:  # a value in the sample's JSON object of small fields
             fn = GroupedValue(field, encoding, fn, bool(spec.optional))
         elif fn is decode_bytes and spec.dtype == "uint8":
             fn = decode_uint8  # raw bytes declared as a uint8 vector
         if encoding == "npy":
-            post = _npy_check(spec, self.dims)
+            post = npy_check(spec, self.dims)
         elif encoding == "cls":
-            post = _cls_cast(spec)
+            post = cls_cast(spec)
         if post is not None and spec.optional:
             post = NoneOr(post)  # an optional grouped field without an entry reads as None
         step = self._steps[field] = (field, spec.ext.lower(), fn, post)
@@ -408,7 +283,7 @@ class SampleDecoder:
                 f"its members: {sorted(raw)}"
             )
         where = f"{source}: sample {key!r}, field {field!r} (member {key}.{ext})"
-        if isinstance(exc, _SchemaMismatch):
+        if isinstance(exc, SchemaMismatch):
             return DecodeError(f"{where} does not match the schema: {exc}")
         if isinstance(exc, PickleNotAllowedError):
             return PickleNotAllowedError(f"{where}: {exc}")

@@ -20,7 +20,7 @@ from wdsloader.errors import WdsLoaderError
 IMAGE_THREADS = 2
 """Threads that decode the samples of a batch whose fields include images (Pillow releases the
 GIL while decoding: a pool of 2 decoded 1.9x the JPEGs per second of one thread, and beat
-``num_workers=2`` processes; bench/threads_jpeg.py)."""
+``num_workers=2`` processes; bench/experiments/threads_jpeg.py)."""
 
 
 class RowDecoder:

@@ -1,5 +1,15 @@
 """The on-disk format contract shared by ``build_shards`` (writes) and ``wdsloader`` (reads)."""
 
+import wdsloader.format.builtin_codecs  # noqa: F401 - registers the pure codecs
+from wdsloader.format.codecs import (
+    Codec,
+    FunctionCodec,
+    UnknownEncodingError,
+    get_codec,
+    register_codec,
+    registered_encodings,
+    unregister_codec,
+)
 from wdsloader.format.deflate import COMPRESSIONS, ShardDeflater, inflate_sample
 from wdsloader.format.groups import GROUP_EXT
 from wdsloader.format.index import (
@@ -34,6 +44,13 @@ from wdsloader.format.writer import TarStreamWriter, encode_header, encode_membe
 
 __all__ = [
     "BLOCK",
+    "Codec",
+    "FunctionCodec",
+    "UnknownEncodingError",
+    "get_codec",
+    "register_codec",
+    "registered_encodings",
+    "unregister_codec",
     "COMPRESSIONS",
     "GROUP_EXT",
     "END_OF_ARCHIVE",

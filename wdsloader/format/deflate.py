@@ -41,7 +41,7 @@ COMPRESSIONS = ("gzip",)
 GZIP_SUFFIX = ".gz"
 GZIP_LEVEL = 6
 """The deflate level of gzip shards: zlib's and ``gzip``'s default. On the small records of
-``bench/small_records.py`` (CPU per sample of the deflate step alone): grouped samples level 1
+``bench/experiments/small_records.py`` (CPU per sample of the deflate step alone): grouped samples level 1
 / 6 / 9 compress to 0.169 / 0.159 / 0.154 of the tar bytes at 16 / 26 / 30 us; ungrouped
 samples to 0.062 / 0.051 / 0.048 at 21 / 50 / 143 us. Level 6 is the cheapest that brings
 ungrouped small records near 2x their JSONL (2.10x; level 1: 2.55x); level 9 saves 3-5% more

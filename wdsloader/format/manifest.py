@@ -28,6 +28,7 @@ from wdsloader.format.checks import (
     check_total,
     path_problem,
 )
+from wdsloader.format.codecs import is_fixed_width
 from wdsloader.format.deflate import COMPRESSIONS
 from wdsloader.format.toplevel import check_top_level
 
@@ -86,9 +87,10 @@ class FieldSpec:
 
     @property
     def fixed_size(self) -> bool:
-        """True when every sample stores this field in the same number of bytes."""
+        """True when every sample stores this field in the same number of bytes: a fixed-width
+        codec's field (``npy``) with a declared dtype and shape."""
         return (
-            self.encoding == "npy"
+            is_fixed_width(self.encoding)
             and self.shape is not None
             and self.dtype is not None
             and not self.optional

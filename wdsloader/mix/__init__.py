@@ -4,7 +4,14 @@ sources mixed sample by sample (a :class:`Mix` of :class:`MixSource`, planned by
 
 from wdsloader.lazy import moved_names
 from wdsloader.mix.multi import MixStep, MultiDataLoader
+from wdsloader.mix.multi_state import LoaderProgress, MultiState
 from wdsloader.mix.options import Mix
+from wdsloader.mix.sampling import (
+    BaseSampling,
+    LoaderSampling,
+    register_sampling_strategy,
+    unregister_sampling_strategy,
+)
 from wdsloader.mix.schedule import (
     EpochLengthPolicy,
     MultiDataLoaderConfig,
@@ -17,12 +24,16 @@ from wdsloader.mix.spec import MIX_ALGORITHM, MixSpec
 
 __all__ = [
     "MIX_ALGORITHM",
+    "BaseSampling",
     "EpochLengthPolicy",
     "Mix",
+    "LoaderProgress",
+    "LoaderSampling",
     "MixSpec",
     "MixStep",
     "MultiDataLoader",
     "MultiDataLoaderConfig",
+    "MultiState",
     "SamplingStrategy",
     "MixSource",
     "epoch_schedule",
@@ -30,6 +41,8 @@ __all__ = [
     "mix_epoch",
     "mix_names",
     "mix_quotas_for",
+    "register_sampling_strategy",
+    "unregister_sampling_strategy",
 ]
 
 # ``Source``: MixSource's old name, until 0.2.0 (``build_shards.Source`` is a build input).

@@ -139,7 +139,7 @@ class MultiDataLoader:
         if used:
             raise ValueError(
                 f"MultiDataLoader: loaders with len() 0 get steps of epoch {epoch} "
-                f"({sched.size} steps, {self.config.sampling_strategy.name}): {', '.join(used)}; "
+                f"({sched.size} steps, {self.config.strategy.label}): {', '.join(used)}; "
                 "leave them out (with WEIGHTED: weight 0), or pass cycle_short_loaders=False "
                 "to leave out their steps"
             )

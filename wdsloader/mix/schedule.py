@@ -1,5 +1,6 @@
-"""Which loader each step of an epoch draws from: strategies, epoch-length policies, the config,
-and the schedule as a pure function of the config, the loaders' lengths and the epoch.
+"""Which loader each step of an epoch draws from: the config, and the schedule as a pure function
+of the config, the loaders' lengths and the epoch (the strategies, one module each, are in
+:mod:`wdsloader.mix.sampling`).
 
 Every rank computes the same schedule from the same inputs, so ranks need no communication to
 agree on it (with loaders whose length is the same on every rank, e.g. ``create_loader``'s).
@@ -16,7 +17,14 @@ from typing import Any
 import numpy as np
 
 from wdsloader.format.checks import as_int
-from wdsloader.plan.quotas import even_interleave, largest_remainder
+from wdsloader.mix.sampling.base import (
+    STRATEGY_OPTIONS,
+    EpochLengthPolicy,
+    Lengths,
+    LoaderSampling,
+    SamplingStrategy,
+)
+from wdsloader.mix.sampling.registry import get_sampling_strategy, strategy_users
 
 __all__ = [
     "EpochLengthPolicy",
@@ -25,26 +33,6 @@ __all__ = [
     "epoch_schedule",
     "epoch_steps",
 ]
-
-_CHOICE_TAG = 0x0C40_1CE5  # mixed into the seeded order's seed: part of the resume contract
-
-
-class SamplingStrategy(str, Enum):
-    """How steps are shared among loaders (see :class:`MultiDataLoaderConfig`)."""
-
-    SEQUENTIAL = "sequential"
-    ROUND_ROBIN = "round_robin"
-    WEIGHTED = "weighted"
-    ALTERNATING = "alternating"
-
-
-class EpochLengthPolicy(str, Enum):
-    """How many steps an epoch has, from the loaders' lengths (or ``steps_per_epoch``)."""
-
-    SUM_OF_LENGTHS = "sum_of_lengths"
-    MAX_OF_LENGTHS = "max_of_lengths"
-    MIN_OF_LENGTHS = "min_of_lengths"
-    FIXED_NUM_STEPS = "fixed_num_steps"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -70,10 +58,12 @@ class MultiDataLoaderConfig:
     that runs out within the epoch; without it the loader's remaining steps are left out (the
     epoch gets shorter, the same on every rank). ``dataloader_names`` default to ``dl0, dl1, ...``.
     Options the chosen strategy or policy would not use are a ValueError naming them.
-    Strategies and policies may be given as their enum or its value (``"weighted"``).
+    Strategies and policies may be given as their enum or its value (``"weighted"``); a
+    strategy registered with :func:`~wdsloader.mix.sampling.register_sampling_strategy` by its
+    name (kept as a str).
     """
 
-    sampling_strategy: SamplingStrategy = SamplingStrategy.ROUND_ROBIN
+    sampling_strategy: SamplingStrategy | str = SamplingStrategy.ROUND_ROBIN
     dataloader_weights: Sequence[float] | None = None
     alternating_pattern: Sequence[int] | None = None
     dataloader_names: Sequence[str] = field(default_factory=tuple)
@@ -85,9 +75,9 @@ class MultiDataLoaderConfig:
 
     def __post_init__(self) -> None:
         set_ = object.__setattr__
-        set_(self, "sampling_strategy", _enum(SamplingStrategy, self.sampling_strategy))
+        set_(self, "sampling_strategy", _strategy_value(self.sampling_strategy))
         set_(self, "epoch_length_policy", _enum(EpochLengthPolicy, self.epoch_length_policy))
-        strategy, policy = self.sampling_strategy, self.epoch_length_policy
+        policy = self.epoch_length_policy
         set_(self, "burst_size", as_int(self.burst_size, "burst_size", 1))
         if not isinstance(self.cycle_short_loaders, bool):
             raise ValueError(
@@ -106,61 +96,30 @@ class MultiDataLoaderConfig:
                 f"steps_per_epoch={self.steps_per_epoch} would be unused: it sets the epoch "
                 f"length only with FIXED_NUM_STEPS (epoch_length_policy is {policy.name})"
             )
-        self._check_strategy_options(strategy, policy)
+        self._check_strategy_options()
 
-    def _check_strategy_options(
-        self, strategy: SamplingStrategy, policy: EpochLengthPolicy
-    ) -> None:
-        set_ = object.__setattr__
-        if strategy is SamplingStrategy.WEIGHTED:
-            if self.dataloader_weights is None:
-                raise ValueError("Weights required for WEIGHTED strategy (dataloader_weights)")
-            weights = self.dataloader_weights
-            if isinstance(weights, (str, bytes)) or not isinstance(weights, Sequence):
-                raise ValueError(f"dataloader_weights must be a list of numbers, got {weights!r}")
-            largest_remainder(weights, 0, what="dataloader_weights")  # checks them
-            set_(self, "dataloader_weights", tuple(float(w) for w in weights))
-            if self.choice_rng_seed is not None:
-                set_(self, "choice_rng_seed", as_int(self.choice_rng_seed, "choice_rng_seed", 0))
-        else:
-            for name in ("dataloader_weights", "choice_rng_seed"):
-                if getattr(self, name) is not None:
-                    raise ValueError(
-                        f"{name} would be unused: it applies to the WEIGHTED strategy only "
-                        f"(sampling_strategy is {strategy.name})"
-                    )
-        if strategy is SamplingStrategy.ALTERNATING:
-            pattern = self.alternating_pattern
-            if pattern is None or isinstance(pattern, str) or len(pattern) == 0:
+    @property
+    def strategy(self) -> LoaderSampling:
+        """The registered strategy that ``sampling_strategy`` names."""
+        return get_sampling_strategy(_strategy_name(self.sampling_strategy))
+
+    def _check_strategy_options(self) -> None:
+        """ValueError for an option the strategy would not use; the strategy checks its own."""
+        strategy = self.strategy
+        for name in STRATEGY_OPTIONS:
+            if name not in strategy.options and getattr(self, name) is not None:
+                users = " or ".join(strategy_users(name))
                 raise ValueError(
-                    "Pattern required for ALTERNATING strategy (alternating_pattern, a non-empty "
-                    "list of loader indices)"
+                    f"{name} would be unused: it applies to the {users} strategy only "
+                    f"(sampling_strategy is {strategy.label})"
                 )
-            set_(
-                self,
-                "alternating_pattern",
-                tuple(as_int(v, f"alternating_pattern[{i}]", 0) for i, v in enumerate(pattern)),
-            )
-            if policy in (EpochLengthPolicy.MAX_OF_LENGTHS, EpochLengthPolicy.MIN_OF_LENGTHS):
-                raise ValueError(
-                    f"ALTERNATING takes its length from SUM_OF_LENGTHS or FIXED_NUM_STEPS, "
-                    f"not {policy.name}"
-                )
-        elif self.alternating_pattern is not None:
-            raise ValueError(
-                f"alternating_pattern would be unused: it applies to the ALTERNATING strategy "
-                f"only (sampling_strategy is {strategy.name})"
-            )
-        if strategy is SamplingStrategy.SEQUENTIAL and self.burst_size != 1:
-            raise ValueError(
-                f"burst_size={self.burst_size} would be unused: SEQUENTIAL runs each loader "
-                "for its whole share"
-            )
+        for name, value in strategy.configure(self).items():
+            object.__setattr__(self, name, value)
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-able description (what a saved state is checked against)."""
         return {
-            "sampling_strategy": self.sampling_strategy.value,
+            "sampling_strategy": _strategy_name(self.sampling_strategy),
             "dataloader_weights": _opt_list(self.dataloader_weights),
             "alternating_pattern": _opt_list(self.alternating_pattern),
             "dataloader_names": list(self.dataloader_names),
@@ -197,6 +156,23 @@ class MultiDataLoaderConfig:
         return names
 
 
+def _strategy_name(value: SamplingStrategy | str) -> str:
+    return value.value if isinstance(value, SamplingStrategy) else value
+
+
+def _strategy_value(value: Any) -> SamplingStrategy | str:
+    """A built-in strategy as its enum, another registered one as its name."""
+    if isinstance(value, SamplingStrategy):
+        return value
+    if isinstance(value, str):
+        get_sampling_strategy(value)  # ValueError listing the registered ones
+        try:
+            return SamplingStrategy(value)
+        except ValueError:
+            return value
+    raise ValueError(f"SamplingStrategy: unknown value {value!r}")
+
+
 def _enum(kind: type[Enum], value: Any) -> Any:
     try:
         return kind(value)
@@ -211,67 +187,13 @@ def _opt_list(v: Sequence[Any] | None) -> list[Any] | None:
 
 # ------------------------------------------------------------------------------------ schedule
 
-Lengths = Sequence[int | None]  # None: a loader without a length (infinite)
-
-
-def _finite(lengths: Lengths, names: Sequence[str], why: str) -> list[int]:
-    bad = [names[i] for i, n in enumerate(lengths) if n is None]
-    if bad:
-        raise ValueError(f"{why}: loaders {bad} have no length; use FIXED_NUM_STEPS")
-    return [int(n) for n in lengths if n is not None]
-
 
 def epoch_steps(config: MultiDataLoaderConfig, lengths: Lengths) -> int:
     """Schedule slots of an epoch (before ``cycle_short_loaders=False`` drops any)."""
     names = config.check_loaders(len(lengths))
-    strategy, policy = config.sampling_strategy, config.epoch_length_policy
-    if policy is EpochLengthPolicy.FIXED_NUM_STEPS:
+    if config.epoch_length_policy is EpochLengthPolicy.FIXED_NUM_STEPS:
         return int(config.steps_per_epoch or 0)
-    why = f"{strategy.name} with {policy.name}"
-    if strategy is SamplingStrategy.WEIGHTED and policy is EpochLengthPolicy.MAX_OF_LENGTHS:
-        finite = [n for n in lengths if n is not None]
-        if not finite:
-            raise ValueError(f"{why}: no loader has a length; use FIXED_NUM_STEPS")
-        return max(finite)
-    finite = _finite(lengths, names, why)
-    n = len(finite)
-    if policy is EpochLengthPolicy.SUM_OF_LENGTHS:
-        return sum(finite)
-    longest_or_shortest = max(finite) if policy is EpochLengthPolicy.MAX_OF_LENGTHS else min(finite)
-    return (
-        longest_or_shortest * n if strategy is SamplingStrategy.SEQUENTIAL else longest_or_shortest
-    )
-
-
-def _bursts(units: np.ndarray, quotas: np.ndarray, burst: int) -> np.ndarray:
-    """Each unit's loader for ``burst`` steps (a loader's last unit for what its quota leaves)."""
-    if burst == 1:
-        return units
-    seen = np.zeros(quotas.size, dtype=np.int64)
-    out = []
-    for u in units.tolist():
-        size = min(burst, int(quotas[u] - seen[u]))
-        seen[u] += size
-        out.append(np.full(size, u, dtype=np.int64))
-    return np.concatenate(out) if out else np.zeros(0, np.int64)
-
-
-def _weighted(config: MultiDataLoaderConfig, total: int, epoch: int) -> np.ndarray:
-    assert config.dataloader_weights is not None
-    quotas = largest_remainder(config.dataloader_weights, total, what="dataloader_weights")
-    burst = config.burst_size
-    units = -(-quotas // burst)  # bursts per loader, the last one possibly short
-    if config.choice_rng_seed is None:
-        order = even_interleave(units)
-    else:
-        seq = np.random.SeedSequence([config.choice_rng_seed, epoch, _CHOICE_TAG])
-        order = np.random.default_rng(seq).permutation(np.repeat(np.arange(units.size), units))
-    return _bursts(order, quotas, burst)
-
-
-def _cyclic(entries: Sequence[int], burst: int, total: int) -> np.ndarray:
-    reps = -(-total // (burst * len(entries))) if total else 0
-    return np.repeat(np.tile(np.asarray(entries, np.int64), reps), burst)[:total]
+    return config.strategy.epoch_steps(config, lengths, names)
 
 
 def epoch_schedule(config: MultiDataLoaderConfig, lengths: Lengths, epoch: int = 0) -> np.ndarray:
@@ -281,21 +203,19 @@ def epoch_schedule(config: MultiDataLoaderConfig, lengths: Lengths, epoch: int =
     """
     epoch = as_int(epoch, "epoch", 0)
     total = epoch_steps(config, lengths)
+    strategy = config.strategy
+    sched = np.asarray(strategy.schedule(config, lengths, total, epoch))
     n = len(lengths)
-    strategy = config.sampling_strategy
-    if strategy is SamplingStrategy.SEQUENTIAL:
-        if config.epoch_length_policy is EpochLengthPolicy.SUM_OF_LENGTHS:
-            shares = np.asarray(lengths, dtype=np.int64)
-        else:
-            shares = total // n + (np.arange(n) < total % n)
-        sched = np.repeat(np.arange(n, dtype=np.int64), shares)
-    elif strategy is SamplingStrategy.ROUND_ROBIN:
-        sched = _cyclic(range(n), config.burst_size, total)
-    elif strategy is SamplingStrategy.WEIGHTED:
-        sched = _weighted(config, total, epoch)
-    else:
-        assert config.alternating_pattern is not None
-        sched = _cyclic(config.alternating_pattern, config.burst_size, total)
+    if (
+        sched.shape != (total,)
+        or (sched.size and sched.dtype.kind not in "iu")
+        or (sched.size and not 0 <= int(sched.min()) <= int(sched.max()) < n)
+    ):
+        raise ValueError(
+            f"sampling strategy {strategy.label!r} gave a schedule of shape {sched.shape} "
+            f"({sched.dtype}) for epoch {epoch}; expected {total} loader indices in [0, {n})"
+        )
+    sched = sched.astype(np.int64, copy=False)
     if not config.cycle_short_loaders:
         sched = _without_overrun(sched, lengths)
     return sched

@@ -22,7 +22,7 @@ if TYPE_CHECKING:
     from wdsloader.mix.spec import MixSpec
     from wdsloader.stream.loader_options import LoaderOptions
 
-# Defaults that trade shuffle quality against read sizes (see README "Shuffling").
+# Defaults that trade shuffle quality against read sizes (docs/loading.md: how samples are planned).
 SPAN_BYTES = 256 * 2**10  # bytes of consecutive samples kept together (one range read)
 WINDOW_BYTES = 64 * 2**20  # raw bytes a worker shuffles within (and holds in memory)
 MAX_WINDOW = 16384

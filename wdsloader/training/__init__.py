@@ -1,7 +1,8 @@
 """What training code imports: the loader factory and its config, worker seeding, data modules,
-language-model text loaders, step accounting and loader profiling (the names of the
-training-engine data API, the DataLoader best practices, the micro-transformer text pipeline and
-Dream Trainer). Names are imported on first use (torch, and ``build_shards`` for the text loaders).
+language-model text loaders, step accounting and loader profiling (the names that users of other
+training codebases know: a collator registry and loader factory, DataLoader best-practice helpers,
+MicroTransformer's ``create_dataloaders`` and Dream Trainer's step accounting). Names are
+imported on first use (torch, and ``build_shards`` for the text loaders).
 The Lightning adapter (``wdsloader.training.lightning``, needs ``lightning``) is not
 re-exported: ``UniversalDataModule.to_lightning()`` loads it."""
 

@@ -1,6 +1,6 @@
 """Shuffle quality of the loader's default plan: 100,000 samples in 50 shards, several seeds.
 
-    python bench/shuffle_quality.py [--seeds 20]
+    python bench/experiments/shuffle_quality.py [--seeds 20]
 
 Prints, for the span and window create_loader derives for small and for embedding-sized samples,
 the Spearman |rho| between source order and stream order and the mean distance in source order

@@ -18,7 +18,7 @@ while workers run), and ratios. ``--pin`` runs the 2-worker systems on 2 cores a
 system on 1 (a fair 2-vs-1 comparison on a machine where other work takes cores). Run from the
 repository root, with the peers' writers importable (``--systems`` names a subset otherwise):
 
-    PYTHONPATH=$PWD python bench/build_scaling.py [--workloads embed blobs] [--repeats 3]
+    PYTHONPATH=$PWD python bench/experiments/build_scaling.py [--workloads embed blobs] [--repeats 3]
         [--embed-n 20480] [--blobs-n 3072] [--shard-mb 64] [--pin]
 """
 

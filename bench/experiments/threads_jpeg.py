@@ -1,6 +1,6 @@
 """JPEG decoding: a thread pool inside one process against worker processes.
 
-    .venv-bench/bin/python bench/threads_jpeg.py DATASET [--batches 3]
+    .venv-bench/bin/python bench/experiments/threads_jpeg.py DATASET [--batches 3]
 
 Takes the JPEG members of the bench's ``jpeg`` dataset (read from its shards), then decodes
 them in batches of 256 to uint8 arrays with Pillow (which releases the GIL while decoding):

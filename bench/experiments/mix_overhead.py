@@ -1,7 +1,7 @@
 """Three datasets mixed (by MultiDataLoader, and sample by sample) vs one loader over the same
 bytes: samples/s and ratios.
 
-python bench/mix_overhead.py [--samples 60000] [--batch-size 256] [--workers 0] [--repeats 3]
+python bench/experiments/mix_overhead.py [--samples 60000] [--batch-size 256] [--workers 0] [--repeats 3]
     [--persistent]
 
 The single dataset holds the three corpora's samples together; the mix reads the three datasets

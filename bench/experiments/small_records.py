@@ -1,7 +1,7 @@
 """Small records: shard bytes, build and read speed of the ways ``build_shards`` can store a JSONL
 of small rows.
 
-    python bench/small_records.py [--rows 20000] [--repeats 3] [--levels 1,6,9]
+    python bench/experiments/small_records.py [--rows 20000] [--repeats 3] [--levels 1,6,9]
 
 Rows of four small fields (an int id, a ~60-character question, an int label, a float score),
 the shape of the JSONL that became 24x its size as shards. The JSONL file is built with the

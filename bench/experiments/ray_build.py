@@ -6,7 +6,7 @@ Each sample: ``emb`` float32[256], ``image`` uint8[32, 32, 3], an int label ``cl
 map-style dataset (arrays generated once, in memory), so each engine's readers index it the same
 way and only the builder and its engine are measured. Run (needs the ``ray`` extra):
 
-    python bench/ray_build.py [--samples 8000] [--repeats 3] [--cpus 2]
+    python bench/experiments/ray_build.py [--samples 8000] [--repeats 3] [--cpus 2]
 
 Printed per engine: the median wall time of ``--repeats`` builds (interleaved, so that a noisy
 neighbour hurts every engine alike), samples/s and MB/s from it, and CPU seconds: this process

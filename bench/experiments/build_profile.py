@@ -4,7 +4,7 @@ Each sample: ``question_emb`` float32[384], ``steering`` float32[384], ``negativ
 float32[4, 384] and a small ``meta`` dict (~9.4 KB of fields, ~13.3 KB of tar). The samples are
 generated once into a list of dicts of numpy arrays, so only the builder is measured. Run:
 
-    .venv/bin/python bench/build_profile.py [--samples 30000] [--repeats 3] [--workers 1 2]
+    .venv/bin/python bench/experiments/build_profile.py [--samples 30000] [--repeats 3] [--workers 1 2]
         [--cprofile 25]
 
 Prints, per stage, CPU microseconds per sample (median of ``--repeats``), each stage timed alone
@@ -17,7 +17,7 @@ and with ``--cprofile N`` the top N functions of one ``workers=1`` build.
 
 To compare with another version in the same session, unpack it and put it first on the path:
 ``git archive HEAD | tar -x -C /tmp/base`` then ``PYTHONPATH=/tmp/base .venv/bin/python
-bench/build_profile.py``. The machine may be shared: compare runs made together, and the CPU
+bench/experiments/build_profile.py``. The machine may be shared: compare runs made together, and the CPU
 columns rather than wall time.
 """
 
@@ -38,9 +38,9 @@ from typing import Any
 
 import numpy as np
 
-from bench.build_scaling import cpu_seconds
+from bench.experiments.build_scaling import cpu_seconds
 from build_shards import build_shards
-from build_shards.encode.encoders import make_encoder
+from build_shards.encode.field_encoder import make_encoder
 from build_shards.encode.sample import SampleEncoder
 from build_shards.layout.splits import make_splitter
 from build_shards.probe.infer import infer_schema

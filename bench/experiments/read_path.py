@@ -1,6 +1,6 @@
 """In-process read speed of two checkouts of wdsloader over the same shards, alternating.
 
-    python bench/read_path.py OLD_TREE NEW_TREE [--rounds 5] [--n 20000] [--dim 256]
+    python bench/experiments/read_path.py OLD_TREE NEW_TREE [--rounds 5] [--n 20000] [--dim 256]
 
 Builds (once, under ``--data``) a dataset of ``--n`` samples with a float32 embedding of
 ``--dim``, an int label and a small JSON object, then runs one timing subprocess per tree and

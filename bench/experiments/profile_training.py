@@ -1,6 +1,6 @@
 """profile_dataloader on our shard loader and on the factory's plain loader, for the same data.
 
-    .venv/bin/python bench/profile_training.py [--samples 20000] [--dim 256] [--batch 256]
+    .venv/bin/python bench/experiments/profile_training.py [--samples 20000] [--dim 256] [--batch 256]
         [--workers 0,2] [--batches 60] [--step-ms 5] [--repeats 3] [--out DIR]
 
 Writes ``--samples`` samples ``{"x": float32[dim], "y": int}`` as shards (``build_shards``),

@@ -2,7 +2,7 @@
 webdataset ``ShardWriter`` shards (a PAX header before every member), Python's ``tarfile`` on
 both, and what adopt's scan and the loader's per-sample parser make of them.
 
-    PYTHONPATH=$PWD:/work/noedit .venv/bin/python bench/member_parse.py [--n 4096]
+    PYTHONPATH=$PWD:/work/noedit .venv/bin/python bench/experiments/member_parse.py [--n 4096]
         [--repeats 5] [--old TREE]
 
 Writes ``--n`` samples of the ``embed`` workload (three ``.npy`` arrays, a ``.cls`` label and
@@ -39,7 +39,7 @@ from collections.abc import Callable
 from typing import Any
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.dirname(HERE)
+ROOT = os.path.dirname(os.path.dirname(HERE))
 ROWS = [
     ("iter_members", "plain", "iter_members, whole shard (bytes)"),
     ("iter_members", "pax", "iter_members, whole shard (bytes)"),

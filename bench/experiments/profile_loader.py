@@ -1,6 +1,6 @@
 """Where the loader's time goes, per sample, on the whole-batch path of a built dataset.
 
-    .venv/bin/python bench/profile_loader.py DATASET [--split train] [--batches 20] [--fields a,b]
+    .venv/bin/python bench/experiments/profile_loader.py DATASET [--split train] [--batches 20] [--fields a,b]
 
 Reads ``--batches`` planned batches, then times (CPU time of this process, best of 5) each step
 of the columnar decode on them: the prefix gather, keys, the walk that finds the variable

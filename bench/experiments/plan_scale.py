@@ -1,6 +1,6 @@
 """What planning an epoch costs one rank, from 10^7 to 10^10 samples, without reading data.
 
-    PYTHONPATH=. .venv/bin/python bench/plan_scale.py [--sizes 1e7 1e9 1e10] [--shards 200000]
+    PYTHONPATH=. .venv/bin/python bench/experiments/plan_scale.py [--sizes 1e7 1e9 1e10] [--shards 200000]
         [--world 1024] [--workers 8] [--batch 256] [--span N] [--old /tmp/base --old-sizes 1e7 1e8]
 
 The split is ``--shards`` shards of uneven size (uniform between 0.5x and 1.5x the mean, seeded)
@@ -156,7 +156,7 @@ def main() -> None:
     if args.one:
         print(json.dumps(measure(args.one[0], int(args.one[1]), args)))
         return
-    here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    here = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     print(
         f"{args.shards} uneven shards, {args.world} ranks x {args.workers} workers, "
         f"batch {args.batch}, rank {args.world // 2}"

@@ -1,6 +1,6 @@
 """JSON parsers on the bench's metadata objects: per sample, and one decode per batch.
 
-    .venv-bench/bin/python bench/json_parsers.py [--n 100000]
+    .venv-bench/bin/python bench/experiments/json_parsers.py [--n 100000]
 
 Times (CPU time, best of 5) the stdlib (``json.loads`` and the C scanner our decoder uses),
 ``orjson`` and ``msgspec`` on ~130-byte JSON objects as memoryviews into a buffer, per sample

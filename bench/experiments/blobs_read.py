@@ -2,7 +2,7 @@
 (the default) and declared ``uint8`` (one copy into the batch), LitData when importable, and
 the raw limit (a warm ``readinto`` loop over the same shard files), in one run.
 
-    PYTHONPATH=$PWD python bench/blobs_read.py [--n 1024] [--repeats 5]
+    PYTHONPATH=$PWD python bench/experiments/blobs_read.py [--n 1024] [--repeats 5]
 
 Every dataset is read once untimed first (a warm page cache, like the raw loop). Each system
 is timed on a new loader's first pass and on a loader's second pass (``2nd``: its buffers kept

@@ -1,7 +1,7 @@
 """What starting build workers costs: the bench's embeddings built from its torch map-style
 Dataset, each build in a fresh process, with 1 and with 2 workers, at two sizes.
 
-    PYTHONPATH=$PWD .venv-bench/bin/python bench/build_start.py [N1 N2 ...] [--workload embed]
+    PYTHONPATH=$PWD .venv-bench/bin/python bench/experiments/build_start.py [N1 N2 ...] [--workload embed]
 
 Prints each build's wall time, and from the two largest sizes the fixed start of the 2-worker
 build and its rate once started (a line through the two points).
@@ -18,7 +18,7 @@ import sys
 import tempfile
 import time
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def build_once(workload: str, n: int, workers: int, out: str) -> float:
@@ -42,7 +42,7 @@ def fresh(workload: str, n: int, workers: int, tmp: str) -> float:
     out = os.path.join(tmp, f"{workload}-{n}-{workers}")
     code = (
         "import json, sys, torch\n"
-        "from bench.build_start import build_once\n"
+        "from bench.experiments.build_start import build_once\n"
         "if __name__ == '__main__':\n"
         f"    print(json.dumps(build_once({workload!r}, {n}, {workers}, {out!r})))\n"
     )

@@ -219,6 +219,15 @@ def test_a_mix_object_equals_the_list_and_keywords_batch_for_batch(mixdata):
     assert summary(short) == summary(same)
 
 
+def test_a_mix_keyword_contradicting_the_mix_is_an_error(mixdata):
+    mix = Mix(_mix_sources(mixdata), batching="stratified")
+    with pytest.warns(DeprecationWarning), pytest.raises(ValueError) as err:
+        create_loader(mix, "train", 4, batching="mixed")
+    assert str(err.value) == (
+        "batching='mixed' conflicts with source.batching='stratified'; give it in one place"
+    )
+
+
 def test_mix_keywords_with_one_dataset_are_an_error(ds):
     with (
         pytest.warns(DeprecationWarning),

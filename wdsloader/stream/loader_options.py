@@ -114,6 +114,7 @@ DEPRECATED: dict[str, tuple[str, str]] = {
     "source_field": ("mix", "source_field"),
 }
 
+_PARAMETER = {"mix": "source"}  # the create_loader parameter an option object is passed as
 Changes = dict[str, tuple[str, Any]]  # field -> (the keyword that sets it, its value)
 
 
@@ -189,7 +190,8 @@ def _merged(name: str, value: Any, changes: Changes) -> Any:
         if current != defaults[field] and not _same(current, new):
             raise ValueError(
                 f"{old}={_shown(field, new)!r} conflicts with "
-                f"{name}.{field}={_shown(field, current)!r}; give it in one place"
+                f"{_PARAMETER.get(name, name)}.{field}={_shown(field, current)!r}; "
+                "give it in one place"
             )
     return dataclasses.replace(base, **{field: new for field, (_, new) in changes.items()})
 

@@ -207,6 +207,13 @@ def _shard_loader(
             given["topology"] = Topology(rank=rank, world_size=world)
     if config.num_workers > 0:
         given["workers"] = WorkerOptions(**config.worker_options())
+    clash = sorted(set(given) & set(options))
+    if clash:
+        raise ValueError(
+            f"{clash} would contradict the DataLoaderConfig, which gives them "
+            "(set num_workers, prefetch_factor, persistent_workers, distributed, rank and "
+            "world_size there)"
+        )
     loader = create_loader(
         root,
         split,

@@ -20,7 +20,7 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from wdsloader import create_loader, set_epoch
+from wdsloader import WorkerOptions, create_loader, set_epoch
 
 
 def make_data(path: str) -> None:
@@ -64,7 +64,7 @@ def main() -> None:
         num_workers=args.num_workers,
         distributed=True,
         drop_last=args.drop_last,
-        persistent_workers=args.num_workers > 0,
+        workers=WorkerOptions(persistent_workers=args.num_workers > 0),
     )
     start_epoch = 0
     if args.resume:

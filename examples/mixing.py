@@ -28,7 +28,7 @@ import numpy as np
 
 from build_shards import ShardOptions, build_shards
 from wdsloader import MultiDataLoader, MultiDataLoaderConfig, create_loader
-from wdsloader.mix import MixSource, mix_quotas_for
+from wdsloader.mix import Mix, MixSource, mix_quotas_for
 from wdsloader.plan.quotas import largest_remainder
 
 WEIGHTS = {"web": 0.6, "code": 0.3, "curated": 0.1}
@@ -72,8 +72,8 @@ def sample_mix(root: Path, batch_size: int, epoch_samples: int):
     """One loader over the three corpora mixed sample by sample (field ``source``: the index),
     ``epoch_samples`` a whole number of batches (nothing dropped: the quotas are exact)."""
     sources = [MixSource(root / name, weight=w) for name, w in WEIGHTS.items()]
-    return create_loader(sources, "train", batch_size, seed=1, source_field="source",
-                         epoch_samples=epoch_samples)  # fmt: skip
+    mix = Mix(sources, source_field="source", epoch_samples=epoch_samples)
+    return create_loader(mix, "train", batch_size, seed=1)
 
 
 def play_samples(loader, epochs: int, stop_after: int | None = None) -> list[list]:

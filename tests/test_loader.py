@@ -15,7 +15,9 @@ from tests.http_server import Faults, http_server_fixture  # noqa: F401
 from wdsloader import ReadOptions, create_loader, set_epoch
 from wdsloader.errors import DecodeError, ManifestError, ShardFormatError
 from wdsloader.format import Manifest
-from wdsloader.stream.config import resolve_config, resolve_read_options
+from wdsloader.stream.config import resolve_config
+from wdsloader.stream.loader_options import LoaderOptions
+from wdsloader.stream.options import PlanOptions
 
 COUNTS = [37, 50, 13, 44, 29]  # 173 samples, unequal shards
 
@@ -370,24 +372,15 @@ def test_an_explicit_option_that_would_be_unused_is_an_error(ds, options, messag
         create_loader(ds, "train", batch_size=4, **options)
 
 
-def test_read_options_merge_one_way(tmp_path):
-    base = ReadOptions(retries=2, storage_options={"anon": True})
-    merged = resolve_read_options(base, cache_dir=str(tmp_path), verify_checksum=True)
-    assert (merged.retries, merged.storage_options) == (2, {"anon": True})
-    assert (merged.cache_dir, merged.cache_limit_bytes, merged.verify_checksum) == (
-        str(tmp_path),
-        None,
-        True,
-    )
-    assert base.cache_dir is None  # the caller's options are not changed
-    same = resolve_read_options(base, storage_options={"anon": True})  # agreeing: no conflict
-    assert same.storage_options == {"anon": True}
-
-
 def test_config_is_resolved_against_the_manifest(ds):
     manifest = Manifest.load(ds)
-    train = resolve_config(manifest, "train", 8)
-    val = resolve_config(manifest, "val", 8, num_workers=2, shuffle_window=16)
+    train = resolve_config(manifest, LoaderOptions(split="train", batch_size=8))
+    val = resolve_config(
+        manifest,
+        LoaderOptions(
+            split="val", batch_size=8, num_workers=2, plan=PlanOptions(shuffle_window=16)
+        ),
+    )
     assert (train.plan.shuffle, train.plan.drop_last, val.plan.shuffle, val.plan.drop_last) == (
         True,
         True,

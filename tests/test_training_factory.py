@@ -201,6 +201,21 @@ def test_automatic_worker_options():
     assert pinned.pin_memory is False
 
 
+def test_shard_options_that_the_config_gives_are_an_error(shards):
+    from wdsloader import Topology, WorkerOptions
+
+    factory = DataLoaderFactory()
+    config = DataLoaderConfig(batch_size=4, num_workers=1, distributed=True, rank=0, world_size=2)
+    with pytest.raises(ValueError) as err:
+        factory.create_dataloader(
+            shards, config, split="val", workers=WorkerOptions(), topology=Topology()
+        )
+    assert str(err.value) == (
+        "['topology', 'workers'] would contradict the DataLoaderConfig, which gives them (set "
+        "num_workers, prefetch_factor, persistent_workers, distributed, rank and world_size there)"
+    )
+
+
 def test_create_optimized_dataloader_as_seed_002_documents():
     train = create_optimized_dataloader(tensors(50), batch_size=8, num_workers=0)
     assert train.drop_last is True and len(train) == 6

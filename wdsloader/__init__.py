@@ -33,27 +33,26 @@ _EXPORTS = {
     "CollatorRegistry": "wdsloader.collate",
     "TaskSpec": "wdsloader.collate",
     "Curriculum": "wdsloader.curriculum",
-    "DecodeError": "wdsloader.errors",
-    "ManifestError": "wdsloader.errors",
-    "PickleNotAllowedError": "wdsloader.errors",
-    "SchemaError": "wdsloader.errors",
-    "ShardFormatError": "wdsloader.errors",
     "ShardReadError": "wdsloader.errors",
     "SkipLimitError": "wdsloader.errors",
     "StateMismatchError": "wdsloader.errors",
-    "StorageSetupError": "wdsloader.errors",
     "WdsLoaderError": "wdsloader.errors",
     "WorkerDiedError": "wdsloader.errors",
     "MultiDataLoader": "wdsloader.mix",
     "MultiDataLoaderConfig": "wdsloader.mix",
     "SamplingStrategy": "wdsloader.mix",
     "MixSource": "wdsloader.mix",
+    "Mix": "wdsloader.mix",
     "ReadOptions": "wdsloader.io",
+    "PlanOptions": "wdsloader.stream",
+    "Topology": "wdsloader.stream",
+    "WorkerOptions": "wdsloader.stream",
+    "DecodeOptions": "wdsloader.stream",
+    "ErrorPolicy": "wdsloader.stream",
     "LoaderState": "wdsloader.stream",
     "WdsDataLoader": "wdsloader.stream",
     "create_loader": "wdsloader.stream",
     "set_epoch": "wdsloader.stream",
-    "BatchValidationError": "wdsloader.errors",
     "ValidationReport": "wdsloader.validate",
     "validate_batch": "wdsloader.validate",
     "validate_dataset": "wdsloader.validate",
@@ -94,6 +93,13 @@ _MOVED = {
     "ProfileResult": ("wdsloader.training", "ProfileResult"),
     "DevicePrefetcher": ("wdsloader.stream", "DevicePrefetcher"),
     "Source": ("wdsloader", "MixSource"),  # renamed: build_shards.Source is a build input
+    "DecodeError": ("wdsloader.errors", "DecodeError"),
+    "ManifestError": ("wdsloader.errors", "ManifestError"),
+    "PickleNotAllowedError": ("wdsloader.errors", "PickleNotAllowedError"),
+    "SchemaError": ("wdsloader.errors", "SchemaError"),
+    "ShardFormatError": ("wdsloader.errors", "ShardFormatError"),
+    "StorageSetupError": ("wdsloader.errors", "StorageSetupError"),
+    "BatchValidationError": ("wdsloader.errors", "BatchValidationError"),
 }
 
 __getattr__, __dir__ = lazy_exports(__name__, _EXPORTS, _MOVED)
@@ -103,24 +109,28 @@ if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs
     from wdsloader.collate import CollatorRegistry, TaskSpec
     from wdsloader.curriculum import Curriculum
     from wdsloader.errors import (
-        BatchValidationError,
-        DecodeError,
-        ManifestError,
-        PickleNotAllowedError,
-        SchemaError,
-        ShardFormatError,
         ShardReadError,
         SkipLimitError,
         StateMismatchError,
-        StorageSetupError,
         WdsLoaderError,
         WorkerDiedError,
     )
     from wdsloader.io import ReadOptions
-    from wdsloader.mix import MixSource, MultiDataLoader, MultiDataLoaderConfig, SamplingStrategy
+    from wdsloader.mix import (
+        Mix,
+        MixSource,
+        MultiDataLoader,
+        MultiDataLoaderConfig,
+        SamplingStrategy,
+    )
     from wdsloader.stream import (
+        DecodeOptions,
+        ErrorPolicy,
         LoaderState,
+        PlanOptions,
+        Topology,
         WdsDataLoader,
+        WorkerOptions,
         create_loader,
         set_epoch,
     )

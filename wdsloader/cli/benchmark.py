@@ -72,7 +72,7 @@ def measure_loader(
     """Read ``split`` of ``dataset`` through ``create_loader`` and time it.
 
     Reads one epoch, or the first ``max_batches`` batches; ``loader_kwargs`` go to
-    :func:`wdsloader.create_loader` (``seed``, ``shuffle``, ``fields``, ``cache_dir``, ...).
+    :func:`wdsloader.create_loader` (``seed``, ``shuffle``, ``decode``, ``read_options``, ...).
     ``progress=True`` shows a tqdm bar when stderr is a terminal.
     """
     if max_batches is not None and max_batches < 1:

@@ -18,8 +18,9 @@ class ReadOptions:
     5xx/408/429, aiohttp payload errors, other ``OSError``; never on missing files, denied access
     or other client errors), after ``backoff`` seconds doubled each time, capped at 2 s.
     ``concurrency`` threads serve remote requests. ``cache_dir`` keeps whole remote shards and
-    indexes, ``cache_limit_bytes`` caps it. ``verify_checksum`` checks a shard's sha256 when it is
-    first downloaded into the cache or first opened.
+    indexes, ``cache_limit_bytes`` caps it (a ValueError without ``cache_dir``).
+    ``verify_checksum`` checks a shard's sha256 when it is first downloaded into the cache or
+    first opened.
 
     Timeouts (seconds) bound a server that accepts a connection and never answers:
     ``connect_timeout`` for opening a connection, ``read_timeout`` for the wait for any bytes of
@@ -54,6 +55,10 @@ class ReadOptions:
             self.deadline is not None and not self.deadline > 0
         ):
             raise ValueError("connect_timeout, read_timeout and deadline must be > 0")
+        if self.cache_limit_bytes is not None and self.cache_dir is None:
+            raise ValueError(
+                f"cache_limit_bytes={self.cache_limit_bytes} needs a cache_dir (it limits the cache)"
+            )
 
     def __repr__(self) -> str:
         shown = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}

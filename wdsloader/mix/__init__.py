@@ -1,9 +1,11 @@
 """Mixing several datasets: loaders on a schedule (:class:`MultiDataLoader`), and weighted
-sources mixed sample by sample (:class:`MixSource`, planned by :mod:`wdsloader.plan.mix`)."""
+sources mixed sample by sample (a :class:`Mix` of :class:`MixSource`, planned by
+:mod:`wdsloader.plan.mix`)."""
 
 from wdsloader.lazy import moved_names
 from wdsloader.mix.multi import MixStep, MultiDataLoader
 from wdsloader.mix.multi_state import LoaderProgress, MultiState
+from wdsloader.mix.options import Mix
 from wdsloader.mix.sampling import (
     BaseSampling,
     LoaderSampling,
@@ -24,6 +26,7 @@ __all__ = [
     "MIX_ALGORITHM",
     "BaseSampling",
     "EpochLengthPolicy",
+    "Mix",
     "LoaderProgress",
     "LoaderSampling",
     "MixSpec",

@@ -1,19 +1,33 @@
-"""Execution: create_loader, the loader and its resume state, the per-worker dataset, the control
+"""Execution: create_loader and its option objects, the loader and its resume state, the per-worker dataset, the control
 block shared with workers, worker-death detection, the start-method check and the device
 prefetcher."""
 
 from wdsloader.stream.config import LoaderConfig
 from wdsloader.stream.dataset import ShardStreamDataset
 from wdsloader.stream.loader import DevicePrefetcher, WdsDataLoader, create_loader, set_epoch
+from wdsloader.stream.loader_options import LoaderOptions
+from wdsloader.stream.options import (
+    DecodeOptions,
+    ErrorPolicy,
+    PlanOptions,
+    Topology,
+    WorkerOptions,
+)
 from wdsloader.stream.state import LoaderState, ResumePoint
 
 __all__ = [
+    "DecodeOptions",
     "DevicePrefetcher",
+    "ErrorPolicy",
     "LoaderConfig",
+    "LoaderOptions",
     "LoaderState",
+    "PlanOptions",
     "ResumePoint",
     "ShardStreamDataset",
+    "Topology",
     "WdsDataLoader",
+    "WorkerOptions",
     "create_loader",
     "set_epoch",
 ]

@@ -1,9 +1,10 @@
 """``create_loader``'s options resolved into one frozen :class:`LoaderConfig` against the manifest.
 
 Pure functions (no I/O): split defaults (``drop_last`` and ``shuffle`` on for ``train`` only),
-the curriculum and collator defaults stored in the manifest, span and shuffle-window sizes from
-the average sample size, and the read options merged one way. An option given explicitly that
-would end up unused is a ValueError naming it (see :func:`resolve_config`).
+the curriculum and collator defaults stored in the manifest, and span and shuffle-window sizes
+from the average sample size. The options (:class:`~wdsloader.stream.loader_options.LoaderOptions`)
+check themselves when made; a curriculum given explicitly whose output is not decoded is a
+ValueError here (it needs the manifest).
 """
 
 from __future__ import annotations
@@ -15,11 +16,11 @@ from typing import TYPE_CHECKING, Any
 
 from wdsloader import plan
 from wdsloader.format import Manifest
-from wdsloader.io.fetch import ReadOptions
 
 if TYPE_CHECKING:
     from wdsloader.curriculum.curriculum import Curriculum
     from wdsloader.mix.spec import MixSpec
+    from wdsloader.stream.loader_options import LoaderOptions
 
 # Defaults that trade shuffle quality against read sizes (docs/loading.md: how samples are planned).
 SPAN_BYTES = 256 * 2**10  # bytes of consecutive samples kept together (one range read)
@@ -81,48 +82,6 @@ def default_span_window(
     return span, -(-window // batch_size) * batch_size
 
 
-def resolve_read_options(
-    read_options: ReadOptions | None,
-    *,
-    storage_options: dict[str, Any] | None = None,
-    cache_dir: str | None = None,
-    cache_limit_bytes: int | None = None,
-    verify_checksum: bool | None = None,
-) -> ReadOptions:
-    """``read_options`` (default: :class:`ReadOptions()`) with each argument that is not None
-    set on its field of the same name.
-
-    An argument that contradicts a field ``read_options`` already sets to something other than
-    its default is a ValueError naming both; ``cache_limit_bytes`` without a cache directory is
-    a ValueError (it would be unused).
-    """
-    base = read_options if read_options is not None else ReadOptions()
-    defaults = ReadOptions()
-    given: dict[str, Any] = {
-        "storage_options": storage_options,
-        "cache_dir": cache_dir,
-        "cache_limit_bytes": cache_limit_bytes,
-        "verify_checksum": verify_checksum,
-    }
-    changes: dict[str, Any] = {}
-    for name, value in given.items():
-        if value is None:
-            continue
-        current = getattr(base, name)
-        if current != getattr(defaults, name) and current != value:
-            raise ValueError(
-                f"{name}={value!r} conflicts with read_options.{name}={current!r}; "
-                f"give it in one place"
-            )
-        changes[name] = value
-    options = dataclasses.replace(base, **changes)
-    if options.cache_limit_bytes is not None and options.cache_dir is None:
-        raise ValueError(
-            f"cache_limit_bytes={options.cache_limit_bytes} needs a cache_dir (it limits the cache)"
-        )
-    return options
-
-
 def resolve_curriculum(
     curriculum: Curriculum | Mapping[str, Any] | bool | None, manifest: Manifest
 ) -> Curriculum | None:
@@ -175,119 +134,60 @@ def resolve_fields(
     return tuple(plain), None
 
 
-def _loader_kwargs(
-    num_workers: int,
-    pin_memory: bool,
-    persistent_workers: bool,
-    prefetch_factor: int | None,
-    multiprocessing_context: Any,
-) -> dict[str, Any]:
-    import torch
-
-    kwargs: dict[str, Any] = {
-        "num_workers": num_workers,
-        "pin_memory": bool(pin_memory and torch.cuda.is_available()),
-    }
-    if num_workers > 0:
-        kwargs["persistent_workers"] = persistent_workers
-        kwargs["prefetch_factor"] = prefetch_factor or 2
-        kwargs["multiprocessing_context"] = multiprocessing_context
-        return kwargs
-    if persistent_workers or prefetch_factor:
-        raise ValueError("persistent_workers and prefetch_factor need num_workers > 0")
-    if multiprocessing_context is not None:
-        raise ValueError(
-            f"multiprocessing_context={multiprocessing_context!r} needs num_workers > 0 "
-            f"(with num_workers=0 batches are made in the main process)"
-        )
-    return kwargs
-
-
 def resolve_config(
     manifest: Manifest,
-    split: str,
-    batch_size: int,
+    options: LoaderOptions,
     *,
     rank: int = 0,
     world_size: int = 1,
     remote: bool = False,
-    num_workers: int = 0,
-    epoch: int = 0,
-    drop_last: bool | None = None,
-    pin_memory: bool = True,
-    seed: int = 0,
-    shuffle: bool | None = None,
-    shuffle_window: int | None = None,
-    span: int | None = None,
-    fields: Sequence[str] | None = None,
-    collate_fn: CollateSpec | None = None,
-    collate_options: Mapping[str, Any] | None = None,
-    allow_pickle: bool = False,
-    on_error: str = "raise",
-    max_skipped: int | None = None,
-    persistent_workers: bool = False,
-    prefetch_factor: int | None = None,
-    multiprocessing_context: Any = None,
-    curriculum: Curriculum | Mapping[str, Any] | bool | None = None,
-    gather: bool = True,
     mix: MixSpec | None = None,
 ) -> LoaderConfig:
-    """The :class:`LoaderConfig` of :func:`~wdsloader.create_loader`'s options for ``split``
-    of ``manifest`` (``remote``: read without a local copy; larger spans by default).
+    """The :class:`LoaderConfig` of ``options`` for their split of ``manifest``, read as
+    ``rank`` of ``world_size`` (``remote``: read without a local copy; larger spans by
+    default). ``mix`` (with ``manifest`` the sources' merged manifest) is kept as given.
 
-    ValueError for an explicit option that would be unused: a curriculum whose output is not in
-    ``fields``, ``persistent_workers``/``prefetch_factor``/``multiprocessing_context`` with
-    ``num_workers=0``, ``max_skipped`` with ``on_error="raise"``, ``collate_options`` with a
-    callable ``collate_fn``. ``mix`` (with ``manifest`` the sources' merged manifest) is kept
-    as given.
+    A ValueError for a curriculum given explicitly whose output is not in the decoded fields
+    (see :func:`resolve_fields`); the options checked themselves when made.
     """
-    if batch_size < 1:
-        raise ValueError(f"batch_size must be >= 1, got {batch_size}")
-    if num_workers < 0:
-        raise ValueError(f"num_workers must be >= 0, got {num_workers}")
-    if max_skipped is not None and on_error == "raise":
-        raise ValueError(f"max_skipped={max_skipped!r} needs on_error='skip' (nothing is skipped)")
+    split, batch_size = options.split, options.batch_size
     info = manifest.split(split)
     auto_span, auto_window = default_span_window(
         info.num_samples, info.num_bytes, batch_size, remote=remote
     )
-    window = shuffle_window if shuffle_window is not None else auto_window
+    span, window = options.plan.span, options.plan.shuffle_window
+    window = window if window is not None else auto_window
     is_train = split == "train"
     plan_config = plan.PlanConfig(
         counts=tuple(s.num_samples for s in info.shards),
         batch_size=batch_size,
         world_size=world_size,
-        num_workers=max(1, num_workers),
-        seed=seed,
-        shuffle=is_train if shuffle is None else shuffle,
-        drop_last=is_train if drop_last is None else drop_last,
+        num_workers=max(1, options.num_workers),
+        seed=options.seed,
+        shuffle=is_train if options.shuffle is None else options.shuffle,
+        drop_last=is_train if options.drop_last is None else options.drop_last,
         span=span if span is not None else auto_span,
         window=window,
     )
-    plain, curr = resolve_fields(fields, curriculum, manifest)
-    collate = collate_fn if collate_fn is not None else manifest.loader_defaults.get("collate")
-    if collate_options and callable(collate):
-        raise ValueError(
-            f"collate_options={sorted(collate_options)} would be unused: collate_fn is a "
-            "callable (they configure a registered collator given by name)"
-        )
+    decode = options.decode
+    plain, curr = resolve_fields(decode.fields, decode.curriculum, manifest)
+    collate = options.collate_fn
+    collate = collate if collate is not None else manifest.loader_defaults.get("collate")
     return LoaderConfig(
         split=split,
         rank=rank,
         plan=plan_config,
-        epoch=epoch,
+        epoch=options.epoch,
         fields=plain,
         curriculum=curr,
         collate=collate if collate is not None else "default",
-        collate_options=dict(collate_options or {}),
-        allow_pickle=allow_pickle,
-        on_error=on_error,
-        max_skipped=max_skipped,
-        gather=gather,
+        collate_options=dict(decode.collate_options or {}),
+        allow_pickle=decode.allow_pickle,
+        on_error=options.errors.on_error,
+        max_skipped=options.errors.max_skipped,
+        gather=decode.gather,
         readahead_batches=max(1, window // batch_size),
-        loader_kwargs=_loader_kwargs(
-            num_workers, pin_memory, persistent_workers, prefetch_factor, multiprocessing_context
-        ),
+        loader_kwargs=options.workers.loader_kwargs(options.num_workers, options.pin_memory),
         mix=mix,
     )
 

@@ -23,18 +23,24 @@ from wdsloader.stream.config import (
     LoaderConfig,
     default_span_window,
     resolve_config,
-    resolve_read_options,
 )
 from wdsloader.stream.dataset import ShardStreamDataset
-from wdsloader.stream.inputs import open_dataset, rank_and_world
+from wdsloader.stream.inputs import open_dataset
+from wdsloader.stream.loader_options import LoaderOptions, loader_options
+from wdsloader.stream.options import (
+    DecodeOptions,
+    ErrorPolicy,
+    PlanOptions,
+    Topology,
+    WorkerOptions,
+)
 from wdsloader.stream.prefetch import DevicePrefetcher
 from wdsloader.stream.start_method import check_sendable
 from wdsloader.stream.state import LoaderState, epoch_fingerprint, stage_fingerprint
 from wdsloader.stream.workers import WorkerWatch
 
 if TYPE_CHECKING:
-    from wdsloader.curriculum.curriculum import Curriculum
-    from wdsloader.curriculum.schedule import Schedule
+    from wdsloader.mix.options import Mix
     from wdsloader.mix.source import MixSource
     from wdsloader.mix.spec import MixSpec
     from wdsloader.mix.store import MixStore
@@ -264,7 +270,7 @@ def build_loader(config: LoaderConfig, dataset: ShardStreamDataset) -> WdsDataLo
 
 
 def create_loader(
-    dataset_dir: str | os.PathLike[str] | Sequence[MixSource],
+    source: str | os.PathLike[str] | Mix | Sequence[MixSource],
     split: str,
     batch_size: int,
     num_workers: int = 0,
@@ -273,146 +279,85 @@ def create_loader(
     drop_last: bool | None = None,
     pin_memory: bool = True,
     *,
-    seed: int = 0,
     shuffle: bool | None = None,
-    shuffle_window: int | None = None,
-    span: int | None = None,
-    fields: Sequence[str] | None = None,
-    collate_fn: str | Callable[[list[dict[str, Any]]], Any] | None = None,
-    collate_options: Mapping[str, Any] | None = None,
+    seed: int = 0,
     storage_options: dict[str, Any] | None = None,
-    cache_dir: str | None = None,
-    cache_limit_bytes: int | None = None,
-    allow_pickle: bool = False,
-    on_error: str = "raise",
-    verify_checksum: bool | None = None,
-    check_shards: bool = True,
-    persistent_workers: bool = False,
-    prefetch_factor: int | None = None,
-    rank: int | None = None,
-    world_size: int | None = None,
-    device_mesh: Any = None,
-    dp_dim: str | None = None,
+    collate_fn: str | Callable[[list[dict[str, Any]]], Any] | None = None,
+    plan: PlanOptions | None = None,
+    topology: Topology | None = None,
+    workers: WorkerOptions | None = None,
     read_options: ReadOptions | None = None,
-    multiprocessing_context: Any = None,
-    curriculum: Curriculum | Mapping[str, Any] | bool | None = None,
-    gather: bool = True,
-    max_skipped: int | None = None,
-    weights: Schedule | None = None,
-    epoch_samples: int | None = None,
-    batching: str | None = None,
-    source_field: str | None = None,
+    decode: DecodeOptions | None = None,
+    errors: ErrorPolicy | None = None,
+    **deprecated: Any,
 ) -> WdsDataLoader:
-    """A DataLoader over ``split`` of the dataset at ``dataset_dir`` (a path or fsspec URL), or
-    of several datasets mixed sample by sample (a list of :class:`~wdsloader.mix.MixSource`).
+    """A DataLoader over ``split`` of the dataset at ``source`` (a path or fsspec URL), or of
+    several datasets mixed sample by sample (a :class:`~wdsloader.mix.Mix`; a plain list of
+    :class:`~wdsloader.mix.MixSource` is short for ``Mix(list)``).
 
     Every rank yields exactly ``len(loader)`` batches; across ranks and workers each sample comes
     once per epoch (``drop_last=True`` drops fewer than ``world_size * batch_size``;
     ``drop_last=False`` repeats as few samples as needed to make ranks equal). ``drop_last``
-    defaults to True for ``train`` and False otherwise; shuffling to ``train`` only. The first
-    eight parameters, up to ``pin_memory``, may be given by position (``dataset_dir, split,
-    batch_size, num_workers, distributed, epoch, drop_last, pin_memory``, the order scripts
-    written for the first ``create_loader`` use); the others are keyword-only.
+    defaults to True for ``train`` and False otherwise; shuffling (by ``seed``) to ``train``
+    only. The first eight parameters, up to ``pin_memory`` (which takes effect only with CUDA),
+    may be given by position. ``distributed=True`` takes the data-parallel rank and size from
+    ``torch.distributed``; ``topology`` gives them instead (or a device mesh).
+    ``storage_options`` go to fsspec (credentials, endpoint). ``collate_fn`` is a callable or
+    the name of a collator in :class:`~wdsloader.collate.CollatorRegistry` (default: the
+    manifest's ``loader_defaults["collate"]`` or ``"default"``).
 
-    ``span`` (samples read together from one shard) and ``shuffle_window`` (samples a worker
-    shuffles among) default to sizes derived from the average sample size (256 KiB and 64 MiB
-    of data). ``fields`` limits decoding to those fields. ``collate_fn`` is a callable or the
-    name of a collator in :class:`~wdsloader.collate.CollatorRegistry` (default: the
-    manifest's ``loader_defaults["collate"]`` or ``"default"``), made with ``collate_options``
-    (e.g. ``{"tokenizer": tok}`` for ``"text"``). ``rank``/``world_size`` are the data-parallel
-    rank and size: every rank of a model-parallel (tensor, pipeline, sequence) group passes the
-    same ``rank`` and gets the same batches. ``device_mesh`` (a torch ``DeviceMesh``) gives them
-    as the local rank and size of its dimension ``dp_dim`` (default ``"dp"``);
-    ``distributed=True`` takes them from ``torch.distributed`` (global rank and world size:
-    plain data parallelism only).
-    ``pin_memory`` takes effect only with CUDA.
+    The rest is one option object per concern, each checking itself when made (a combination
+    that cannot be meant is a ValueError naming the fields): ``plan``
+    (:class:`~wdsloader.stream.options.PlanOptions`: span, shuffle window), ``topology``
+    (:class:`~wdsloader.stream.options.Topology`), ``workers``
+    (:class:`~wdsloader.stream.options.WorkerOptions`: persistent workers, prefetch, start
+    method), ``read_options`` (:class:`~wdsloader.io.ReadOptions`: retries, timeouts, cache,
+    checksums; also for the manifest's read), ``decode``
+    (:class:`~wdsloader.stream.options.DecodeOptions`: fields, curriculum, collate options,
+    pickle) and ``errors`` (:class:`~wdsloader.stream.options.ErrorPolicy`: raise or skip).
+    ``storage_options`` given here and otherwise in ``read_options`` is a ValueError. A
+    worker that dies raises :class:`~wdsloader.errors.WorkerDiedError` (a RuntimeError).
 
-    ``curriculum`` (a :class:`~wdsloader.curriculum.Curriculum` or its dict) replaces the stored
-    variant fields by one output field drawn per sample and epoch; None uses the manifest's
-    default (``loader_defaults["curriculum"]``; left out when ``fields`` omits its output),
-    False none. ``gather=False`` turns off the whole-batch read of fixed-size fields (every
-    sample is then parsed on its own).
-
-    ``multiprocessing_context`` (``"fork"``, ``"spawn"``, ``"forkserver"`` or a context) picks
-    how workers start; under spawn/forkserver a collator, decoder or schedule that cannot be
-    pickled (a lambda, a closure) is a ValueError here, naming it.
-
-    ``read_options`` (a :class:`~wdsloader.io.ReadOptions`) sets retries, connect/read
-    timeouts and the per-request deadline of remote reads (the manifest's read too); the
-    arguments ``storage_options``, ``cache_dir``, ``cache_limit_bytes`` and ``verify_checksum``
-    set the fields of the same name (a ValueError when ``read_options`` sets one otherwise).
-
-    An explicit option that would be unused is a ValueError naming it: a ``curriculum`` whose
-    output is not in ``fields``; ``rank``/``world_size`` with ``distributed=True``;
-    ``device_mesh`` with any of those, or ``dp_dim`` without ``device_mesh``;
-    ``persistent_workers``, ``prefetch_factor`` or ``multiprocessing_context`` with
-    ``num_workers=0``; ``max_skipped`` with ``on_error="raise"``; ``cache_limit_bytes``
-    without a cache directory.
-
-    ``on_error="skip"`` skips samples that fail to read or decode (logged, counted in
-    ``loader.stats``): a batch yields the samples that decoded; a batch whose every sample
-    failed yields instead the samples of the worker's next batch that has any, so every rank
-    still yields ``len(loader)`` batches and resume stays exact. More than ``max_skipped``
-    skipped samples in one pass of a rank (None: no limit) raise
-    :class:`~wdsloader.errors.SkipLimitError`. A worker process that dies raises
-    :class:`~wdsloader.errors.WorkerDiedError` (a RuntimeError).
-
-    A list of :class:`~wdsloader.mix.MixSource` mixes their ``split`` inside every batch: each
-    source gives exactly its quota per epoch (``MixSource(weight=)``, ``samples=`` or ``repeat=``;
-    largest remainder over ``epoch_samples``, default the sum of the quotas), a short source
-    repeating and a large one subsampled in rotation (every sample before any twice, across
-    epochs and weight changes). ``weights`` (a schedule: ``wdsloader.curriculum.fixed``,
-    ``linear``, ``cosine``, ``steps``, ``from_callable``, keyed by source name) gives the
-    weighted sources new weights each epoch. ``batching="mixed"`` (default) shuffles the
-    sources together (elastic resume as for one source); ``"stratified"`` gives every global
-    batch each source's exact share (resumes on the same topology only). ``source_field``
-    names a batch field holding each sample's source index (in list order; off by default);
-    ``loader.stats`` counts ``samples/<name>``. The sources must agree on the requested
-    ``fields`` (dtype, shape): a ValueError names the sources, the field and both specs.
-    These four options with a single dataset are a ValueError.
+    The keywords these objects replace (``shuffle_window``, ``fields``, ``cache_dir``,
+    ``on_error``, ``weights`` ... see
+    :data:`~wdsloader.stream.loader_options.DEPRECATED`) still work until wdsloader 0.2.0,
+    with a ``DeprecationWarning`` naming the replacement; one that contradicts its object's
+    field is a ValueError.
     """
-    options = resolve_read_options(
-        read_options,
-        storage_options=storage_options,
-        cache_dir=cache_dir,
-        cache_limit_bytes=cache_limit_bytes,
-        verify_checksum=verify_checksum,
-    )
-    r, world = rank_and_world(distributed, rank, world_size, device_mesh, dp_dim)
-    mix_options = {"weights": weights, "epoch_samples": epoch_samples,
-                   "batching": batching, "source_field": source_field}  # fmt: skip
-    store: ShardStore | MixStore
-    mix: MixSpec | None = None
-    if isinstance(dataset_dir, (str, os.PathLike)):
-        unused = sorted(k for k, v in mix_options.items() if v is not None)
-        if unused:
-            raise ValueError(
-                f"{unused} would be unused: they configure a mix (pass a list of MixSource)"
-            )
-        root = os.fspath(dataset_dir)
-        store, manifest = open_dataset(root, options, check_shards, split)
-    else:
-        mix_options["batching"] = batching or "mixed"
-        from wdsloader.mix.store import open_mix
-
-        store, manifest, mix = open_mix(
-            list(dataset_dir), split, fields, mix_options,
-            lambda url: open_dataset(url, options, check_shards, split),
-        )  # fmt: skip
-        root = "+".join(mix.names)
-    config = resolve_config(
-        manifest, split, batch_size, rank=r, world_size=world, remote=not store.reads_locally,
-        num_workers=num_workers, epoch=epoch, drop_last=drop_last, pin_memory=pin_memory,
-        seed=seed, shuffle=shuffle, shuffle_window=shuffle_window, span=span, fields=fields,
-        collate_fn=collate_fn, collate_options=collate_options, allow_pickle=allow_pickle,
-        on_error=on_error, max_skipped=max_skipped, persistent_workers=persistent_workers,
-        prefetch_factor=prefetch_factor, multiprocessing_context=multiprocessing_context,
-        curriculum=curriculum, gather=gather, mix=mix,
+    root, options = loader_options(
+        source, deprecated, storage_options=storage_options,
+        split=split, batch_size=batch_size, num_workers=num_workers, distributed=distributed,
+        epoch=epoch, drop_last=drop_last, pin_memory=pin_memory, shuffle=shuffle, seed=seed,
+        collate_fn=collate_fn, plan=plan, topology=topology, workers=workers,
+        read_options=read_options, decode=decode, errors=errors,
     )  # fmt: skip
+    rank, world = options.topology.resolve(distributed)
+    store, manifest, mix = open_source(root, options)
+    config = resolve_config(
+        manifest, options, rank=rank, world_size=world, remote=not store.reads_locally, mix=mix
+    )
     loader = build_loader(config, build_dataset(config, manifest, store))
+    shown = store.redact(root) if mix is None else "+".join(mix.names)
     log.info(
         "%s/%s rank %d/%d: %d batches of %d per epoch, %d samples repeated, %d left out",
-        store.redact(root), split, r, world, len(loader), batch_size, loader.padding,
-        loader.dropped,
+        shown, split, rank, world, len(loader), batch_size, loader.padding, loader.dropped,
     )  # fmt: skip
     return loader
+
+
+def open_source(
+    root: str | None, options: LoaderOptions
+) -> tuple[ShardStore | MixStore, Manifest, MixSpec | None]:
+    """The store and manifest of the dataset at ``root``, or (``root`` None) of the mix of
+    ``options``, with its spec."""
+    read, check = options.read_options, options.errors.check_shards
+    if options.mix is None:
+        assert root is not None
+        return (*open_dataset(root, read, check, options.split), None)
+    from wdsloader.mix.store import open_mix
+
+    return open_mix(
+        list(options.mix.sources), options.split, options.decode.fields,
+        options.mix.spec_options(),
+        lambda url: open_dataset(url, read, check, options.split),
+    )  # fmt: skip

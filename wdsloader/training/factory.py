@@ -140,7 +140,7 @@ class DataLoaderFactory:
         """A loader over ``dataset`` built as ``config`` says (default ``DataLoaderConfig()``).
 
         For a built shard dataset (a path or URL), ``split`` picks the split and
-        ``shard_options`` go to :func:`wdsloader.create_loader` (``fields``, ``cache_dir``,
+        ``shard_options`` go to :func:`wdsloader.create_loader` (``decode``, ``read_options``,
         ``storage_options`` ...); they are a ValueError for in-memory data. ``distributed=True``
         on an iterable dataset is a ValueError (it has no sampler to shard).
         """
@@ -196,13 +196,24 @@ def _shard_loader(
     options: dict[str, Any],
 ) -> WdsDataLoader:
     from wdsloader.stream.loader import create_loader
+    from wdsloader.stream.options import Topology, WorkerOptions
 
-    topology: dict[str, Any] = {}
+    given: dict[str, Any] = {}
     if config.distributed:
         if config.rank is None and config.world_size is None:
-            topology["distributed"] = True
+            given["distributed"] = True
         else:
-            topology["rank"], topology["world_size"] = config.rank_and_world()
+            rank, world = config.rank_and_world()
+            given["topology"] = Topology(rank=rank, world_size=world)
+    if config.num_workers > 0:
+        given["workers"] = WorkerOptions(**config.worker_options())
+    clash = sorted(set(given) & set(options))
+    if clash:
+        raise ValueError(
+            f"{clash} would contradict the DataLoaderConfig, which gives them "
+            "(set num_workers, prefetch_factor, persistent_workers, distributed, rank and "
+            "world_size there)"
+        )
     loader = create_loader(
         root,
         split,
@@ -213,8 +224,7 @@ def _shard_loader(
         drop_last=config.drop_last,
         pin_memory=config.resolved_pin_memory(),
         collate_fn=collate,
-        **config.worker_options(),
-        **topology,
+        **given,
         **options,
     )
     # the plan's epoch is the dataset's; each worker pool seeds itself from it

@@ -316,10 +316,11 @@ def create_dataloaders(
     else:
         options.update(bos_id=bos_id, eos_id=eos_id)
     from wdsloader.stream.loader import create_loader
+    from wdsloader.stream.options import WorkerOptions
 
     common: dict[str, Any] = {"num_workers": num_workers, "collate_fn": "causal_lm", "seed": seed}
     if num_workers > 0:
-        common["persistent_workers"] = True
+        common["workers"] = WorkerOptions(persistent_workers=True)
     train_root = _cached_shards(train_path, "train", tok, cache, options, rebuild)
     train = create_loader(train_root, "train", batch_size, shuffle=True, drop_last=True, **common)
     if val_path is None:

@@ -1,5 +1,5 @@
 """The registry of mix batching strategies (wdsloader.plan.batching): the built-in two by name, a
-strategy registered by a test used end to end through create_loader(batching=name) with every
+strategy registered by a test used end to end through create_loader(Mix(..., batching=name)) with every
 sample once per epoch and exact resume on its topology, and the registry's errors."""
 
 from __future__ import annotations
@@ -15,9 +15,9 @@ from hypothesis import strategies as st
 
 from tests.dataset_factory import write_dataset
 from tests.test_mix_plan import FAST, epoch_multiset, mix_epochs, pairs
-from wdsloader import create_loader
+from wdsloader import Topology, WorkerOptions, create_loader
 from wdsloader.errors import StateMismatchError
-from wdsloader.mix import MixSource, MixSpec
+from wdsloader.mix import Mix, MixSource, MixSpec
 from wdsloader.plan import Resume
 from wdsloader.plan.batching import (
     GlobalBatching,
@@ -139,11 +139,13 @@ def data(tmp_path_factory) -> Path:
     return root
 
 
-def _loader(data: Path, rank: int, **kw):
+def _loader(data: Path, rank: int, batching="sequential", num_workers=2, context=None):
     srcs = [MixSource(data / "a", repeat=1), MixSource(data / "b", repeat=1)]
-    opts = {"num_workers": 2, "seed": 3, "source_field": "src", "batching": "sequential"}
-    opts.update(kw)
-    return create_loader(srcs, "train", 3, rank=rank, world_size=2, **opts)
+    mix = Mix(srcs, batching=batching, source_field="src")
+    return create_loader(
+        mix, "train", 3, num_workers, seed=3, topology=Topology(rank=rank, world_size=2),
+        workers=WorkerOptions(multiprocessing_context=context) if context else None,
+    )  # fmt: skip
 
 
 def _batches(loader, stop: int | None = None):
@@ -214,7 +216,7 @@ def test_a_strategy_that_cannot_reach_spawned_workers_is_refused_at_creation(dat
             match=r"the mix plan \(its batching strategy or weights schedule\) cannot be sent to "
             r"DataLoader workers started by 'spawn' .*local object",
         ):
-            _loader(data, 0, batching="local", multiprocessing_context="spawn")
-        _loader(data, 0, batching="local", multiprocessing_context="fork")  # fork inherits it
+            _loader(data, 0, batching="local", context="spawn")
+        _loader(data, 0, batching="local", context="fork")  # fork inherits it
     finally:
         unregister_batching_strategy("local")

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from tests.dataset_factory import write_dataset
-from wdsloader import create_loader, plan
+from wdsloader import Topology, create_loader, plan
 from wdsloader.mix import MixSource, MixSpec
 from wdsloader.mix.runtime import MixPlanner
 from wdsloader.plan import PlanConfig, Planner, Resume, SinglePlanner
@@ -106,7 +106,8 @@ def data(tmp_path_factory) -> Path:
 
 
 def test_the_dataset_asks_its_planner(data):
-    single = create_loader(str(data / "b"), "train", 4, drop_last=False, rank=1, world_size=2)
+    topology = Topology(rank=1, world_size=2)
+    single = create_loader(str(data / "b"), "train", 4, drop_last=False, topology=topology)
     mixed = create_loader([MixSource(data / "a"), MixSource(data / "b")], "train", 4, epoch=1)
     for loader, kind in ((single, SinglePlanner), (mixed, MixPlanner)):
         ds = loader.dataset_obj

@@ -9,7 +9,7 @@ from typing import Any
 from wdsloader.curriculum.schedule import Schedule
 from wdsloader.format.checks import as_int
 from wdsloader.mix.source import MixSource, mix_names
-from wdsloader.mix.spec import BATCHINGS
+from wdsloader.plan.batching import get_batching_strategy
 
 __all__ = ["Mix"]
 
@@ -27,7 +27,8 @@ class Mix:
     by source name) gives the weighted sources new weights each epoch. ``batching="mixed"``
     (default) shuffles the sources together (elastic resume as for one source);
     ``"stratified"`` gives every global batch each source's exact share (resumes on the same
-    topology only). ``source_field`` names a batch field holding each sample's source index
+    topology only); a strategy of one's own is registered with
+    :func:`~wdsloader.plan.batching.register_batching_strategy`. ``source_field`` names a batch field holding each sample's source index
     (in list order; off by default). The sources must agree on the requested fields (dtype,
     shape): a ValueError names the sources, the field and both specs.
     """
@@ -42,8 +43,7 @@ class Mix:
     def __post_init__(self) -> None:
         object.__setattr__(self, "sources", tuple(self.sources))
         mix_names(self.sources)  # non-empty, every one a MixSource, names distinct
-        if self.batching not in BATCHINGS:
-            raise ValueError(f"batching must be one of {BATCHINGS}, got {self.batching!r}")
+        get_batching_strategy(self.batching)  # a registered strategy (ValueError listing them)
         if self.weights is not None and not isinstance(self.weights, Schedule):
             raise TypeError(
                 f"weights must be a schedule (wdsloader.curriculum.fixed, linear, cosine, steps, "

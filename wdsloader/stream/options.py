@@ -14,7 +14,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from wdsloader.stream.dataset import ON_ERROR
+from wdsloader.stream.dataset_config import ON_ERROR
 
 if TYPE_CHECKING:
     from wdsloader.curriculum.curriculum import Curriculum

@@ -101,13 +101,14 @@ def get_batching_strategy(name: str) -> BatchingStrategy:
 
 
 def register_batching_strategy(strategy: BatchingStrategy, *, replace: bool = False) -> None:
-    """Make ``strategy`` the mix's ``batching=strategy.name`` (e.g. ``create_loader(sources,
-    ..., batching=name)``).
+    """Make ``strategy`` the mix's ``batching=strategy.name`` (e.g.
+    ``create_loader(Mix(sources, batching=name), ...)``).
 
     The name enters the loader state's fingerprint, so a state saved under one strategy does
     not load under another; for that reason a built-in name cannot be replaced. Another name
-    already registered is a ValueError unless ``replace=True``. The strategy reaches spawned
-    workers inside the loader, so it must pickle (an instance of a module-level class does).
+    already registered is a ValueError unless ``replace=True`` (a loader already made keeps the
+    strategy it was made with). The strategy reaches spawned workers inside the loader, so it
+    must pickle (an instance of a module-level class does).
     """
     if not isinstance(strategy, BatchingStrategy):
         raise TypeError(

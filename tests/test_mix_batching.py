@@ -64,6 +64,10 @@ def sequential():
 
 
 def test_the_registry_lists_mixed_and_stratified():
+    import wdsloader.mix
+
+    assert wdsloader.mix.register_batching_strategy is register_batching_strategy
+    assert wdsloader.mix.GlobalBatching is GlobalBatching
     assert batching_strategies() == ("mixed", "stratified")
     assert isinstance(get_batching_strategy("mixed"), MixedBatching)
     assert isinstance(get_batching_strategy("stratified"), StratifiedBatching)

@@ -1,6 +1,6 @@
 """Mixing several datasets: loaders on a schedule (:class:`MultiDataLoader`), and weighted
 sources mixed sample by sample (a :class:`Mix` of :class:`MixSource`, planned by
-:mod:`wdsloader.plan.mix`)."""
+:mod:`wdsloader.plan.mix` and dealt into batches by a registered :class:`BatchingStrategy`)."""
 
 from wdsloader.lazy import moved_names
 from wdsloader.mix.multi import MixStep, MultiDataLoader
@@ -21,11 +21,19 @@ from wdsloader.mix.schedule import (
 )
 from wdsloader.mix.source import MixSource, mix_epoch, mix_names, mix_quotas_for
 from wdsloader.mix.spec import MIX_ALGORITHM, MixSpec
+from wdsloader.plan.batching import (
+    BatchingStrategy,
+    GlobalBatching,
+    register_batching_strategy,
+    unregister_batching_strategy,
+)
 
 __all__ = [
     "MIX_ALGORITHM",
     "BaseSampling",
+    "BatchingStrategy",
     "EpochLengthPolicy",
+    "GlobalBatching",
     "Mix",
     "LoaderProgress",
     "LoaderSampling",
@@ -41,7 +49,9 @@ __all__ = [
     "mix_epoch",
     "mix_names",
     "mix_quotas_for",
+    "register_batching_strategy",
     "register_sampling_strategy",
+    "unregister_batching_strategy",
     "unregister_sampling_strategy",
 ]
 

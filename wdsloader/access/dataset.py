@@ -93,6 +93,10 @@ class ShardDataset(Dataset[dict[str, Any]]):
     def __getitem__(self, index: int) -> dict[str, Any]:
         if isinstance(index, (bool, np.bool_)) or not isinstance(index, (int, np.integer)):
             raise TypeError(f"a ShardDataset is indexed by an int, got {index!r}")
+        return self._read(*self._locate(index))
+
+    def _locate(self, index: int) -> tuple[int, int]:
+        """``(shard, position in it)`` of sample ``index`` (negative: from the end)."""
         n = len(self)
         i = int(index) + n if index < 0 else int(index)
         if not 0 <= i < n:
@@ -100,7 +104,14 @@ class ShardDataset(Dataset[dict[str, Any]]):
                 f"index {int(index)} out of range for split {self.split!r} ({n} samples)"
             )
         shard = int(np.searchsorted(self.starts, i, side="right")) - 1
-        return self._read(shard, i - int(self.starts[shard]))
+        return shard, i - int(self.starts[shard])
+
+    def members(self, index: int) -> tuple[str, dict[str, bytes]]:
+        """Sample ``index``'s key and its members' bytes as stored (``{ext: bytes}``)."""
+        shard, pos = self._locate(index)
+        data, start, url = self._raw(shard, pos)
+        key, members = parse_sample(data, 0, len(data), base_offset=start, source=url)
+        return key, {ext: bytes(view) for ext, view in members.items()}
 
     def get(self, key: str) -> dict[str, Any]:
         """The sample whose key is ``key``; KeyError naming the key and the split if none."""

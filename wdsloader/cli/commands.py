@@ -7,6 +7,7 @@ import json
 import sys
 from typing import Any
 
+from wdsloader.cli import replay
 from wdsloader.io.setup_errors import setup_error
 from wdsloader.io.storage import parse_storage_options
 from wdsloader.redact import redact, secrets_of
@@ -18,6 +19,8 @@ EPILOG = """examples:
   wdsloader validate ./my_dataset                 # files, sizes, indexes, sha256
   wdsloader validate ./my_dataset --split val --deep   # also decode and check every sample
   wdsloader bench ./my_dataset --num-workers 8 --batch-size 256 --max-batches 200
+  wdsloader replay ./my_dataset --epoch 3 --step 812 --rank 17 --world-size 64 \\
+      --batch-size 256 --num-workers 8 --seed 0 --out ./step812   # the samples of that step
 """
 
 
@@ -199,10 +202,13 @@ def main(argv: list[str] | None = None) -> int:
             p.add_argument(
                 "--max-batches", type=int, default=None, help="stop after K batches (default: all)"
             )
+    replay.add_parser(sub)
     args = parser.parse_args(argv)
     from wdsloader.errors import WdsLoaderError
 
-    commands = {"info": _info, "head": _head, "validate": _validate, "bench": _bench}
+    commands = {
+        "info": _info, "head": _head, "validate": _validate, "bench": _bench, "replay": replay.run
+    }  # fmt: skip
     try:
         return commands[args.command](args)
     except Exception as exc:  # user errors and storage set-up mistakes: one line, exit 2

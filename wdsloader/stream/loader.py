@@ -35,6 +35,7 @@ from wdsloader.stream.options import (
     WorkerOptions,
 )
 from wdsloader.stream.prefetch import DevicePrefetcher
+from wdsloader.stream.replay import StepSamples, step_samples
 from wdsloader.stream.start_method import check_sendable
 from wdsloader.stream.state import LoaderState, epoch_fingerprint, stage_fingerprint
 from wdsloader.stream.workers import WorkerWatch
@@ -94,6 +95,7 @@ class WdsDataLoader(DataLoader):
         # progress of the current iteration: where it began and the batches it yielded
         self._started_from: plan.Resume | None = None
         self._yielded = 0
+        self._played: dict[int, plan.Resume] = {}  # epochs played from a resume point
 
     # a generator over DataLoader's iterator (resume bookkeeping), not a _BaseDataLoaderIter
     def __iter__(self) -> Iterator[Any]:  # type: ignore[override]
@@ -104,6 +106,10 @@ class WdsDataLoader(DataLoader):
         self._pending = None
         ds.set_resume(resume)
         self._started_from, self._yielded = resume, 0
+        if resume is not None:
+            self._played[ds.epoch] = resume
+        else:
+            self._played.pop(ds.epoch, None)
         watch = WorkerWatch(super().__iter__(), ds)
         while True:
             try:
@@ -216,6 +222,19 @@ class WdsDataLoader(DataLoader):
         include batches prefetched but not yet yielded; after a full epoch, the difference of two
         readings is that epoch's."""
         return self.dataset_obj.counters()
+
+    def batch_indices(self, epoch: int, step: int) -> StepSamples:
+        """The samples of this rank's batch ``step`` (0-based from the start of ``epoch``),
+        from the plan alone (no data is read): their positions in their split (what
+        :class:`~wdsloader.ShardDataset` indexes and batches carry as ``__index__``), and for a
+        mix their sources. The same after a resume; a step played before an elastic resume
+        (under another topology) is a ValueError."""
+        ds, pending = self.dataset_obj, self._pending
+        if pending is not None and pending.epoch == epoch:
+            resume: plan.Resume | None = pending.plan_resume(ds.config, ds.num_batches)
+        else:
+            resume = self._played.get(epoch)
+        return step_samples(ds, epoch, step, resume)
 
 
 def _as_is(batch: Any) -> Any:

@@ -87,7 +87,15 @@ def check_consistent(samples):
 def test_batches_replace_variants_by_the_drawn_one(ds, gather):
     loader = create_loader(ds, "train", batch_size=16, drop_last=False, gather=gather)
     first = next(iter(loader))
-    assert set(first) == {"__key__", "vec", "idx", "meta", "steering", "steering_variant"}
+    assert set(first) == {
+        "__key__",
+        "__index__",
+        "vec",
+        "idx",
+        "meta",
+        "steering",
+        "steering_variant",
+    }
     assert first["steering"].dtype == torch.float32 and first["steering"].shape == (16, D)
     assert first["steering_variant"].dtype == torch.int64
     samples = epoch_samples(create_loader(ds, "train", batch_size=16, drop_last=False))
@@ -175,7 +183,7 @@ def test_manifest_default_override_and_off(ds):
     assert as_dict.dataset_obj.curriculum.names == only_c.names
     # fields without the output: no curriculum; with it: only what was asked
     picked = next(iter(create_loader(ds, "train", batch_size=4, fields=["vec", "steering"])))
-    assert set(picked) == {"__key__", "vec", "steering", "steering_variant"}
+    assert set(picked) == {"__key__", "__index__", "vec", "steering", "steering_variant"}
     with pytest.raises(ValueError, match="request 'steering' instead"):
         create_loader(ds, "train", batch_size=4, fields=["steer_a", "steering"])
 
@@ -277,7 +285,7 @@ def test_explicit_curriculum_whose_output_is_not_in_fields_is_an_error(ds):
         create_loader(ds, "train", batch_size=4, fields=["vec"], curriculum=True)
     # the manifest's default curriculum is left out quietly: it was not asked for
     plain = next(iter(create_loader(ds, "train", batch_size=4, fields=["vec"])))
-    assert set(plain) == {"__key__", "vec"}
+    assert set(plain) == {"__key__", "__index__", "vec"}
 
 
 def test_state_from_another_curriculum_is_refused(ds):

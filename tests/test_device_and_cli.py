@@ -58,6 +58,7 @@ def test_cli_info_and_head(ds, capsys):
     first = json.loads(lines[0])
     assert first == {
         "__key__": "val0000000",
+        "__index__": 0,
         "vec": "tensor(shape=[4], dtype=float32, [0.0, 1.0, 2.0, 3.0])",
         "idx": 0,
         "meta": {"i": 0, "shard": 0},

@@ -180,7 +180,7 @@ def test_set_epoch_reaches_persistent_workers(ds):
 
 def test_fields_limit_decoding(ds):
     b = next(iter(create_loader(ds, "val", batch_size=3, fields=["idx"])))
-    assert set(b) == {"idx", "__key__"}
+    assert set(b) == {"idx", "__key__", "__index__"}
 
 
 def test_missing_manifest_shard_and_split_are_reported(tmp_path, ds):

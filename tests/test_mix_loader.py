@@ -103,10 +103,12 @@ def test_three_sources_exact_quotas_on_every_rank_and_no_repeat_before_exhaustio
 def test_the_source_field_is_off_by_default_and_stats_count_per_source(data):
     loader = create_loader(_sources(data), "train", BATCH, epoch_samples=1500, seed=1)
     first = next(iter(loader))
-    assert "__source__" not in first and set(first) >= {"__key__", "idx", "vec"}
+    # no named source field; the provenance fields name each sample's source and position
+    assert set(first) == {"__key__", "__index__", "__source__", "idx", "vec", "meta"}
     named = _loader(data, source_field="origin")
     b = next(iter(named))
-    assert b["origin"].dtype.is_floating_point is False and "__source__" not in b
+    assert b["origin"].dtype.is_floating_point is False
+    assert b["origin"].tolist() == b["__source__"].tolist()
 
 
 def _weights_schedule():
@@ -193,7 +195,7 @@ def test_sources_whose_schemas_disagree_are_an_error_naming_both_specs(data, tmp
         create_loader(srcs, "train", 4)
     loader = create_loader(srcs, "train", 4, fields=["idx", "meta"], source_field="src")
     b = next(iter(loader))
-    assert set(b) == {"__key__", "idx", "meta", "src"}
+    assert set(b) == {"__key__", "__index__", "__source__", "idx", "meta", "src"}
 
 
 def test_a_field_missing_from_a_source_is_an_error(data, tmp_path):

@@ -36,6 +36,7 @@ from wdsloader.stream.dataset_config import (
     dataset_decoder,
     loader_config,
 )
+from wdsloader.stream.provenance import Provenance
 from wdsloader.stream.reader import BatchReader, close_store
 from wdsloader.stream.state import resume_from_dict, resume_to_dict, shards_digest
 
@@ -120,6 +121,7 @@ class ShardStreamDataset(IterableDataset):
             plan.SinglePlanner(self.config) if mix is None else MixPlanner(mix, self.config)
         )
         self._tags = None if mix is None else SourceTags(mix, self.config.num_workers)
+        self.provenance = Provenance(self.config.counts, mix)
         self._decoders(config.gather)
 
     def _decoders(self, gather: bool) -> None:
@@ -309,7 +311,7 @@ class ShardStreamDataset(IterableDataset):
         samples = [dict(sample) for sample in refill.samples or []]
         if self._tags is not None:
             self._tags.take(samples)
-        return self.collate_fn(samples)
+        return self.provenance.ensure(self.collate_fn(samples), samples)
 
     # -- decoding ------------------------------------------------------------------------------
     def _make_batch(
@@ -325,6 +327,7 @@ class ShardStreamDataset(IterableDataset):
             tags = self._tags
             if tags is not None:
                 tags.tag_columns(columns, tags.of(raw.shard))
+            columns.update(self.provenance.of(raw.shard, raw.local))
             if decoded.errors:
                 for j, exc in decoded.errors.items():
                     self._failed(raw, j, exc, worker, count)
@@ -339,7 +342,9 @@ class ShardStreamDataset(IterableDataset):
                 if decoded.parsed:
                     self.control.add(worker, "parsed_batches")
                     self.control.add(worker, "parsed_samples", decoded.parsed)
-            return _collate_columns(self.collate_fn, columns) if n else None
+            if not n:
+                return None
+            return self.provenance.ensure(_collate_columns(self.collate_fn, columns), columns)
         samples = self._decode_rows(raw, worker, epoch, forced, count)
         if self._tags is not None:
             src = self._tags.take(samples)
@@ -350,7 +355,7 @@ class ShardStreamDataset(IterableDataset):
             self.control.add(worker, "batches")
             self.control.add(worker, "parsed_batches")
             self.control.add(worker, "parsed_samples", len(raw))
-        return self.collate_fn(samples) if samples else None
+        return self.provenance.ensure(self.collate_fn(samples), samples) if samples else None
 
     def _decode_rows(
         self, raw: RawBatch, worker: int, epoch: int, forced: int | None, count: bool
@@ -358,12 +363,14 @@ class ShardStreamDataset(IterableDataset):
         """The samples of ``raw`` decoded one by one (those that fail raised or skipped)."""
         samples: list[dict[str, Any]] = []
         src = None if self._tags is None else self._tags.of(raw.shard)
+        provenance = self.provenance.of(raw.shard, raw.local)
         for j, sample in self.rows.decode(raw, epoch, forced):
             if isinstance(sample, WdsLoaderError):
                 self._failed(raw, j, sample, worker, count)
             else:
                 if src is not None:
                     sample[SourceTags.KEY] = int(src[j])
+                sample.update({name: values[j] for name, values in provenance.items()})
                 samples.append(sample)
         return samples
 

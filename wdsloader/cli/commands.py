@@ -18,6 +18,7 @@ EPILOG = """examples:
   wdsloader validate ./my_dataset                 # files, sizes, indexes, sha256
   wdsloader validate ./my_dataset --split val --deep   # also decode and check every sample
   wdsloader bench ./my_dataset --num-workers 8 --batch-size 256 --max-batches 200
+  wdsloader report ./my_dataset -o report.html --validate   # one HTML page: stats, previews
 """
 
 
@@ -159,6 +160,15 @@ def _bench(args: argparse.Namespace) -> int:
     return 0
 
 
+def _report(args: argparse.Namespace) -> int:
+    """``wdsloader report DATASET -o report.html``: see :mod:`wdsloader.cli.report_cmd`."""
+    from wdsloader.cli import report_cmd
+
+    status, lines = report_cmd.run(args)
+    print("\n".join(lines))
+    return status
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="wdsloader",
@@ -172,6 +182,7 @@ def main(argv: list[str] | None = None) -> int:
         ("head", "print the first samples of a split"),
         ("validate", "check shards, indexes and checksums (--deep: every sample too)"),
         ("bench", "measure the loader's throughput on a split"),
+        ("report", "write a self-contained HTML page: splits, schema, statistics, previews"),
     ):
         p = sub.add_parser(name, help=helptext, description=helptext)
         p.add_argument("dataset", help="dataset folder or fsspec URL")
@@ -199,10 +210,20 @@ def main(argv: list[str] | None = None) -> int:
             p.add_argument(
                 "--max-batches", type=int, default=None, help="stop after K batches (default: all)"
             )
+        elif name == "report":
+            from wdsloader.cli import report_cmd
+
+            report_cmd.add_arguments(p)
     args = parser.parse_args(argv)
     from wdsloader.errors import WdsLoaderError
 
-    commands = {"info": _info, "head": _head, "validate": _validate, "bench": _bench}
+    commands = {
+        "info": _info,
+        "head": _head,
+        "validate": _validate,
+        "bench": _bench,
+        "report": _report,
+    }
     try:
         return commands[args.command](args)
     except Exception as exc:  # user errors and storage set-up mistakes: one line, exit 2

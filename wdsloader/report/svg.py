@@ -10,7 +10,8 @@ import numpy as np
 WIDTH, HEIGHT = 420, 150  # the plot area, px
 MARGIN_BOTTOM = 34  # room for the axis labels
 MAX_BARS = 40  # categories beyond these are summed into "other"
-EVERY_LABEL = 12  # up to this many bars, each is labelled
+EVERY_LABEL = 12  # up to this many bars, each is labelled (when the labels fit)
+CHAR_PX = 6.5  # the width of a label's character, px
 
 
 def bar_chart(
@@ -35,7 +36,7 @@ def bar_chart(
             f'height="{h:.1f}" data-label="{escape(label)}" data-count="{count}">'
             f"<title>{tip}</title></rect>"
         )
-    if len(labels) <= EVERY_LABEL:
+    if len(labels) <= EVERY_LABEL and all(len(x) * CHAR_PX <= step for x in labels):
         parts += [_axis_text((i + 0.5) * step, label, "middle") for i, label in enumerate(labels)]
     elif labels:
         parts += [_axis_text(0, labels[0], "start"), _axis_text(WIDTH, labels[-1], "end")]

@@ -289,3 +289,12 @@ def test_the_page_renders_in_headless_chromium(built, tmp_path):
     assert re.search(r'data-split-rows="2"', dom) and '<table id="splits">' in dom
     rendered = int(re.search(r'data-thumbs-rendered="(\d+)"', dom).group(1))
     assert rendered == 16  # 8 previews in each of the two splits
+
+
+def test_unknown_split_and_missing_dataset_are_one_line_errors(built, tmp_path, capsys):
+    out = tmp_path / "r.html"
+    assert main(["report", str(built), "-o", str(out), "--split", "tset"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("wdsloader: error: ") and "'tset'" in err and err.count("\n") == 1
+    assert main(["report", str(tmp_path / "nothing"), "-o", str(out)]) == 2
+    assert "nothing" in capsys.readouterr().err and not out.exists()

@@ -21,6 +21,7 @@ EPILOG = """examples:
   wdsloader bench ./my_dataset --num-workers 8 --batch-size 256 --max-batches 200
   wdsloader replay ./my_dataset --epoch 3 --step 812 --rank 17 --world-size 64 \\
       --batch-size 256 --num-workers 8 --seed 0 --out ./step812   # the samples of that step
+  wdsloader report ./my_dataset -o report.html --validate   # one HTML page: stats, previews
 """
 
 
@@ -162,6 +163,15 @@ def _bench(args: argparse.Namespace) -> int:
     return 0
 
 
+def _report(args: argparse.Namespace) -> int:
+    """``wdsloader report DATASET -o report.html``: see :mod:`wdsloader.cli.report_cmd`."""
+    from wdsloader.cli import report_cmd
+
+    status, lines = report_cmd.run(args)
+    print("\n".join(lines))
+    return status
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="wdsloader",
@@ -175,6 +185,7 @@ def main(argv: list[str] | None = None) -> int:
         ("head", "print the first samples of a split"),
         ("validate", "check shards, indexes and checksums (--deep: every sample too)"),
         ("bench", "measure the loader's throughput on a split"),
+        ("report", "write a self-contained HTML page: splits, schema, statistics, previews"),
     ):
         p = sub.add_parser(name, help=helptext, description=helptext)
         p.add_argument("dataset", help="dataset folder or fsspec URL")
@@ -202,13 +213,22 @@ def main(argv: list[str] | None = None) -> int:
             p.add_argument(
                 "--max-batches", type=int, default=None, help="stop after K batches (default: all)"
             )
+        elif name == "report":
+            from wdsloader.cli import report_cmd
+
+            report_cmd.add_arguments(p)
     replay.add_parser(sub)
     args = parser.parse_args(argv)
     from wdsloader.errors import WdsLoaderError
 
     commands = {
-        "info": _info, "head": _head, "validate": _validate, "bench": _bench, "replay": replay.run
-    }  # fmt: skip
+        "info": _info,
+        "head": _head,
+        "validate": _validate,
+        "bench": _bench,
+        "report": _report,
+        "replay": replay.run,
+    }
     try:
         return commands[args.command](args)
     except Exception as exc:  # user errors and storage set-up mistakes: one line, exit 2

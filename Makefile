@@ -61,7 +61,7 @@ BENCH_BIN := $(BENCH_VENV)/bin
 BENCH_STAMP := $(BENCH_VENV)/.installed
 BENCH_ARGS ?=
 
-.PHONY: bench bench-quick bench-install
+.PHONY: bench bench-quick bench-install bench-remote
 
 $(BENCH_STAMP): pyproject.toml bench/constraints.txt
 	test -x $(BENCH_BIN)/python || $(PYTHON) -m venv $(BENCH_VENV)
@@ -76,3 +76,8 @@ bench: $(BENCH_STAMP)
 
 bench-quick: $(BENCH_STAMP)
 	$(BENCH_BIN)/python bench/run.py --quick --out bench/results/raw/quick $(BENCH_ARGS)
+
+# from S3 on 127.0.0.1 (s3rver: npm install --prefix ~/.cache/wdsloader-bench/s3rver s3rver)
+# behind a latency proxy, 40 ms and 2 ms RTT; ~20 min on 2 cores (bench/remote/run.py)
+bench-remote: $(BENCH_STAMP)
+	$(BENCH_BIN)/python bench/run.py --remote $(BENCH_ARGS)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import functools
 import os
+import sys
 from typing import Any
 
 from bench import systems
@@ -64,7 +65,11 @@ def read_ours_cache(workload: str, url: str, workers: int, options: Any = None) 
 
 def read_litdata(workload: str, url: str, workers: int, options: Any = None) -> Any:
     import litdata
+    from litdata.streaming import downloader
 
+    # LitData fetches chunks with obstore, which refuses http:// endpoints unless told; the
+    # loopback server is plain http (a real S3 endpoint is https and needs no such line)
+    downloader._OBSTORE_CLIENT_OPTIONS["allow_http"] = "true"
     client = {
         "endpoint_url": os.environ["AWS_ENDPOINT_URL"],
         "aws_access_key_id": os.environ["AWS_ACCESS_KEY_ID"],
@@ -99,9 +104,18 @@ def read_mosaic(workload: str, url: str, workers: int, options: Any = None) -> A
     )
 
 
+def _fsspec_open(options: dict[str, Any], url: str, mode: str = "rb", *_: Any, **__: Any) -> Any:
+    import fsspec
+
+    return fsspec.open(url, mode, **options).open()
+
+
 def read_webdataset(workload: str, url: str, workers: int, options: Any = None) -> Any:
     import webdataset as wds
 
+    # webdataset opens URLs through its gopen table (pipe:, http, gs, ...): s3:// through fsspec
+    gopen_schemes = sys.modules["webdataset.gopen"].gopen_schemes
+    gopen_schemes["s3"] = functools.partial(_fsspec_open, options or {})
     ds = (
         wds.WebDataset(
             list_tars(url, options or {}),
@@ -122,11 +136,27 @@ def read_webdataset(workload: str, url: str, workers: int, options: Any = None) 
     return wds.WebLoader(ds, batch_size=None, num_workers=workers)
 
 
+def _s3fs_taking_block_size() -> None:
+    """datasets streams a tar with ``xopen(url, block_size=0)``, which reaches the filesystem's
+    constructor; s3fs has no such argument and hands it to aiobotocore, which fails (datasets
+    5.0 with s3fs 2026.6). Registered for ``s3`` in the HF run only: the same s3fs, the
+    argument dropped."""
+    import fsspec
+    import s3fs
+
+    class S3FileSystem(s3fs.S3FileSystem):  # type: ignore[misc]
+        def __init__(self, *args: Any, block_size: Any = None, **kwargs: Any) -> None:
+            super().__init__(*args, **kwargs)
+
+    fsspec.register_implementation("s3", S3FileSystem, clobber=True)
+
+
 def read_hf(workload: str, url: str, workers: int, options: Any = None) -> Any:
     import datasets
     from torch.utils.data import DataLoader
 
     datasets.disable_progress_bars()
+    _s3fs_taking_block_size()
     ds = datasets.load_dataset(
         "webdataset",
         data_files={"train": list_tars(url, options or {})},

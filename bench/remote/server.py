@@ -82,8 +82,11 @@ class S3Server:
         if self.kind == "existing":
             return self
         if self.kind == "moto":
+            import logging
+
             from moto.server import ThreadedMotoServer
 
+            logging.getLogger("werkzeug").setLevel(logging.WARNING)  # a log line per request
             self._moto = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
             self._moto.start()
             self.port = int(self._moto.get_host_and_port()[1])

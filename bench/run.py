@@ -429,11 +429,6 @@ def write_reports(doc: dict[str, Any], out: str) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
-    if "--remote" in argv:  # the remote mode has its own options (bench/remote/run.py)
-        from bench.remote import run as remote
-
-        return remote.main([a for a in argv if a != "--remote"])
     args = parse_args(argv)
     if args.render:
         with open(args.render) as f:
@@ -616,4 +611,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
+    if "--remote" in sys.argv[1:]:  # the remote mode has its own options (bench/remote/run.py)
+        from bench.remote import run as remote
+
+        raise SystemExit(remote.main([a for a in sys.argv[1:] if a != "--remote"]))
     raise SystemExit(main())

@@ -57,3 +57,36 @@ def test_update_block_replaces_between_markers(tmp_path):
     other = tmp_path / "none.md"
     other.write_text("no markers\n")
     assert not report.update_block(str(other), "x") and other.read_text() == "no markers\n"
+
+
+def test_rows_derive_share_fetched_and_requests():
+    doc = {
+        "dataset_bytes": {"ours": 100_000_000, "litdata": 50_000_000},
+        "profiles": {
+            "40ms": {
+                "rtt_s": 0.04,
+                "rate_bytes_per_s": 125e6,
+                "ceiling": {"mb_per_s": 200.0},
+                "runs": {
+                    "ours_cache W2": {
+                        "seconds": 2.0,
+                        "samples_per_s": 10.0,
+                        "exactly_once": True,
+                        "proxy": {
+                            "bytes_down": 210_000_000,
+                            "requests": {"GET-range": 7, "HEAD": 2, "PUT": 1},
+                        },
+                    },
+                    "litdata W0": {"error": "RuntimeError: stalled\ntraceback", "proxy": {}},
+                },
+            }
+        },
+    }
+    ours, lit = report.rows(doc, "40ms")
+    assert (ours["system"], ours["workers"], ours["error"]) == ("ours_cache", 2, None)
+    assert ours["share_of_ceiling"] == 0.25  # 100 MB in 2 s = 50 MB/s of 200
+    assert ours["fetched_over_dataset"] == 2.1
+    assert ours["requests"] == {"GET-range": 7, "GET": 0, "HEAD": 2, "LIST": 0}
+    assert ours["other_requests"] == 1
+    assert lit["error"] == "RuntimeError: stalled" and lit["fetched_over_dataset"] == 0
+    assert "| LitData | 0 | failed: RuntimeError: stalled |" in report.table(doc, "40ms")

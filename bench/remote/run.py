@@ -42,7 +42,13 @@ WORKLOAD = "embed"
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--n", type=int, default=20_480, help="samples (default 20,480: ~190 MB)")
+    p.add_argument(
+        "--n",
+        type=int,
+        default=20_480,
+        help="samples, a multiple of 256 (default 20,480: 190 MB of payload, ~4 of our 64 MiB "
+        "shuffle windows; 98,304 makes the epoch 20 windows)",
+    )
     p.add_argument("--shard-mib", type=int, default=64, help="shard/chunk size (default 64)")
     p.add_argument("--profiles", default="40ms,2ms", help=f"of {', '.join(PROFILES)}")
     p.add_argument("--workers", default="0,2", help="num_workers values (default 0,2)")
@@ -57,6 +63,14 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--python", default=sys.executable, help="interpreter for the workers")
     p.add_argument("--note", default=None)
     p.add_argument("--render", metavar="JSON", default=None, help="only rewrite .md and .png")
+    p.add_argument(
+        "--update",
+        action="append",
+        default=[],
+        metavar="FILE",
+        help="also put the tables between <!-- remote-bench:start/end --> in FILE (README.md, "
+        "docs/speed.md); repeatable",
+    )
     return p.parse_args(argv)
 
 
@@ -175,7 +189,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if args.render:
         with open(args.render) as f:
-            report.write(json.load(f), args.out, args.name)
+            md = report.write(json.load(f), args.out, args.name)
+        for path in args.update:
+            print(f"{path}: {'updated' if report.update_block(path, md) else 'no markers'}")
         return 0
     t0 = time.perf_counter()
     systems = [s.strip() for s in args.only.split(",") if s.strip()]
@@ -202,7 +218,9 @@ def main(argv: list[str] | None = None) -> int:
         **measure(args, systems, runner),
     }
     doc["elapsed_s"] = time.perf_counter() - t0
-    report.write(doc, args.out, args.name)
+    md = report.write(doc, args.out, args.name)
+    for path in args.update:
+        print(f"{path}: {'updated' if report.update_block(path, md) else 'no markers'}")
     print(f"remote bench: done in {doc['elapsed_s']:.0f} s; results in {args.out}")
     return 0
 

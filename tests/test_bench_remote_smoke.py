@@ -8,12 +8,15 @@ from __future__ import annotations
 import json
 import uuid
 
+import pytest
+
 from bench.remote import report
 from bench.remote import run as remote
 
 N = 512  # two batches of 256: the train split drops no partial batch
 
 
+@pytest.mark.slow  # a build and a read in processes of their own (~1 min on 2 loaded cores)
 def test_remote_bench_reports_every_field(s3_server, tmp_path):
     out = tmp_path / "out"
     bucket = f"rbench-{uuid.uuid4().hex[:12]}"

@@ -177,9 +177,11 @@ def chart(doc: dict[str, Any], path: str) -> str | None:
                 )
                 for s in order
             ]
-            ax.bar(
-                [i + k * width for i in range(len(order))], vals, width, label=f"num_workers={nw}"
-            )
+            xs = [i + k * width for i in range(len(order))]
+            ax.bar(xs, vals, width, label=f"num_workers={nw}")
+            for x, s in zip(xs, order, strict=True):
+                if any(r["error"] for r in data if (r["system"], r["workers"]) == (s, nw)):
+                    ax.text(x, 0, "failed", rotation=90, ha="center", va="bottom", fontsize=7)
         ax.set_xticks([i + width * (len(counts) - 1) / 2 for i in range(len(order))])
         ax.set_xticklabels([TITLES.get(s, s).replace(" ", "\n", 1) for s in order], fontsize=7)
         ax.set_title(f"{profile} RTT: samples/s of a cold epoch from S3")

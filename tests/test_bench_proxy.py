@@ -101,10 +101,21 @@ def test_requests_are_counted_by_kind(origin):
         conn.request("GET", "/bucket/key", headers={"Range": "bytes=0-0"})
         conn.getresponse().read()
         conn.close()
-        stats = proxy.snapshot(reset=True)
-        assert proxy.snapshot()["requests"] == {}
+        stats = proxy.snapshot(reset=True, log=True)
+        assert proxy.snapshot(log=True)["requests"] == {} and proxy.snapshot(log=True)["log"] == []
     assert stats["requests"] == {"GET-range": 3, "HEAD": 1, "GET": 1, "LIST": 1, "PUT": 1}
     assert stats["connections"] == 1
+    log = stats["log"]
+    assert [entry[1:] for entry in log] == [
+        [1, "GET-range", "/bucket/key", "bytes=0-9"],
+        [1, "GET-range", "/bucket/key", "bytes=10-19"],
+        [1, "HEAD", "/bucket/key", ""],
+        [1, "GET", "/bucket/key", ""],
+        [1, "LIST", "/bucket?list-type=2&prefix=ds/", ""],
+        [1, "PUT", "/bucket/up", ""],
+        [1, "GET-range", "/bucket/key", "bytes=0-0"],
+    ]
+    assert [entry[0] for entry in log] == sorted(entry[0] for entry in log)
     assert stats["bytes_down"] > len(BODY) + 70_000
 
 

@@ -39,6 +39,11 @@ def test_remote_bench_reports_every_field(s3_server, tmp_path):
         size for path, size in _tars(doc, bucket)
     )
     assert "dataset_bytes" in doc and doc["dataset_bytes"]["ours"] > 0
+    run = doc["profiles"]["2ms"]["runs"]["ours W0"]
+    log = json.loads((out / "raw-smoke" / run["proxy"]["log_file"]).read_text())
+    kinds = [entry[2] for entry in log]
+    assert len(log) == sum(run["proxy"]["requests"].values())
+    assert kinds.count("GET-range") == row["requests"]["GET-range"]
     md = (out / "smoke.md").read_text()
     assert "| wdsloader | 0 |" in md and "2 ms RTT" in md
     assert "testing" not in (out / "smoke.json").read_text()  # the server's keys stay out

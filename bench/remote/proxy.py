@@ -70,6 +70,7 @@ class RequestCounter:
 
     def __init__(self, counts: collections.Counter[str]) -> None:
         self.counts = counts
+        self.heads: list[bytes] = []  # the header blocks of the requests fed since last taken
         self.buf = b""
         self.body_left = 0
 
@@ -88,6 +89,7 @@ class RequestCounter:
             head, data = self.buf[:end], self.buf[end + 4 :]
             self.buf = b""
             self.counts[classify(head)] += 1
+            self.heads.append(head)
             self.body_left = _content_length(head)
 
 
@@ -102,6 +104,8 @@ class LatencyProxy:
         self._counts: collections.Counter[str] = collections.Counter()
         self._bytes = {"down": 0, "up": 0}
         self._connections = 0
+        self._log: list[tuple[float, int, str, str, str]] = []
+        self._t0 = time.monotonic()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._server: asyncio.base_events.Server | None = None
         self._thread: threading.Thread | None = None
@@ -155,19 +159,24 @@ class LatencyProxy:
     def __exit__(self, *_: Any) -> None:
         self.stop()
 
-    def snapshot(self, reset: bool = False) -> dict[str, Any]:
-        """Requests by kind, bytes each way and connections since the start (or last reset)."""
+    def snapshot(self, reset: bool = False, log: bool = False) -> dict[str, Any]:
+        """Requests by kind, bytes each way and connections since the start (or last reset);
+        with ``log``, every request as ``[seconds since then, connection, kind, path, range]``."""
         with self._lock:
-            out = {
+            out: dict[str, Any] = {
                 "requests": dict(self._counts),
                 "bytes_down": self._bytes["down"],
                 "bytes_up": self._bytes["up"],
                 "connections": self._connections,
             }
+            if log:
+                out["log"] = [list(entry) for entry in self._log]
             if reset:
                 self._counts.clear()
                 self._bytes = {"down": 0, "up": 0}
                 self._connections = 0
+                self._log = []
+                self._t0 = time.monotonic()
         return out
 
     async def _handle(self, client_r: asyncio.StreamReader, client_w: asyncio.StreamWriter) -> None:
@@ -178,8 +187,9 @@ class LatencyProxy:
             return
         with self._lock:
             self._connections += 1
+            conn_id = self._connections
         counter = RequestCounter(collections.Counter())
-        up = asyncio.ensure_future(self._pipe(client_r, server_w, "up", counter))
+        up = asyncio.ensure_future(self._pipe(client_r, server_w, "up", counter, conn_id))
         down = asyncio.ensure_future(self._pipe(server_r, client_w, "down", None))
         await asyncio.wait([up, down], return_when=asyncio.FIRST_COMPLETED)
         for task in (up, down):
@@ -193,6 +203,7 @@ class LatencyProxy:
         writer: asyncio.StreamWriter,
         direction: str,
         counter: RequestCounter | None,
+        conn_id: int = 0,
     ) -> None:
         """Read chunks as they come; deliver each one RTT/2 after it arrived, and no sooner
         than the bandwidth cap allows after the previous one."""
@@ -203,15 +214,34 @@ class LatencyProxy:
                 data = await reader.read(CHUNK)
                 if counter is not None and data:
                     counter.feed(data)
-                    with self._lock:
-                        self._counts.update(counter.counts)
-                    counter.counts.clear()
+                    self._record(counter, conn_id)
                 await queue.put((time.monotonic(), data))
                 if not data:
                     break
             await sender
         finally:
             sender.cancel()
+
+    def _record(self, counter: RequestCounter, conn_id: int) -> None:
+        """Add the requests ``counter`` has seen since last time to the totals and the log."""
+        now = time.monotonic()
+        with self._lock:
+            self._counts.update(counter.counts)
+            for head in counter.heads:
+                line = head.split(b"\r\n", 1)[0].decode("latin-1", "replace").split(" ")
+                rng = next(
+                    (
+                        h[6:].strip()
+                        for h in head.decode("latin-1").split("\r\n")
+                        if h.lower().startswith("range:")
+                    ),
+                    "",
+                )
+                target = line[1] if len(line) > 1 else ""
+                entry = (round(now - self._t0, 4), conn_id, classify(head), target, rng)
+                self._log.append(entry)
+        counter.counts.clear()
+        counter.heads.clear()
 
     async def _send(
         self,

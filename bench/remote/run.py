@@ -147,7 +147,11 @@ def one_epoch(
         result = run(spec, f"{proxy.profile.name} {system} W{workers}", timeout=args.timeout)
     finally:
         shutil.rmtree(cache, ignore_errors=True)
-    result["proxy"] = proxy.snapshot(reset=True)
+    stats = proxy.snapshot(reset=True, log=True)
+    log_path = os.path.join(run.raw, f"{run.count:04d}-requests.json")
+    with open(log_path, "w") as f:  # the request log: t, connection, kind, path, range
+        json.dump(stats.pop("log"), f)
+    result["proxy"] = {**stats, "log_file": os.path.basename(log_path)}
     result["spec"].pop("storage_options", None)  # the server's dummy keys stay out of results
     return result
 

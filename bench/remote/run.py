@@ -5,6 +5,9 @@ behind our latency/bandwidth proxy.
     python bench/remote/run.py --n 140000            # an epoch >= 20x our 64 MiB shuffle window
     python bench/run.py --remote [options]           # the same
     make bench-remote                                # through .venv-bench (peers installed)
+    python bench/run.py --remote --render bench/results/remote.json --update docs/speed.md
+        # measure nothing: rewrite remote.md/.png and the table between the file's
+        # <!-- remote-bench:start --> and <!-- remote-bench:end --> markers
 
 Builds the realistic embedding workload once per format (kept in --data), uploads each format
 to the server (s3rver when installed, see bench/remote/server.py; moto otherwise), then per

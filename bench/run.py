@@ -3,6 +3,7 @@
     python bench/run.py                 # full run (make bench), ~15-20 min on 2 cores
     python bench/run.py --quick         # small sizes, 1 repeat (seconds to a minute)
     python bench/run.py --only ours,webdataset,raw --workloads embed --parts read
+    python bench/run.py --remote        # from S3 on loopback behind a latency proxy (bench/remote)
     make bench-quick                    # the same through .venv-bench (peers installed)
 
 Generates the workloads deterministically (bench/workloads.py), writes each with our builder
@@ -211,9 +212,10 @@ def select_systems(only: str | None) -> tuple[list[str], dict[str, str]]:
 class Runner:
     """Runs worker subprocesses and keeps their results and logs under ``raw``."""
 
-    def __init__(self, python: str, raw: str) -> None:
+    def __init__(self, python: str, raw: str, worker: str = WORKER) -> None:
         self.python = python
         self.raw = raw
+        self.worker = worker
         os.makedirs(os.path.join(raw, "logs"), exist_ok=True)
         self.env = dict(os.environ, **WORKER_ENV)
         self.env["PYTHONPATH"] = os.pathsep.join(
@@ -230,7 +232,7 @@ class Runner:
         with open(log_path, "w") as log:
             try:
                 proc = subprocess.run(
-                    [self.python, WORKER, json.dumps(spec), result_path],
+                    [self.python, self.worker, json.dumps(spec), result_path],
                     env=self.env,
                     stdout=log,
                     stderr=subprocess.STDOUT,
@@ -609,4 +611,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
+    if "--remote" in sys.argv[1:]:  # the remote mode has its own options (bench/remote/run.py)
+        from bench.remote import run as remote
+
+        raise SystemExit(remote.main([a for a in sys.argv[1:] if a != "--remote"]))
     raise SystemExit(main())

@@ -25,7 +25,7 @@ from collections.abc import Callable
 from typing import Any
 
 from wdsloader import create_loader, plan
-from wdsloader.stream.dataset import _collate_columns
+from wdsloader.collate.batch import collate_columns
 
 
 def best_of(n: int, fn: Callable[[], Any]) -> float:
@@ -95,7 +95,7 @@ def main() -> None:
         print(f"field {name:22s} {cost:6.2f} (name checks included)")
     print(f"whole columnar decode        {per_sample(lambda r: col.decode(r, 0, None)):6.2f}")
     cols = {id(r): col.decode(r, 0, None) for r in raws}
-    collate = per_sample(lambda r: _collate_columns(ds.collate_fn, cols[id(r)].columns))
+    collate = per_sample(lambda r: collate_columns(ds.collate_fn, cols[id(r)].columns))
     print(f"collate                      {collate:6.2f}")
     print(
         f"whole batch (_make_batch)    {per_sample(lambda r: ds._make_batch(r, 0, 0, None)):6.2f}"

@@ -58,3 +58,14 @@ def as_int_row(value: Any, field: str, sample: dict[str, Any], position: int, wh
             f"sequence of integer token ids, got {describe(row)}"
         )
     return row.astype(np.int64, copy=False)
+
+
+def collate_columns(collate_fn: Callable[..., Any], columns: dict[str, Any]) -> Any:
+    """Collate a batch held as columns: by the collator's column method when it has one,
+    otherwise one dict per sample (rows of the gathered arrays are views)."""
+    by_columns = getattr(collate_fn, "collate_columns", None)
+    if by_columns is not None:
+        return by_columns(columns)
+    names = list(columns)
+    cols = [columns[k] for k in names]
+    return collate_fn([dict(zip(names, row, strict=True)) for row in zip(*cols, strict=True)])

@@ -13,7 +13,9 @@ from wdsloader.stream.options import (
     Topology,
     WorkerOptions,
 )
+from wdsloader.stream.replay import StepSamples
 from wdsloader.stream.state import LoaderState, ResumePoint
+from wdsloader.stream.telemetry import LoggingReporter, TensorBoardReporter
 
 __all__ = [
     "DecodeOptions",
@@ -22,9 +24,12 @@ __all__ = [
     "LoaderConfig",
     "LoaderOptions",
     "LoaderState",
+    "LoggingReporter",
     "PlanOptions",
     "ResumePoint",
     "ShardStreamDataset",
+    "StepSamples",
+    "TensorBoardReporter",
     "Topology",
     "WdsDataLoader",
     "WorkerOptions",

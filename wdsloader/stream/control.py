@@ -31,6 +31,9 @@ COUNTERS = (
     "parsed_samples",
 )
 _INDEX = {name: i for i, name in enumerate(COUNTERS)}
+# per-worker stage clocks and I/O counts (``loader.metrics()``): nanoseconds, bytes, requests
+METRICS = ("fetch_ns", "decode_ns", "collate_ns", "bytes_read", "requests", "cache_hits")
+_METRIC = {name: i for i, name in enumerate(METRICS)}
 # per-worker slots of the current pass, after the counters in the same row
 _PASS_SKIPPED, _READING = len(COUNTERS), len(COUNTERS) + 1
 
@@ -44,6 +47,9 @@ class Control:
         # one segment (each holds a descriptor): counters, then the pass slots
         self._counters = torch.zeros(
             (max(max_workers, 1), len(COUNTERS) + 2), dtype=torch.int64
+        ).share_memory_()
+        self._metrics = torch.zeros(
+            (max(max_workers, 1), len(METRICS)), dtype=torch.int64
         ).share_memory_()
 
     # -- main process ----------------------------------------------------------------------
@@ -95,6 +101,17 @@ class Control:
         if not n:
             return None
         return json.loads(bytes(self._resume[:n].numpy()))
+
+    def metrics(self) -> dict[str, int]:
+        """The stage clocks and I/O counts (:data:`METRICS`) summed over workers, cumulative."""
+        totals = self._metrics.sum(dim=0).tolist()
+        return dict(zip(METRICS, totals, strict=True))
+
+    def add_metrics(self, worker: int, values: dict[str, int]) -> None:
+        """Add ``values`` (names of :data:`METRICS`) to ``worker``'s row."""
+        row = self._metrics.numpy()[worker]
+        for name, value in values.items():
+            row[_METRIC[name]] += value
 
     def add(self, worker: int, name: str, value: int = 1) -> None:
         # through a numpy view of the shared memory: a tensor's ``+=`` costs ~50 us a call

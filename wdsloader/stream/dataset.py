@@ -19,6 +19,7 @@ import numpy as np
 from torch.utils.data import IterableDataset, get_worker_info
 
 from wdsloader import plan
+from wdsloader.collate.batch import collate_columns
 from wdsloader.decode.batch import Columns, RawBatch
 from wdsloader.decode.columnar import ColumnarDecoder
 from wdsloader.decode.registry import SampleDecoder
@@ -39,6 +40,7 @@ from wdsloader.stream.dataset_config import (
 from wdsloader.stream.provenance import Provenance
 from wdsloader.stream.reader import BatchReader, close_store
 from wdsloader.stream.state import resume_from_dict, resume_to_dict, shards_digest
+from wdsloader.stream.telemetry import StageClock
 
 if TYPE_CHECKING:
     from wdsloader.mix.store import MixStore
@@ -122,6 +124,7 @@ class ShardStreamDataset(IterableDataset):
         )
         self._tags = None if mix is None else SourceTags(mix, self.config.num_workers)
         self.provenance = Provenance(self.config.counts, mix)
+        self._collate_ns = 0  # the collate function's time in the batch being made
         self._decoders(config.gather)
 
     def _decoders(self, gather: bool) -> None:
@@ -250,18 +253,25 @@ class ShardStreamDataset(IterableDataset):
         if not batches:
             return
         epoch, forced = self.control.epoch, self.control.forced
-        refill = _Refill()
+        refill, now = _Refill(), StageClock.now
+        clock = StageClock(getattr(self.store, "stats", {}))
         ahead = self.reader.read_ahead(batches, self.readahead_batches)
         try:
             index = 0  # of the batch in ``batches``
             while True:
+                t0 = now()
                 raws = ahead.next_group()
+                self.control.add_metrics(worker, {"fetch_ns": now() - t0})
+                clock.io(self.control, worker, getattr(self.store, "stats", {}))
                 if raws is None:
                     break
                 for raw in raws:
+                    t0, self._collate_ns = now(), 0
                     batch = self._make_batch(raw, worker, epoch, forced)
                     if batch is None:  # every sample failed: never yield fewer batches
                         batch = self._refill(refill, batches, index, worker, epoch, forced)
+                    spent = {"decode_ns": now() - t0 - self._collate_ns}
+                    self.control.add_metrics(worker, {**spent, "collate_ns": self._collate_ns})
                     index += 1
                     yield batch
                     del batch
@@ -311,7 +321,7 @@ class ShardStreamDataset(IterableDataset):
         samples = [dict(sample) for sample in refill.samples or []]
         if self._tags is not None:
             self._tags.take(samples)
-        return self.provenance.ensure(self.collate_fn(samples), samples)
+        return self.provenance.ensure(self._collate(samples), samples)
 
     # -- decoding ------------------------------------------------------------------------------
     def _make_batch(
@@ -344,7 +354,7 @@ class ShardStreamDataset(IterableDataset):
                     self.control.add(worker, "parsed_samples", decoded.parsed)
             if not n:
                 return None
-            return self.provenance.ensure(_collate_columns(self.collate_fn, columns), columns)
+            return self.provenance.ensure(self._collate(columns), columns)
         samples = self._decode_rows(raw, worker, epoch, forced, count)
         if self._tags is not None:
             src = self._tags.take(samples)
@@ -355,7 +365,17 @@ class ShardStreamDataset(IterableDataset):
             self.control.add(worker, "batches")
             self.control.add(worker, "parsed_batches")
             self.control.add(worker, "parsed_samples", len(raw))
-        return self.provenance.ensure(self.collate_fn(samples), samples) if samples else None
+        return self.provenance.ensure(self._collate(samples), samples) if samples else None
+
+    def _collate(self, batch: list[dict[str, Any]] | dict[str, Any]) -> Any:
+        """The collate function on samples (or on columns, a dict), its time counted."""
+        t0 = StageClock.now()
+        if isinstance(batch, dict):
+            out = collate_columns(self.collate_fn, batch)
+        else:
+            out = self.collate_fn(batch)
+        self._collate_ns += StageClock.now() - t0
+        return out
 
     def _decode_rows(
         self, raw: RawBatch, worker: int, epoch: int, forced: int | None, count: bool
@@ -395,14 +415,3 @@ class ShardStreamDataset(IterableDataset):
                 f"(split {self.split!r}), more than max_skipped={self.max_skipped}; "
                 f"last error: {what}"
             )
-
-
-def _collate_columns(collate_fn: Callable[..., Any], columns: dict[str, Any]) -> Any:
-    """Collate a batch held as columns: by the collator's column method when it has one,
-    otherwise one dict per sample (rows of the gathered arrays are views)."""
-    by_columns = getattr(collate_fn, "collate_columns", None)
-    if by_columns is not None:
-        return by_columns(columns)
-    names = list(columns)
-    cols = [columns[k] for k in names]
-    return collate_fn([dict(zip(names, row, strict=True)) for row in zip(*cols, strict=True)])

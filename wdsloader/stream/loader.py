@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
+import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -38,6 +39,8 @@ from wdsloader.stream.prefetch import DevicePrefetcher
 from wdsloader.stream.replay import StepSamples, step_samples
 from wdsloader.stream.start_method import check_sendable
 from wdsloader.stream.state import LoaderState, epoch_fingerprint, stage_fingerprint
+from wdsloader.stream.telemetry import Hook, Telemetry
+from wdsloader.stream.telemetry import all_ranks as all_ranks_metrics
 from wdsloader.stream.workers import WorkerWatch
 
 if TYPE_CHECKING:
@@ -96,6 +99,7 @@ class WdsDataLoader(DataLoader):
         self._started_from: plan.Resume | None = None
         self._yielded = 0
         self._played: dict[int, plan.Resume] = {}  # epochs played from a resume point
+        self.telemetry = Telemetry()
 
     # a generator over DataLoader's iterator (resume bookkeeping), not a _BaseDataLoaderIter
     def __iter__(self) -> Iterator[Any]:  # type: ignore[override]
@@ -110,8 +114,11 @@ class WdsDataLoader(DataLoader):
             self._played[ds.epoch] = resume
         else:
             self._played.pop(ds.epoch, None)
+        telemetry, control, now = self.telemetry, ds.control, time.perf_counter_ns
+        telemetry.start(ds.epoch, control)
         watch = WorkerWatch(super().__iter__(), ds)
         while True:
+            t0 = now()
             try:
                 batch = watch.next()
             except StopIteration:
@@ -119,7 +126,10 @@ class WdsDataLoader(DataLoader):
             except WorkerDiedError:
                 self._iterator = None  # persistent workers: start a new pool next time
                 raise
+            telemetry.waited(now() - t0)
             self._yielded += 1
+            if telemetry.hooks:
+                telemetry.after_batch(control)
             yield batch
             del batch
         ds.set_resume(None)
@@ -222,6 +232,24 @@ class WdsDataLoader(DataLoader):
         include batches prefetched but not yet yielded; after a full epoch, the difference of two
         readings is that epoch's."""
         return self.dataset_obj.counters()
+
+    def metrics(self, all_ranks: bool = False) -> dict[str, float]:
+        """Where this rank's time went in the current (or last) epoch's iteration: ``wait_s``
+        (the training loop waited in ``next`` for batches), ``fetch_s``, ``decode_s`` and
+        ``collate_s`` (summed over workers: with workers, they overlap the wait), bytes read,
+        requests, cache hits, samples and batches. ``all_ranks=True`` (every rank must call
+        it: a collective) gives the mean over the process group and ``max_wait_s``, the
+        slowest rank's wait."""
+        out = self.telemetry.metrics(self.dataset_obj.control)
+        return all_ranks_metrics(out) if all_ranks else out
+
+    def add_metrics_hook(self, hook: Hook, every: int = 100) -> None:
+        """Call ``hook(metrics, batches)`` every ``every`` batches (e.g.
+        ``wdsloader.stream.TensorBoardReporter(writer)``, ``LoggingReporter()``, or a function
+        calling ``wandb.log``)."""
+        if every < 1:
+            raise ValueError(f"every must be >= 1, got {every}")
+        self.telemetry.hooks.append((hook, every))
 
     def batch_indices(self, epoch: int, step: int) -> StepSamples:
         """The samples of this rank's batch ``step`` (0-based from the start of ``epoch``),

@@ -85,7 +85,9 @@ def test_undeclared_bytes_stay_bytes(tmp_path):
     root = str(tmp_path / "b")
     build_shards(_rows(), root, shard_max_count=16)
     ds = create_loader(root, "train", batch_size=8).dataset_obj
-    assert ds.columnar is None or "blob" not in ds.columnar.tables
+    # whole batches: the fixed-size blob gathered, the variable one found by the walk
+    assert ds.columnar is not None and ds.columnar.tables["blob"].as_bytes
+    assert ds.columnar.blobs == ("var",)
     got, want = _passes(root), _passes(root, gather=False)
     for a, b in zip(got, want, strict=True):
         assert a["__key__"] == b["__key__"] and a["blob"] == b["blob"] and a["var"] == b["var"]

@@ -23,7 +23,7 @@ from wdsloader.errors import ShardFormatError
 from wdsloader.format import Manifest, ShardInfo, iter_members
 from wdsloader.format.ustar import BLOCK
 from wdsloader.io.buffers import BufferPool
-from wdsloader.io.ranges import IOV_MAX, preadv_all, split_range
+from wdsloader.io.ranges import IOV_MAX, Hole, preadv_all, split_range
 from wdsloader.stream import reader as reader_module
 
 N = 45  # 3 shards of 16, 16 and 13 samples; batches of 8: the last one holds 5
@@ -350,3 +350,21 @@ def test_a_mix_of_sources_places_fields_too(root, tmp_path, seen):
         assert [r.numpy().tobytes() for r in b["blob"]] == [_blob(i) for i in ids]
         assert np.array_equal(b["emb"].numpy(), np.stack([_emb(i) for i in ids]))
         assert b["src"].tolist() == [int(k[0] == "t") for k in b["__key__"]]
+
+
+def test_preadv_all_leaves_holes_unread_and_reads_past_them(tmp_path):
+    path = tmp_path / "f"
+    data = np.random.default_rng(1).integers(0, 256, 4 * IOV_MAX * 5, dtype=np.uint8)
+    path.write_bytes(data.tobytes())
+    sink = np.full(len(data) - 3, 0xEE, dtype=np.uint8)
+    cuts = [(5 * j + 1, Hole(3)) for j in range(2 * IOV_MAX)]  # every 5 bytes: 3 never read
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        preadv_all(fd, split_range(memoryview(sink), cuts), 3, str(path))
+    finally:
+        os.close(fd)
+    holes = np.zeros(len(sink), dtype=bool)
+    for off, hole in cuts:
+        holes[off : off + len(hole)] = True
+    assert (sink[holes] == 0xEE).all()  # untouched
+    assert np.array_equal(sink[~holes], data[3:][~holes])  # every other byte where it belongs

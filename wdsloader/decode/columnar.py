@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 
 from wdsloader.decode.batch import Columns, NotGatherable, RawBatch
-from wdsloader.decode.codecs import decode_uint8
+from wdsloader.decode.codecs import decode_bytes, decode_uint8
 from wdsloader.decode.finder import MemberFinder
 from wdsloader.decode.gather import (
     LARGE_ROW,
@@ -59,8 +59,9 @@ class _Heads:
 class ColumnarDecoder:
     """Decodes batches of ``shards`` as columns: the ``fields`` (and the curriculum's variants,
     ``variants``) that are fixed-size ``.npy`` fields of the shards' layout, and the bytes
-    fields declared ``uint8`` whose members have one size in the layout, are gathered; the
-    other fields are decoded by ``decoder``. ``sources`` names each shard in errors.
+    fields whose members have one size in the layout (declared ``uint8``: an array; else a
+    list of ``bytes``), are gathered; the other fields are decoded by ``decoder`` (a bytes
+    field's members found by one walk over the batch's headers). ``sources`` names each shard in errors.
 
     ``tables`` is empty when no requested field can be gathered (the caller then decodes rows),
     and also when the ``npy`` encoding has a decoder other than the built-in one: a gathered
@@ -83,13 +84,15 @@ class ColumnarDecoder:
         self.variants = variants
         self.tables: dict[str, FieldTable] = {}
         raw = [f for f in fields if decoder.field_decoder(f)[1] is decode_uint8]
+        blobs = [f for f in fields if decoder.field_decoder(f)[1] is decode_bytes]
         if decoder.npy_is_builtin:
             wanted = [*fields, *(variants.curriculum.fields if variants else ())]
-            self.tables = field_tables(schema, wanted, dims, shards, raw)
-        elif raw:
-            self.tables = field_tables(schema, raw, dims, shards, raw)
+            self.tables = field_tables(schema, wanted, dims, shards, raw, blobs)
+        elif raw or blobs:
+            self.tables = field_tables(schema, [*raw, *blobs], dims, shards, raw, blobs)
         self.others = [f for f in fields if f not in self.tables]
         self.optional = frozenset(f for f in self.others if schema[f].optional)
+        self.blobs = tuple(f for f in blobs if f in self.others)  # of varying size: walked
         # the batch arrays of long rows: reused once nothing holds a batch (no page faults)
         self.out_pool = BufferPool(keep=4)
         # per shard: where parsing starts for the fields that are not gathered
@@ -104,6 +107,13 @@ class ColumnarDecoder:
         self.layout_id, self.block_len = self._block_plan(len(shards))
         # where the members of the other fields lie: one walk over the batch's headers
         self.finder = MemberFinder(shards, self.parse_from, decoder, self.others, self.sources)
+
+    @property
+    def useful(self) -> bool:
+        """Whether whole batches are decoded here: a requested field is gathered, or is a
+        bytes field (found by one walk over the batch's headers, not by parsing each
+        sample)."""
+        return bool(self.tables) or bool(self.blobs)
 
     def _block_plan(self, nshards: int) -> tuple[np.ndarray, int]:
         """Per shard an id of its layout (-1: none), and the bytes of each sample to gather in
@@ -253,7 +263,7 @@ class ColumnarDecoder:
         block: np.ndarray | None,
         heads: _Heads,
         mask: np.ndarray | None = None,
-    ) -> np.ndarray | NotGatherable:
+    ) -> np.ndarray | list[bytes] | NotGatherable:
         """Field ``name`` of the batch's samples (those in ``mask``) as one array (a copy),
         after checking that each gathered member header is this sample's member of the field,
         with a sound checksum (``heads``: from ``_heads``)."""
@@ -290,18 +300,43 @@ class ColumnarDecoder:
                 why = self._check_member(name, table, raw, j)
                 if why is not None:
                     return why
+        return self._values(name, table, raw, span, positions, None if mask is None else rows)
+
+    def _values(
+        self,
+        name: str,
+        table: FieldTable,
+        raw: RawBatch,
+        span: np.ndarray | None,
+        positions: np.ndarray | None,
+        picked: np.ndarray | None,
+    ) -> np.ndarray | list[bytes] | NotGatherable:
+        """Field ``name``'s values, its member headers checked: from the batch's first bytes
+        ``span``, the rows the reader placed, or the read buffer at ``positions``; ``picked``:
+        the samples wanted (None: all). An undeclared bytes field's values are ``bytes``."""
+        buf = raw.buf
+        assert buf is not None
         placed = raw.placed.get(name)
+        values: np.ndarray | list[bytes] | None
         if span is not None:
             values = table.from_block(span, BLOCK)
+        elif placed is not None and isinstance(placed.rows, list):  # read into bytes already
+            values = placed.rows if picked is None else [placed.rows[j] for j in picked.tolist()]
         elif placed is not None:
-            assert positions is not None
-            got = placed.rows if mask is None else placed.rows[mask]
+            assert positions is not None and isinstance(placed.rows, np.ndarray)
+            got = placed.rows if picked is None else placed.rows[picked]
             values = placed_values(table, buf, positions, got)
+        elif table.as_bytes:
+            assert positions is not None
+            view = memoryview(buf)  # type: ignore[arg-type]
+            values = [bytes(view[p : p + table.nbytes]) for p in positions.tolist()]
         else:
             assert positions is not None
             values = table.gather(buf, positions, self.out_pool)
         if values is None:
             return NotGatherable(f"field {name!r}: .npy headers differ from the schema's")
+        if table.as_bytes and isinstance(values, np.ndarray):
+            return [row.tobytes() for row in values]
         return values
 
     def _check_member(

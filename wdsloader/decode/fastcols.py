@@ -19,7 +19,13 @@ from typing import Any
 
 import numpy as np
 
-from wdsloader.decode.codecs import decode_int, decode_json, decode_text, decode_uint8
+from wdsloader.decode.codecs import (
+    decode_bytes,
+    decode_int,
+    decode_json,
+    decode_text,
+    decode_uint8,
+)
 from wdsloader.decode.registry import ClsCast, Then
 
 ColumnFn = Callable[[np.ndarray, np.ndarray, np.ndarray], Any]
@@ -40,6 +46,8 @@ def batch_decoder(fn: Callable[[Any], Any]) -> ColumnFn | None:
         return _text_column
     if fn is decode_uint8:
         return bytes_column
+    if fn is decode_bytes:
+        return _bytes_values
     if fn is decode_json and _MSGSPEC is not None:
         return _json_column
     return None
@@ -135,6 +143,16 @@ def _json_column(buf: np.ndarray, positions: np.ndarray, sizes: np.ndarray) -> l
         return [decode(view[p:e]) for p, e in zip(positions.tolist(), ends, strict=True)]
     except refused:
         return None
+
+
+def _bytes_values(buf: np.ndarray, positions: np.ndarray, sizes: np.ndarray) -> Any:
+    """Undeclared bytes members, each copied once to its ``bytes`` (what :func:`decode_bytes`
+    returns); None when one lies past the buffer."""
+    ends = positions + sizes
+    if len(positions) and (positions.min() < 0 or ends.max() > len(buf)):
+        return None
+    view = memoryview(buf)  # type: ignore[arg-type]
+    return [bytes(view[p:e]) for p, e in zip(positions.tolist(), ends.tolist(), strict=True)]
 
 
 def bytes_column(buf: np.ndarray, positions: np.ndarray, sizes: np.ndarray) -> Any:

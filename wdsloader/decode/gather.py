@@ -182,14 +182,15 @@ def prefix_end(layout: Mapping[str, Sequence[int]] | None) -> int:
 
 class FieldTable:
     """Per shard, where a fixed-size ``.npy`` field's member data starts in each sample; with
-    ``raw``, a fixed-length bytes field declared ``uint8`` (no ``.npy`` header: the member's
-    bytes are the value, of the layout's size).
+    ``raw``, a fixed-length bytes field (no ``.npy`` header: the member's bytes are the value,
+    of the layout's size): declared ``uint8`` (its rows are the values), or with ``as_bytes``
+    an undeclared one (each row's ``bytes`` is the value).
 
     ``offsets[s]`` is the offset from the sample start in shard ``s``, or -1 when that shard's
     layout does not fix it.
     """
 
-    __slots__ = ("dtype", "ext", "nbytes", "offsets", "raw", "shape")
+    __slots__ = ("as_bytes", "dtype", "ext", "nbytes", "offsets", "raw", "shape")
 
     def __init__(
         self,
@@ -197,9 +198,11 @@ class FieldTable:
         shape: tuple[int, ...] | None,
         shards: Sequence[ShardInfo],
         raw: bool = False,
+        as_bytes: bool = False,
     ):
         self.ext = spec.ext.lower()
-        self.raw = raw
+        self.raw = raw or as_bytes
+        self.as_bytes = as_bytes
         self.dtype = np.dtype(np.uint8 if raw else spec.dtype)
         sizes = set()
         offsets = np.full(len(shards), -1, dtype=np.int64)
@@ -311,17 +314,18 @@ def field_tables(
     dims: Mapping[str, int],
     shards: Sequence[ShardInfo],
     raw: Sequence[str] = (),
+    as_bytes: Sequence[str] = (),
 ) -> dict[str, FieldTable]:
     """A :class:`FieldTable` for each of ``fields`` that is a fixed-size ``.npy`` field, or
-    one of ``raw`` (bytes fields decoded as uint8 vectors) that the shards' layouts give one
-    size."""
+    one of ``raw`` (bytes fields decoded as uint8 vectors) or ``as_bytes`` (undeclared bytes
+    fields) that the shards' layouts give one size."""
     out: dict[str, FieldTable] = {}
     for name in fields:
         spec = schema.get(name)
         if spec is not None and spec.optional:
             continue  # samples may lack it: found per sample
-        if name in raw and spec is not None:
-            table = FieldTable(spec, None, shards, raw=True)
+        if (name in raw or name in as_bytes) and spec is not None:
+            table = FieldTable(spec, None, shards, raw=True, as_bytes=name in as_bytes)
             if table.nbytes >= 0:
                 out[name] = table
             continue

@@ -4,7 +4,9 @@ The shard layout fixes where a field's member data lies in each sample. For a fi
 are long (at least :data:`~wdsloader.decode.gather.LARGE_ROW` bytes), the batch reader sends
 those bytes of every sample to the sample's row of a batch array (``os.preadv``: one copy, from
 the page cache into the batch), and the rest of the samples (tar headers, ``.npy`` headers,
-other members) to the read buffer as ever. The read buffer keeps its layout, so every position
+other members) to the read buffer as ever; an undeclared bytes field's member of each sample
+is read into a ``bytes`` of its own (one copy, on the read thread), its value. The read buffer
+keeps its layout, so every position
 computed from it stays valid; only the placed bytes are missing there (a hole), until
 :func:`restore` copies them back for a decoder that parses the samples.
 
@@ -26,11 +28,12 @@ from wdsloader.io.buffers import BufferPool
 
 @dataclass(frozen=True, slots=True)
 class Placed:
-    """The rows of one field of a batch, read into a batch array: ``rows[j]`` holds the member
-    data of sample ``j`` past any ``.npy`` header, bytes that belong at ``at[j]`` of the
-    batch's read buffer (where they are missing until :func:`restore`)."""
+    """The rows of one field of a batch, read into a batch array (or, for an undeclared bytes
+    field, a list of ``bytes``): ``rows[j]`` holds the member data of sample ``j`` past any
+    ``.npy`` header, bytes that belong at ``at[j]`` of the batch's read buffer (where they are
+    missing until :func:`restore`)."""
 
-    rows: np.ndarray
+    rows: np.ndarray | list[bytes]
     at: np.ndarray
 
 
@@ -44,7 +47,8 @@ class _Target:
 class Placement:
     """Which fields the batch reader places, and the pool their batch arrays come from (a
     batch array returns to it once nothing refers to the batch, so a batch kept alive is never
-    overwritten): the fields of ``tables`` whose rows are long."""
+    overwritten): the fields of ``tables`` whose rows are long. The rows of an undeclared bytes
+    field (:attr:`FieldTable.as_bytes`) become ``bytes`` of their own (:meth:`as_bytes`)."""
 
     def __init__(self, tables: Mapping[str, FieldTable], pool: BufferPool) -> None:
         self.pool = pool
@@ -60,11 +64,17 @@ class Placement:
     def __bool__(self) -> bool:
         return bool(self.targets)
 
+    def as_bytes(self, name: str) -> bool:
+        """Whether field ``name``'s rows are read into ``bytes`` of their own (its plan's array
+        then has no row: the read buffer has a hole there, nothing is read into it)."""
+        return self.targets[name].table.as_bytes
+
     def plan(
         self, starts: np.ndarray, stops: np.ndarray, shard_idx: np.ndarray
     ) -> dict[str, tuple[np.ndarray, np.ndarray]]:
         """For one batch (its samples' byte ranges in their shards): per placed field, a batch
-        array ``(n, count)`` and the shard offset of each sample's bytes to read into it. A
+        array ``(n, count)`` (``(0, count)`` for :meth:`as_bytes`) and the shard offset of each
+        sample's bytes to read into it. A
         field is left out when a shard's layout does not fix it, or a sample is too short to
         hold it where the layout says (the decoder then finds out why)."""
         out: dict[str, tuple[np.ndarray, np.ndarray]] = {}
@@ -78,7 +88,10 @@ class Placement:
             data = starts + offsets + target.skip
             if (data + target.count > stops).any():
                 continue
-            rows = self.pool.lease(n * target.count).reshape(n, target.count)
+            if target.table.as_bytes:
+                rows = np.empty((0, target.count), dtype=np.uint8)  # the reader's hole
+            else:
+                rows = self.pool.lease(n * target.count).reshape(n, target.count)
             out[name] = (rows, data)
         return out
 
@@ -108,6 +121,9 @@ def restore(buf: np.ndarray | None, placed: Mapping[str, Placed]) -> None:
     if buf is None:
         return
     for p in placed.values():
-        count = p.rows.shape[1]
         for j, a in enumerate(p.at.tolist()):
-            buf[a : a + count] = p.rows[j]
+            row = p.rows[j]
+            count = len(row)
+            buf[a : a + count] = (
+                np.frombuffer(row, dtype=np.uint8) if isinstance(row, bytes) else row
+            )

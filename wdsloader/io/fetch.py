@@ -38,6 +38,7 @@ from wdsloader.format import ShardInfo, decode_index
 from wdsloader.io.options import ReadOptions
 from wdsloader.io.ranges import (
     Cut,
+    Hole,
     Request,
     merge_requests,
     pread,
@@ -397,7 +398,9 @@ class ShardStore(StoreChecks):
 
 
 def _copy_cuts(joined: memoryview, positions: Sequence[int], cuts: Sequence[Sequence[Cut]]) -> None:
-    """Fill each cut's buffer from the joined ranges (remote reads: one more copy)."""
+    """Fill each cut's buffer (not a hole's) from the joined ranges (remote reads: one more
+    copy)."""
     for pos, todo in zip(positions, cuts, strict=True):
         for off, buf in todo:
-            buf[:] = joined[pos + off : pos + off + len(buf)]
+            if not isinstance(buf, Hole):
+                buf[:] = joined[pos + off : pos + off + len(buf)]

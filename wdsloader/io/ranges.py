@@ -10,7 +10,23 @@ from wdsloader.io.retry import truncated
 from wdsloader.plan.coalesce import coalesce
 
 Request = tuple[ShardInfo, int, int]  # (shard, start, stop): bytes [start, stop) of the shard
-Cut = tuple[int, memoryview]  # (offset in a range, buffer): those bytes of the range go there
+
+
+class Hole:
+    """A cut's target that takes nothing: those ``nbytes`` of the range are not read (the read
+    buffer keeps whatever it held there; the caller reads them elsewhere)."""
+
+    __slots__ = ("nbytes",)
+
+    def __init__(self, nbytes: int) -> None:
+        self.nbytes = nbytes
+
+    def __len__(self) -> int:
+        return self.nbytes
+
+
+Piece = memoryview | Hole
+Cut = tuple[int, Piece]  # (offset in a range, buffer or hole): those bytes of the range go there
 IOV_MAX = 1024  # buffers one preadv call takes (Linux's UIO_MAXIOV)
 
 
@@ -57,15 +73,30 @@ def pread(fd: int, start: int, stop: int, url: str) -> bytes:
 
 def preadv_all(
     fd: int,
-    pieces: Sequence[memoryview],
+    pieces: Sequence[Piece],
     start: int,
     name: str,
     url: Callable[[str], str] = str,
 ) -> None:
     """Fill ``pieces`` one after the other with the bytes of an open file from ``start``, each
     byte copied once from the file into its piece (``os.preadv``, at most :data:`IOV_MAX`
-    pieces a call); a file that ends before they are full is truncated (the error names the
-    file ``url(name)``)."""
+    pieces a call), the bytes of a :class:`Hole` left unread; a file that ends before they are
+    full is truncated (the error names the file ``url(name)``)."""
+    at, run = start, list[memoryview]()
+    for piece in pieces:
+        if isinstance(piece, Hole):
+            _preadv_run(fd, run, at, name, url)
+            at += sum([len(p) for p in run]) + len(piece)
+            run = []
+        else:
+            run.append(piece)
+    _preadv_run(fd, run, at, name, url)
+
+
+def _preadv_run(
+    fd: int, pieces: Sequence[memoryview], start: int, name: str, url: Callable[[str], str]
+) -> None:
+    """:func:`preadv_all` of pieces without holes."""
     todo = [p for p in pieces if len(p)]
     i, at = 0, start
     while i < len(todo):
@@ -81,11 +112,12 @@ def preadv_all(
                 i += 1
 
 
-def split_range(sink: memoryview, cuts: Sequence[Cut]) -> list[memoryview]:
+def split_range(sink: memoryview, cuts: Sequence[Cut]) -> list[Piece]:
     """The buffers that receive one range's bytes in file order: ``sink`` (as long as the
-    range), except that bytes ``[off, off + len(buf))`` of the range go to ``buf`` for each
-    ``(off, buf)`` of ``cuts`` (sorted, not overlapping, inside the range)."""
-    out: list[memoryview] = []
+    range), except that bytes ``[off, off + len(buf))`` of the range go to ``buf`` (or nowhere,
+    for a :class:`Hole`) for each ``(off, buf)`` of ``cuts`` (sorted, not overlapping, inside
+    the range)."""
+    out: list[Piece] = []
     pos = 0
     for off, buf in cuts:
         if off < pos or off + len(buf) > len(sink):

@@ -150,7 +150,7 @@ class ShardStreamDataset(IterableDataset):
                 schema, self.fields, manifest.dims, self.shards, self.sources, decoder,
                 self.variants,
             )  # fmt: skip
-            self.columnar = columnar if columnar.tables else None
+            self.columnar = columnar if columnar.useful else None
             if self.columnar is not None:
                 self.reader.placement = self.columnar.placement()
 

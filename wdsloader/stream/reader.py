@@ -18,7 +18,7 @@ from wdsloader.errors import WdsLoaderError
 from wdsloader.format import ShardInfo
 from wdsloader.io.buffers import BufferPool
 from wdsloader.io.fetch import ShardStore
-from wdsloader.io.ranges import Cut
+from wdsloader.io.ranges import Cut, Hole, Piece
 from wdsloader.plan.coalesce import Runs, coalesce
 from wdsloader.stream.inflate import Inflater
 
@@ -102,6 +102,7 @@ class BatchReader:
                 cuts = self._place(batches, ids, starts, stops, shard_idx, runs, placed)
             joined, run_pos = self.store.read_joined(requests, out, cuts)
             del out, cuts
+            self._read_bytes(batches, placed, shard_idx)
             buf = np.frombuffer(joined, dtype=np.uint8)
             data = [joined] * len(ids)
             base = (run_start - np.asarray(run_pos, dtype=np.int64))[run_of]
@@ -155,7 +156,7 @@ class BatchReader:
         pool.keep = max(pool.keep, 2 * len(batches) + 2)
         run_parts: list[np.ndarray] = []
         off_parts: list[np.ndarray] = []
-        views: list[memoryview] = []
+        views: list[Piece] = []
         pos = 0
         for batch, into in zip(batches, placed, strict=True):
             sl = slice(pos, pos + len(batch))
@@ -165,7 +166,10 @@ class BatchReader:
                 into[name] = Placed(rows, data)
                 flat = memoryview(rows.reshape(-1))  # type: ignore[arg-type]
                 width = rows.shape[1]
-                views += [flat[j * width : (j + 1) * width] for j in range(len(rows))]
+                if self.placement.as_bytes(name):  # read into bytes later: a hole, not a row
+                    views += [Hole(width)] * len(data)
+                else:
+                    views += [flat[j * width : (j + 1) * width] for j in range(len(rows))]
                 run_parts.append(runs.run_of[sl])
                 off_parts.append(data - runs.start[runs.run_of[sl]])
         if not views:
@@ -176,6 +180,25 @@ class BatchReader:
         for k, r, o in zip(order.tolist(), run[order].tolist(), off[order].tolist(), strict=True):
             cuts[r].append((o, views[k]))
         return cuts
+
+    def _read_bytes(
+        self, batches: Sequence[np.ndarray], placed: list[dict[str, Placed]], shard_idx: np.ndarray
+    ) -> None:
+        """The placed rows of undeclared bytes fields (a hole in the read buffer so far) read
+        from the files, each into a ``bytes`` of its own: one copy, on this (the read)
+        thread. ``placed[b]``: batch ``b``'s, their ``at`` still shard offsets."""
+        if self.placement is None:
+            return
+        pos = 0
+        for batch, into in zip(batches, placed, strict=True):
+            shards = shard_idx[pos : pos + len(batch)].tolist()
+            pos += len(batch)
+            for name, p in list(into.items()):
+                if self.placement.as_bytes(name):
+                    width = p.rows.shape[1]  # type: ignore[union-attr]
+                    at = p.at.tolist()
+                    reqs = [(self.shards[s], a, a + width) for s, a in zip(shards, at, strict=True)]
+                    into[name] = Placed(self.store.read_ranges(reqs), p.at)
 
     def read_ahead(self, batches: Sequence[np.ndarray], group: int) -> ReadAhead:
         """The batches' reads, a group of ``group`` batches at a time, one group ahead."""

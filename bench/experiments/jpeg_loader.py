@@ -5,8 +5,9 @@
 
 Builds (once, under ``DIR``) the bench's ``jpeg`` workload (256x256 photo-like JPEGs, quality
 90, an int ``.cls`` label and a JSON field) with our builder and with LitData's ``optimize``,
-then reads each with batches of 64 at each worker count and prints samples/s (best of
-``--repeat`` full epochs, the first batch included) with the load average before the runs.
+then reads each with batches of 64 at each worker count and prints samples/s and samples per
+CPU second of the process and its workers (each the best of ``--repeat`` full epochs, the first
+batch included), with the load average before and after the runs.
 ``--decode-size`` also reads ours with the JPEGs registered to decode at that size
 (:class:`wdsloader.decode.images.ImageDecoder`, DCT scaling).
 """
@@ -15,10 +16,19 @@ from __future__ import annotations
 
 import argparse
 import os
+import resource
 import sys
 import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", ".."))
+
+
+def cpu() -> float:
+    """CPU seconds of this process and its reaped children (the loader's workers)."""
+    return sum(
+        r.ru_utime + r.ru_stime
+        for r in map(resource.getrusage, (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN))
+    )
 
 
 def epoch(loader) -> int:
@@ -55,13 +65,17 @@ def main() -> None:
             scaled = ImageDecoder(decode_size=(args.decode_size, args.decode_size))
             register_decoder("jpg", scaled, replace=True)
         for workers in args.workers:
-            best = 0.0
+            best = per_cpu = 0.0
             for _ in range(args.repeat):
-                t = time.perf_counter()
+                c, t = cpu(), time.perf_counter()
                 reader = systems.read_ours if kind == "ours" else systems.read_litdata
                 n = epoch(reader("jpeg", path, workers))
                 best = max(best, n / (time.perf_counter() - t))
-            print(f"| {system} | num_workers={workers} | {best:,.0f} samples/s | n={n} |")
+                per_cpu = max(per_cpu, n / (cpu() - c))
+            print(
+                f"| {system} | num_workers={workers} | {best:,.0f} samples/s "
+                f"| {per_cpu:,.0f} samples per CPU s | n={n} |"
+            )
     print(f"load average after: {os.getloadavg()}")
 
 

@@ -203,7 +203,9 @@ def test_the_loader_gives_pillows_pixels_and_decode_size(jpeg_dataset, workers):
             _assert_pillows(image.numpy(), ref)
     register_decoder("jpg", ImageDecoder(decode_size=(24, 20)), replace=True)
     try:
-        batches = list(create_loader(jpeg_dataset, "train", **kw))
+        loader = create_loader(jpeg_dataset, "train", **kw)
+        assert loader.dataset_obj.rows.threads == images.IMAGE_THREADS  # on the image threads
+        batches = list(loader)
     finally:
         register_decoder("jpg", decode_image, replace=True)
     assert {tuple(b["image"].shape) for b in batches} == {(8, 24, 20, 3)}

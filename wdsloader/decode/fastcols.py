@@ -7,9 +7,10 @@ ints (ASCII digits parsed for the whole batch at once, cast to the schema's dtyp
 (one UTF-8 decode per batch), ``.json`` (one tight loop over msgspec, when installed), bytes
 declared ``uint8`` (one copy into one buffer per batch, the values views into it) and images
 (decoded on a small thread pool: :func:`wdsloader.decode.images.image_column`). None means
-"decode this column sample by sample": any member the vectorised form does not cover exactly (signs other than a leading ``-``, whitespace,
-underscores, more than 18 digits, a value outside the dtype, non-ASCII text) sends the whole
-column there, so values and error messages stay the per-sample decoder's.
+"decode this column sample by sample": any member the vectorised form does not cover exactly
+(signs other than a leading ``-``, whitespace, underscores, more than 18 digits, a value outside
+the dtype, non-ASCII text, an image that fails to decode) sends the whole column there, so
+values and error messages stay the per-sample decoder's.
 """
 
 from __future__ import annotations

@@ -18,6 +18,7 @@ from typing import Any
 
 import numpy as np
 
+from wdsloader.decode.images import decode_image
 from wdsloader.errors import PickleNotAllowedError
 from wdsloader.format.builtin_codecs import (
     PICKLE_HINT,
@@ -112,33 +113,6 @@ def _decode_pickle_trusted(buf: Buffer) -> Any:
     import pickle
 
     return pickle.loads(bytes(buf))  # noqa: S301 - explicit opt-in via allow_pickle=True
-
-
-def decode_image(buf: Buffer) -> np.ndarray:
-    """An image member via Pillow as a ``uint8`` array of shape ``(H, W, C)``.
-
-    Grey-scale and bi-level images give ``C == 1``; images with an alpha channel (or a palette
-    with transparency) give RGBA, ``C == 4``; every other mode is converted to RGB, ``C == 3``.
-    Animated images give their first frame.
-    """
-    try:
-        from PIL import Image
-    except ImportError:
-        raise ImportError(
-            "decoding images needs Pillow: pip install pillow (or wdsloader[image])"
-        ) from None
-    with Image.open(io.BytesIO(bytes(buf))) as img:
-        mode = img.mode
-        if mode in ("L", "RGB", "RGBA"):
-            target = mode
-        elif mode == "1" or mode.startswith("I") or mode == "F":
-            target = "L"
-        elif mode in ("LA", "PA", "RGBa", "La") or (mode == "P" and "transparency" in img.info):
-            target = "RGBA"
-        else:
-            target = "RGB"
-        arr = np.array(img if target == mode else img.convert(target), dtype=np.uint8)
-    return arr[:, :, None] if arr.ndim == 2 else arr
 
 
 IMAGE_ENCODINGS = ("jpg", "jpeg", "png", "webp", "bmp", "gif", "tif", "tiff")

@@ -4,17 +4,19 @@ call per sample, giving exactly what the per-sample decoder gives.
 :func:`batch_decoder` maps a field's decode function (as :meth:`SampleDecoder.field_decoder`
 returns it) to a column function ``(buf, positions, sizes) -> values | None``: ``.cls``-style
 ints (ASCII digits parsed for the whole batch at once, cast to the schema's dtype), ``.txt``
-(one UTF-8 decode per batch), ``.json`` (one tight loop over msgspec, when installed) and bytes
-declared ``uint8`` (one copy into one buffer per
-batch, the values views into it). None means "decode this column sample by sample": any member
-the vectorised form does not cover exactly (signs other than a leading ``-``, whitespace,
-underscores, more than 18 digits, a value outside the dtype, non-ASCII text) sends the whole
-column there, so values and error messages stay the per-sample decoder's.
+(one UTF-8 decode per batch), ``.json`` (one tight loop over msgspec, when installed), bytes
+declared ``uint8`` (one copy into one buffer per batch, the values views into it) and images
+(decoded on a small thread pool: :func:`wdsloader.decode.images.image_column`). None means
+"decode this column sample by sample": any member the vectorised form does not cover exactly
+(signs other than a leading ``-``, whitespace, underscores, more than 18 digits, a value outside
+the dtype, non-ASCII text, an image that fails to decode) sends the whole column there, so
+values and error messages stay the per-sample decoder's.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -26,6 +28,7 @@ from wdsloader.decode.codecs import (
     decode_text,
     decode_uint8,
 )
+from wdsloader.decode.images import image_column, is_image_decoder
 from wdsloader.decode.registry import ClsCast, Then
 
 ColumnFn = Callable[[np.ndarray, np.ndarray, np.ndarray], Any]
@@ -50,6 +53,8 @@ def batch_decoder(fn: Callable[[Any], Any]) -> ColumnFn | None:
         return _bytes_values
     if fn is decode_json and _MSGSPEC is not None:
         return _json_column
+    if is_image_decoder(fn) or (isinstance(fn, Then) and is_image_decoder(fn.fn)):
+        return partial(image_column, fn)  # the images of a batch on a few threads
     return None
 
 

@@ -141,6 +141,11 @@ class SampleDecoder:
         with a schema)."""
         return self._plan is not None and any(step[2] is fn for step in self._plan)
 
+    def decodes_any(self, test: Callable[[Decoder], bool]) -> bool:
+        """Whether the requested fields include one whose decoder passes ``test`` (known only
+        with a schema)."""
+        return self._plan is not None and any(test(step[2]) for step in self._plan)
+
     @property
     def member_exts(self) -> tuple[str, ...] | None:
         """The member extensions this decoder reads, when a schema fixes them (else None)."""

@@ -11,16 +11,11 @@ from typing import Any
 import numpy as np
 
 from wdsloader.decode.batch import RawBatch
-from wdsloader.decode.codecs import decode_image
+from wdsloader.decode.images import IMAGE_THREADS, is_image_decoder
 from wdsloader.decode.parse import parse_sample
 from wdsloader.decode.registry import SampleDecoder
 from wdsloader.decode.variants import Variants
 from wdsloader.errors import WdsLoaderError
-
-IMAGE_THREADS = 2
-"""Threads that decode the samples of a batch whose fields include images (Pillow releases the
-GIL while decoding: a pool of 2 decoded 1.9x the JPEGs per second of one thread, and beat
-``num_workers=2`` processes; bench/experiments/threads_jpeg.py)."""
 
 
 class RowDecoder:
@@ -28,7 +23,7 @@ class RowDecoder:
     fields (``decoder``) and adds the curriculum's output (``variants``, or None).
 
     ``sources`` names each shard (by its index in the split) in errors. When the requested
-    fields include an image decoded by the built-in decoder, the samples of a batch are decoded
+    fields include an image decoded by the built-in decoder (or an ``ImageDecoder``), the samples of a batch are decoded
     on a pool of :data:`IMAGE_THREADS` threads of this process (made on first use, never
     pickled), in order as ever.
     """
@@ -39,7 +34,7 @@ class RowDecoder:
         self.decoder = decoder
         self.sources = list(sources)
         self.variants = variants
-        self.threads = IMAGE_THREADS if decoder.decodes(decode_image) else 0
+        self.threads = IMAGE_THREADS if decoder.decodes_any(is_image_decoder) else 0
         self._pool: ThreadPoolExecutor | None = None
         self._pool_pid = 0
 

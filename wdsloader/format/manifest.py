@@ -400,7 +400,7 @@ def _shard_info(shard: Any, split: str, i: int) -> ShardInfo:
     try:
         check_keys(check_obj(shard, ""), "", _SHARD_REQUIRED, _SHARD_KEYS)
         for key in ("path", "idx_path", "keys_path"):
-            problem = None if shard.get(key) is None else path_problem(shard[key])
+            problem = None if key not in shard else path_problem(shard[key])
             if problem is not None:
                 raise InvalidField(_path_message(shard[key], f".{key}", problem))
         n, size = shard["num_samples"], shard["num_bytes"]

@@ -13,7 +13,7 @@ import logging
 import weakref
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from torch.utils.data import IterableDataset, get_worker_info
@@ -26,7 +26,7 @@ from wdsloader.decode.rows import RowDecoder
 from wdsloader.decode.variants import Variants
 from wdsloader.errors import SkipLimitError, WdsLoaderError
 from wdsloader.format import FieldSpec, Manifest, ShardInfo
-from wdsloader.io.fetch import ShardStore
+from wdsloader.io.store import Store
 from wdsloader.mix.runtime import MixPlanner, SourceTags
 from wdsloader.stream.control import Control
 from wdsloader.stream.reader import BatchReader, close_store
@@ -35,7 +35,6 @@ from wdsloader.stream.state import resume_from_dict, resume_to_dict, shards_dige
 if TYPE_CHECKING:
     from wdsloader.curriculum.curriculum import Curriculum
     from wdsloader.mix.spec import MixSpec
-    from wdsloader.mix.store import MixStore
 
 log = logging.getLogger(__name__)
 
@@ -77,7 +76,7 @@ class ShardStreamDataset(IterableDataset):
         *,
         manifest: Manifest,
         split: str,
-        store: ShardStore | MixStore,
+        store: Store,
         config: plan.PlanConfig,
         rank: int,
         decoder: SampleDecoder,
@@ -96,8 +95,6 @@ class ShardStreamDataset(IterableDataset):
             raise ValueError(f"max_skipped must be None or >= 0, got {max_skipped!r}")
         if not 0 <= rank < config.world_size:
             raise ValueError(f"rank {rank} outside [0, {config.world_size})")
-        # a mix's store offers what the reader asks of a ShardStore, shard by shard
-        store = cast(ShardStore, store)
         self.manifest, self.split, self.store = manifest, split, store
         self.shards: list[ShardInfo] = list(manifest.split(split).shards)
         self.shards_digest = shards_digest(self.shards)

@@ -10,6 +10,7 @@ from wdsloader.errors import ManifestError
 from wdsloader.format import Manifest
 from wdsloader.io.fetch import ReadOptions, ShardStore
 from wdsloader.io.manifest_io import load_manifest, manifest_where
+from wdsloader.io.store import open_store
 
 
 def rank_and_world(
@@ -60,7 +61,7 @@ def open_dataset(
 ) -> tuple[ShardStore, Manifest]:
     """The store over ``root`` and its manifest (read under the options' timeouts; its default
     curriculum checked)."""
-    store = ShardStore(root, options)
+    store = open_store(root, options)
     try:
         storage_options = options.storage_options_for(root)
         manifest = load_manifest(root, storage_options)

@@ -17,8 +17,8 @@ from wdsloader.decode.placement import Placed, Placement
 from wdsloader.errors import WdsLoaderError
 from wdsloader.format import ShardInfo
 from wdsloader.io.buffers import BufferPool
-from wdsloader.io.fetch import ShardStore
 from wdsloader.io.ranges import Cut
+from wdsloader.io.store import Store
 from wdsloader.plan.coalesce import Runs, coalesce
 from wdsloader.stream.inflate import Inflater
 
@@ -36,7 +36,7 @@ class BatchReader:
 
     def __init__(
         self,
-        store: ShardStore,
+        store: Store,
         shards: Sequence[ShardInfo],
         counts: Sequence[int],
         skip_unreadable: bool,
@@ -245,7 +245,7 @@ class _StoreCloser:
     """Close a store's files when the last read of an iteration is over (a Future callback);
     nothing at interpreter exit, when the process's files go anyway."""
 
-    def __init__(self, store: ShardStore) -> None:
+    def __init__(self, store: Store) -> None:
         self.store = store
         self.finalizing = sys.is_finalizing
 
@@ -254,6 +254,6 @@ class _StoreCloser:
             self.store.close()
 
 
-def close_store(store: ShardStore) -> None:
+def close_store(store: Store) -> None:
     """Close a store whose dataset was collected (a weakref.finalize callback)."""
     _StoreCloser(store)()

@@ -3,14 +3,19 @@
 
 from __future__ import annotations
 
+import logging
 import pickle
+import re
+import threading
 from pathlib import Path
 
 import numpy as np
 import pytest
 
 from tests.dataset_factory import write_dataset
-from tests.http_server import RangeHTTPServer, http_server_fixture  # noqa: F401
+from tests.http_server import Faults, RangeHTTPServer, http_server_fixture  # noqa: F401
+from wdsloader import create_loader
+from wdsloader.errors import ShardFormatError
 from wdsloader.format import Manifest
 from wdsloader.io import ReadOptions, ShardStore, Store, open_store
 from wdsloader.io.file_store import CachedStore, LocalStore
@@ -79,3 +84,48 @@ def test_every_store_reads_the_same_bytes_and_a_mix_is_a_store(http_server, tmp_
     both = [(other[0], a, b) for _, a, b in reqs[:1]] + reqs[1:]
     assert mix.read_ranges(both) == want
     assert np.array_equal(mix.index(other[1]), stores[0].index(shards[1]))
+
+
+# -- requests the manifest makes unnecessary ------------------------------------------------------
+def test_an_index_is_one_ranged_get_with_no_size_request(s3_bucket, caplog):
+    url, options = s3_bucket
+    manifest = write_dataset(f"{url}/ds", {"train": [5, 6]}, storage_options=options)
+    shards = manifest.split("train").shards
+    caplog.set_level(logging.INFO, logger="werkzeug")  # moto's access log: one line per request
+    store = ShardStore(f"{url}/ds", ReadOptions(storage_options=options))
+    assert [len(store.index(s)) for s in shards] == [6, 7]
+    lines = [r.getMessage() for r in caplog.records if r.name == "werkzeug"]
+    assert (
+        [re.search(r"(GET|HEAD) \S+", line)[0] for line in lines]
+        == [  # type: ignore[index]
+            f"GET /{url[5:]}/ds/{s.idx_path}" for s in shards
+        ]
+    )
+
+
+def test_a_longer_index_file_is_reported(http_server):
+    url, manifest, folder = _served(http_server, [6], "long")
+    shard = manifest.split("train").shards[0]
+    with open(folder / shard.idx_path, "ab") as f:
+        f.write(b"\0" * 8)
+    with pytest.raises(ShardFormatError, match=r"index has more than 56 bytes, expected 56 \(6"):
+        ShardStore(url).index(shard)
+
+
+def test_indexes_are_read_in_parallel_once_per_loader_not_per_worker(http_server):
+    counts = [20, 21, 22, 23, 24, 25, 26, 27]
+    url, manifest, _ = _served(http_server, counts, "par")
+    # the server holds each index GET until four are in flight at once: one after another
+    # would break the barrier
+    gate = threading.Barrier(4, timeout=20)
+    http_server.faults = Faults(suffix=".wdsidx", gate=gate)
+    http_server.clear_log()
+    loader = create_loader(url, "train", batch_size=8, num_workers=2, drop_last=False, seed=3)
+    keys = [k for batch in loader for k in batch["__key__"]]
+    assert sorted(keys) == [f"train{i:07d}" for i in range(sum(counts))]
+    index_gets = [r.path for r in http_server.requests() if r.path.endswith(".wdsidx")]
+    assert sorted(index_gets) == sorted(
+        f"/par/{s.idx_path}" for s in manifest.split("train").shards
+    )
+    assert not gate.broken
+    assert not [r for r in http_server.requests() if r.method == "HEAD"]

@@ -49,6 +49,8 @@ __all__ = ["STAT_KEYS", "ReadOptions", "Request", "ShardStore"]
 STAT_KEYS = tuple(
     "requests bytes_read bytes_fetched retries cache_hits cache_misses evictions".split()
 )
+# indexes of at most this many bytes in all are read once and pickled with the store
+SHIP_INDEX_BYTES = 64 << 20
 _T = TypeVar("_T")
 _R = TypeVar("_R")
 
@@ -65,7 +67,8 @@ class ShardStore(StoreChecks):
     """
 
     is_local: ClassVar[bool] = False
-    _PICKLED: ClassVar[tuple[str, ...]] = ("root", "options")
+    _PICKLED: ClassVar[tuple[str, ...]] = ("root", "options", "_shipped")
+    _SHIPS_INDEXES: ClassVar[bool] = True  # see ship_indexes
 
     def __new__(
         cls, root: str | os.PathLike[str] = "", options: ReadOptions | None = None
@@ -78,6 +81,7 @@ class ShardStore(StoreChecks):
         text = os.fspath(root)
         self.root = text.rstrip("/") or text
         self.options = options if options is not None else ReadOptions()
+        self._shipped: dict[str, np.ndarray] = {}  # indexes pickled with the store
         self._init_runtime()
 
     # -- process-local state ---------------------------------------------------------------------
@@ -90,6 +94,9 @@ class ShardStore(StoreChecks):
         self._pool: ThreadPoolExecutor | None = None
         self._files = OpenFiles(self.options.max_open_files)
         self._indexes: dict[str, np.ndarray] = {}
+        for key, offsets in self._shipped.items():
+            offsets.flags.writeable = False  # unpickled arrays are writeable
+            self._indexes[key] = offsets
         self._verified: set[str] = set()
         self._secrets = secrets_of(self.options.storage_options, self.root)
         self._shown_root = redact(self.root, self._secrets)
@@ -173,30 +180,59 @@ class ShardStore(StoreChecks):
             offsets = self._indexes.get(shard.idx_path)
             if offsets is not None:
                 return offsets
-            url = self._url(shard.idx_path)
-            expected = (shard.num_samples + 1) * 8
-            try:
-                data = self._index_bytes(shard)
-            except FileNotFoundError:
-                raise ShardFormatError(f"{url}: index file not found") from None
-            if len(data) != expected:
-                raise ShardFormatError(
-                    f"{url}: index has {len(data)} bytes, expected {expected} "
-                    f"({shard.num_samples} samples + 1 end offset)"
-                )
-            offsets = decode_index(data, source=url)
-            if offsets[0] < 0 or offsets[-1] > shard.num_bytes:
-                raise ShardFormatError(
-                    f"{url}: offsets {offsets[0]}..{offsets[-1]} fall outside the shard's "
-                    f"{shard.num_bytes} bytes"
-                )
-            offsets.flags.writeable = False
+            offsets = self._load_index(shard)
             self._indexes[shard.idx_path] = offsets
             return offsets
 
-    def _index_bytes(self, shard: ShardInfo) -> bytes:
-        """The whole index file of ``shard`` (FileNotFoundError if there is none)."""
-        return self._storage().fetch(shard.idx_path)
+    def load_indexes(self, shards: Sequence[ShardInfo]) -> None:
+        """Read the indexes of ``shards`` not read yet, ``options.concurrency`` at a time
+        (later :meth:`index` calls answer from memory)."""
+        self._ensure_process()
+        with self._lock:
+            todo = list({s.idx_path: s for s in shards if s.idx_path not in self._indexes}.values())
+            for shard, offsets in zip(todo, self._run_all(self._load_index, todo), strict=True):
+                self._indexes[shard.idx_path] = offsets
+
+    def ship_indexes(self, shards: Sequence[ShardInfo], limit: int = SHIP_INDEX_BYTES) -> bool:
+        """Read the indexes of ``shards`` now (in parallel) and keep them in the store's pickled
+        state, so that workers do not request them again; a no-op returning False when the
+        store reads local index files (cheap in each worker) or when they would take more than
+        ``limit`` bytes (workers then read those they use)."""
+        if not self._SHIPS_INDEXES or sum((s.num_samples + 1) * 8 for s in shards) > limit:
+            return False
+        self.load_indexes(shards)
+        with self._lock:
+            self._shipped = {s.idx_path: self._indexes[s.idx_path] for s in shards}
+        return True
+
+    def _load_index(self, shard: ShardInfo) -> np.ndarray:
+        """The checked, read-only offsets of a shard's index file, read now."""
+        url = self._url(shard.idx_path)
+        expected = (shard.num_samples + 1) * 8
+        try:
+            data = self._index_bytes(shard, expected)
+        except FileNotFoundError:
+            raise ShardFormatError(f"{url}: index file not found") from None
+        if len(data) != expected:
+            has = f"more than {expected}" if len(data) > expected else str(len(data))
+            raise ShardFormatError(
+                f"{url}: index has {has} bytes, expected {expected} "
+                f"({shard.num_samples} samples + 1 end offset)"
+            )
+        offsets = decode_index(data, source=url)
+        if offsets[0] < 0 or offsets[-1] > shard.num_bytes:
+            raise ShardFormatError(
+                f"{url}: offsets {offsets[0]}..{offsets[-1]} fall outside the shard's "
+                f"{shard.num_bytes} bytes"
+            )
+        offsets.flags.writeable = False
+        return offsets
+
+    def _index_bytes(self, shard: ShardInfo, expected: int) -> bytes:
+        """The index file of ``shard`` (FileNotFoundError if there is none): its ``expected``
+        bytes and one more if the file is longer, in one ranged request (the manifest gives
+        the size: no request for it)."""
+        return self._storage().fetch_upto(shard.idx_path, expected + 1)
 
     # -- byte ranges -----------------------------------------------------------------------------
     def read_ranges(self, requests: Sequence[Request]) -> list[bytes]:

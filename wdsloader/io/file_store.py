@@ -90,7 +90,8 @@ class LocalStore(FileStore):
     """The shards of a local folder (a path or ``file://`` URL)."""
 
     is_local: ClassVar[bool] = True
-    _PICKLED = ("root", "options", "_local_base")
+    _PICKLED = ("root", "options", "_shipped", "_local_base")
+    _SHIPS_INDEXES = False  # each worker reads the local index files it uses
 
     def __init__(self, root: str | os.PathLike[str], options: ReadOptions | None = None) -> None:
         super().__init__(root, options)
@@ -98,7 +99,7 @@ class LocalStore(FileStore):
         # workers started in another directory read the same files
         self._local_base = url_to_fs(self.root)[1]
 
-    def _index_bytes(self, shard: ShardInfo) -> bytes:
+    def _index_bytes(self, shard: ShardInfo, expected: int) -> bytes:
         with open(join(self._local_base, shard.idx_path), "rb") as f:
             return f.read()
 
@@ -140,11 +141,11 @@ class CachedStore(FileStore):
             check=self._check_download,
         )
 
-    def _index_bytes(self, shard: ShardInfo) -> bytes:
+    def _index_bytes(self, shard: ShardInfo, expected: int) -> bytes:
         cpath = self._cache.path(self._url(shard.idx_path), shard)
         if (data := self._cache.read(cpath)) is not None:
             return data
-        data = self._storage().fetch(shard.idx_path)
+        data = super()._index_bytes(shard, expected)
         self._cache.write(cpath, data)
         return data
 

@@ -70,6 +70,10 @@ class Store(Protocol):
         """Sample start offsets of a shard, then its end offset (int64, read-only)."""
         ...
 
+    def load_indexes(self, shards: Sequence[ShardInfo]) -> None:
+        """Read the indexes of ``shards`` not read yet, concurrently (before :meth:`index`)."""
+        ...
+
     def read_ranges(self, requests: Sequence[Request]) -> list[bytes]:
         """The bytes of each request, in request order."""
         ...

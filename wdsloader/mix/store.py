@@ -76,6 +76,14 @@ class MixStore:
         """Sample start offsets of a shard, then its end offset."""
         return self._store(shard).index(shard)
 
+    def load_indexes(self, shards: Sequence[ShardInfo]) -> None:
+        """Read the indexes of ``shards`` not read yet, each source's concurrently."""
+        groups: dict[int, list[ShardInfo]] = {}
+        for shard in shards:
+            groups.setdefault(id(self._store(shard)), []).append(shard)
+        for group in groups.values():
+            self._store(group[0]).load_indexes(group)
+
     def close(self) -> None:
         """Close every source's files."""
         for store in self.stores:

@@ -68,6 +68,8 @@ def open_dataset(
         stored_curriculum(manifest.loader_defaults, manifest_where(root, storage_options))
     except ManifestError as exc:  # its message shows the root as given, userinfo included
         raise ManifestError(store.redact(exc)) from None
+    shards = manifest.split(split).shards
     if check_shards:
-        store.check_shards(manifest.split(split).shards)
+        store.check_shards(shards)
+    store.ship_indexes(shards)  # read once, in parallel, not again in each worker
     return store, manifest

@@ -77,7 +77,9 @@ class BatchReader:
         shard_idx, local = plan.shard_of(ids, self.counts)
         starts = np.empty(len(ids), dtype=np.int64)
         stops = np.empty(len(ids), dtype=np.int64)
-        for s in np.unique(shard_idx):
+        used = np.unique(shard_idx)
+        self.store.load_indexes([self.shards[s] for s in used.tolist()])
+        for s in used:
             mask = shard_idx == s
             offsets = self.store.index(self.shards[s])
             starts[mask] = offsets[local[mask]]

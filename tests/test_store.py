@@ -22,6 +22,7 @@ from wdsloader.io.file_store import CachedStore, LocalStore
 from wdsloader.io.remote_store import RemoteStore
 from wdsloader.io.store import STORES, register_store, store_kind
 from wdsloader.mix.store import MixStore
+from wdsloader.plan.coalesce import coalesce
 
 
 @pytest.mark.parametrize(
@@ -129,3 +130,32 @@ def test_indexes_are_read_in_parallel_once_per_loader_not_per_worker(http_server
     )
     assert not gate.broken
     assert not [r for r in http_server.requests() if r.method == "HEAD"]
+
+
+def test_the_first_batch_waits_for_its_own_bytes_then_the_rest_of_its_window(http_server):
+    counts = [150, 150, 150, 150]
+    url, manifest, folder = _served(http_server, counts, "first")
+    shards = manifest.split("train").shards
+    kw = dict(batch_size=16, seed=5, shuffle_window=320, span=10, drop_last=False)
+    loader = create_loader(url, "train", **kw)
+    reference = [b["__key__"] for b in create_loader(str(folder), "train", **kw)]
+    http_server.clear_log()
+    batches = [b["__key__"] for b in loader]
+    assert batches == reference  # the plan is unchanged: only the order of the reads
+    # the first batch's samples, coalesced where adjacent: the first requests of the pass
+    store = ShardStore(folder)
+    ids = np.array([int(k[len("train") :]) for k in batches[0]])
+    shard = np.searchsorted(np.cumsum(counts), ids, side="right")
+    local = ids - np.r_[0, np.cumsum(counts)][shard]
+    starts = [int(store.index(shards[s])[i]) for s, i in zip(shard, local, strict=True)]
+    stops = [int(store.index(shards[s])[i + 1]) for s, i in zip(shard, local, strict=True)]
+    runs = coalesce(shard, starts, stops)
+    first = {
+        (f"/first/{shards[k].path}", a, b)
+        for k, a, b in zip(runs.key.tolist(), runs.start.tolist(), runs.stop.tolist(), strict=True)
+    }
+    tars = [r for r in http_server.requests() if r.path.endswith(".tar")]
+    assert {(r.path, r.start, r.stop) for r in tars[: len(first)]} == first
+    # and every byte of the samples once over the pass
+    read = sum(r.sent for r in tars)
+    assert read == sum(int(store.index(s)[-1] - store.index(s)[0]) for s in shards)

@@ -180,23 +180,30 @@ class BatchReader:
         return cuts
 
     def read_ahead(self, batches: Sequence[np.ndarray], group: int) -> ReadAhead:
-        """The batches' reads, a group of ``group`` batches at a time, one group ahead."""
-        # locally the first batch is read on its own so it arrives quickly, then a window at a
-        # time; remotely its samples would each be a request (the window shuffle scatters them
-        # over the window's spans), so the first window is read whole, a few requests per span
-        head = 1 if self.store.reads_locally else group
-        return ReadAhead(self, _groups(batches, head, group))
+        """The batches' reads, a group of ``group`` batches at a time, one group ahead.
+
+        The first batch is read on its own, so that it waits for its own bytes only, not for
+        its window's. Remotely its samples are then each a request (the window shuffle
+        scatters them over the window's spans), and the rest of its window comes next (the
+        plan is unchanged: only the order of the reads), so that later groups are windows
+        again, read a few requests per span, and no byte is read twice."""
+        rest = group if self.store.reads_locally else group - 1
+        return ReadAhead(self, _groups(batches, 1, group, rest or group))
 
 
-def _groups(batches: Sequence[np.ndarray], head: int, group: int) -> Iterator[list[np.ndarray]]:
-    """``batches`` in groups, the first of ``head`` batches, then of ``group``: each computed
-    only when asked for (a plan's sequence computes its batches when sliced), so nothing of
-    the epoch is held beyond the group read and the group ahead."""
+def _groups(
+    batches: Sequence[np.ndarray], head: int, group: int, second: int | None = None
+) -> Iterator[list[np.ndarray]]:
+    """``batches`` in groups, the first of ``head`` batches, the second of ``second`` (default
+    ``group``), then of ``group``: each computed only when asked for (a plan's sequence
+    computes its batches when sliced), so nothing of the epoch is held beyond the group read
+    and the group ahead."""
     n = len(batches)
     start, size = 0, head
+    sizes = iter((group if second is None else second,))
     while start < n:
         yield list(batches[start : start + size])
-        start, size = start + size, group
+        start, size = start + size, next(sizes, group)
 
 
 class ReadAhead:

@@ -138,6 +138,9 @@ def test_the_first_batch_waits_for_its_own_bytes_then_the_rest_of_its_window(htt
     shards = manifest.split("train").shards
     kw = dict(batch_size=16, seed=5, shuffle_window=320, span=10, drop_last=False)
     loader = create_loader(url, "train", **kw)
+    # a window this small would be read whole (a round trip either way); 4 MiB and more are not
+    assert loader.dataset_obj.reader.first_alone_bytes == 4 << 20
+    loader.dataset_obj.reader.first_alone_bytes = 0
     reference = [b["__key__"] for b in create_loader(str(folder), "train", **kw)]
     http_server.clear_log()
     batches = [b["__key__"] for b in loader]
@@ -159,3 +162,17 @@ def test_the_first_batch_waits_for_its_own_bytes_then_the_rest_of_its_window(htt
     # and every byte of the samples once over the pass
     read = sum(r.sent for r in tars)
     assert read == sum(int(store.index(s)[-1] - store.index(s)[0]) for s in shards)
+
+
+def test_the_s3_connection_pool_holds_as_many_requests_as_are_in_flight():
+    assert ReadOptions().concurrency == 32  # many in flight by default
+    options = {"key": "k", "secret": "s", "client_kwargs": {"endpoint_url": "http://127.0.0.1:9"}}
+    for concurrency in (24, 64):
+        store = ShardStore(
+            "s3://bucket/ds", ReadOptions(concurrency=concurrency, storage_options=options)
+        )
+        # botocore's pool (10 connections by default) would queue the requests beyond it
+        assert store._storage().fs.config_kwargs["max_pool_connections"] == concurrency
+    mine = {**options, "config_kwargs": {"max_pool_connections": 5}}  # the user's choice wins
+    store = ShardStore("s3://bucket/ds", ReadOptions(storage_options=mine))
+    assert store._storage().fs.config_kwargs["max_pool_connections"] == 5

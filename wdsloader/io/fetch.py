@@ -162,6 +162,7 @@ class ShardStore(StoreChecks):
                 connect_timeout=self.options.connect_timeout,
                 read_timeout=self.options.read_timeout,
                 client_retries=False,  # RemoteFiles retries, under the deadline
+                max_connections=self.options.concurrency,
             )
             self._remote = RemoteFiles(
                 fs, base, self.options, url=self._url, count=self._count, redact=self.redact

@@ -24,6 +24,10 @@ from wdsloader.stream.inflate import Inflater
 
 log = logging.getLogger(__name__)
 
+# remotely, a first window of fewer bytes (estimated from the manifest) is read whole: it costs
+# about one round trip anyway; a larger one is read after its first batch
+FIRST_ALONE_BYTES = 4 << 20
+
 
 class BatchReader:
     """Reads the samples of planned batches (sample ids of the split) from ``store``.
@@ -52,6 +56,9 @@ class BatchReader:
         compressed = any(s.compression is not None for s in self.shards)
         self.inflate = Inflater(self.shards, store.url) if compressed else None
         self._placement: Placement | None = None
+        samples = sum(s.num_samples for s in self.shards)
+        self.sample_bytes = sum(s.num_bytes for s in self.shards) / max(1, samples)
+        self.first_alone_bytes = FIRST_ALONE_BYTES
 
     @property
     def placement(self) -> Placement | None:
@@ -186,9 +193,15 @@ class BatchReader:
         its window's. Remotely its samples are then each a request (the window shuffle
         scatters them over the window's spans), and the rest of its window comes next (the
         plan is unchanged: only the order of the reads), so that later groups are windows
-        again, read a few requests per span, and no byte is read twice."""
-        rest = group if self.store.reads_locally else group - 1
-        return ReadAhead(self, _groups(batches, 1, group, rest or group))
+        again, read a few requests per span, and no byte is read twice; a first window of at
+        most :attr:`first_alone_bytes` is read whole."""
+        if self.store.reads_locally:
+            return ReadAhead(self, _groups(batches, 1, group))
+        first = min(group, len(batches))  # the batches of the first window
+        window = first * (len(batches[0]) if first else 0) * self.sample_bytes
+        if window <= self.first_alone_bytes or group == 1:
+            return ReadAhead(self, _groups(batches, group, group))
+        return ReadAhead(self, _groups(batches, 1, group, group - 1))
 
 
 def _groups(

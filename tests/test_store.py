@@ -176,3 +176,18 @@ def test_the_s3_connection_pool_holds_as_many_requests_as_are_in_flight():
     mine = {**options, "config_kwargs": {"max_pool_connections": 5}}  # the user's choice wins
     store = ShardStore("s3://bucket/ds", ReadOptions(storage_options=mine))
     assert store._storage().fs.config_kwargs["max_pool_connections"] == 5
+
+
+def test_workers_sharing_a_cache_download_each_shard_once(http_server, tmp_path):
+    counts = [40, 41, 42, 43]
+    url, manifest, _ = _served(http_server, counts, "shared")
+    cache = tmp_path / "cache"
+    http_server.clear_log()
+    kw = dict(batch_size=8, num_workers=2, drop_last=False, seed=2, cache_dir=str(cache))
+    keys = [k for batch in create_loader(url, "train", **kw) for k in batch["__key__"]]
+    assert sorted(keys) == [f"train{i:07d}" for i in range(sum(counts))]
+    # both workers read every shard: one downloads it, the other waits for that copy
+    shards = manifest.split("train").shards
+    tars = [r for r in http_server.requests() if r.path.endswith(".tar")]
+    assert sum(r.sent for r in tars) == sum(s.num_bytes for s in shards)
+    assert sorted({r.path for r in tars}) == sorted(f"/shared/{s.path}" for s in shards)

@@ -24,9 +24,10 @@ from wdsloader.stream.inflate import Inflater
 
 log = logging.getLogger(__name__)
 
-# remotely, a first window of fewer bytes (estimated from the manifest) is read whole: it costs
-# about one round trip anyway; a larger one is read after its first batch
-FIRST_ALONE_BYTES = 4 << 20
+# remotely, a first window of fewer bytes (estimated from the manifest) is read whole: at 1 Gbit/s
+# it takes about as long as the first batch's samples one request each (a round trip per 32 of
+# them, and CPU per request); a larger one is read after its first batch
+FIRST_ALONE_BYTES = 32 << 20
 
 
 class BatchReader:

@@ -270,12 +270,11 @@ def test_preadv_all_fills_more_pieces_than_one_call_takes(tmp_path):
 
 def test_remote_reads_fill_the_cuts_by_copying(root):
     """Through fsspec (no local files) the cuts get the same bytes, one copy later."""
-    from wdsloader.io.fetch import ShardStore
+    from wdsloader.io.remote_store import RemoteStore
 
     shard = Manifest.load(root).split("train").shards[0]
     data = _file(root, shard)
-    store = ShardStore(f"file://{root}")
-    store.is_local = False  # the remote path, over the local filesystem
+    store = RemoteStore(f"file://{root}")  # the remote path, over the local filesystem
     row = np.zeros(100, dtype=np.uint8)
     joined, pos = store.read_joined(
         [(shard, 1000, 5000), (shard, 9000, 9100)], None, [[(50, memoryview(row))], []]

@@ -382,6 +382,13 @@ class ColumnarDecoder:
         found so, their headers checked, are noted in ``heads``), else by parsing each
         sample."""
         members = self.finder.find(raw, keys, heads.names, heads.ends, block)
+        if isinstance(members, NotGatherable) and raw.placed:
+            # the fields read into batch arrays left their bytes out of the read buffer: a
+            # member where the layout did not say would be lost in that gap; look again with
+            # them back (a layout that lies is then named by ``_gather``'s member check)
+            assert raw.buf is not None
+            restore(raw.buf, raw.placed)
+            members = self.finder.find(raw, keys, heads.names, heads.ends, block)
         if not isinstance(members, dict):
             return members  # parsed sample by sample (or not even that)
         # a gathered field's members were found by the walk: ``_gather`` need not check their

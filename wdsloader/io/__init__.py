@@ -16,6 +16,8 @@ _EXPORTS = {
     "ReadOptions": "wdsloader.io.fetch",
     "ShardStore": "wdsloader.io.fetch",
     "ShardCache": "wdsloader.io.shard_cache",
+    "Store": "wdsloader.io.store",
+    "open_store": "wdsloader.io.store",
     "is_local": "wdsloader.io.storage",
     "join": "wdsloader.io.storage",
     "load_manifest": "wdsloader.io.manifest_io",
@@ -43,3 +45,4 @@ if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs
         with_timeouts,
         write_atomic,
     )
+    from wdsloader.io.store import Store, open_store

@@ -1,20 +1,23 @@
 """Bytes of shards for the loader's workers: indexes, byte ranges, checksums and a local shard cache.
 
 :class:`ShardStore` reads the shard indexes and any ``[start, stop)`` byte ranges of the shards
-under a dataset root that is a local folder or any fsspec URL.
+under a dataset root that is a local folder or any fsspec URL. ``ShardStore(root, options)``
+returns the implementation :mod:`wdsloader.io.store` selects for the root and options:
 
-- Local roots: each shard is opened once (a small LRU of descriptors) and read with ``os.pread``.
-- Remote roots: overlapping or adjacent ranges of a shard are merged, split into requests of at
-  most ``max_request_bytes`` and fetched by a thread pool. Transient failures are retried with
-  exponential backoff; a retry asks only for the bytes not received yet (HTTP(S) range GETs use
-  the filesystem's own aiohttp session, with its headers, auth and client options; other
-  filesystems, e.g. s3fs, gcsfs, memory, re-send a failed request of ``fs.cat_file`` whole).
-  Connect and read timeouts reach the HTTP and S3 clients, and a deadline bounds each request
-  with its retries (see :class:`ReadOptions`; the requests: :mod:`wdsloader.io.retry`; the
-  ranges: :mod:`wdsloader.io.ranges`). Messages and logs show URLs and storage errors with
-  credentials redacted (:mod:`wdsloader.redact`).
-- Cache (``cache_dir``, remote roots only): the first access to a shard downloads it whole into
-  a :class:`~wdsloader.io.shard_cache.ShardCache`; later reads are local preads.
+- Local roots (:class:`~wdsloader.io.file_store.LocalStore`): each shard is opened once (a small
+  LRU of descriptors) and read with ``os.pread``.
+- Remote roots (:class:`~wdsloader.io.remote_store.RemoteStore`): overlapping or adjacent ranges
+  of a shard are merged, split into requests of at most ``max_request_bytes`` and fetched by a
+  thread pool. Transient failures are retried with exponential backoff; a retry asks only for
+  the bytes not received yet (HTTP(S) range GETs use the filesystem's own aiohttp session, with
+  its headers, auth and client options; other filesystems, e.g. s3fs, gcsfs, memory, re-send a
+  failed request of ``fs.cat_file`` whole). Connect and read timeouts reach the HTTP and S3
+  clients, and a deadline bounds each request with its retries (see :class:`ReadOptions`; the
+  requests: :mod:`wdsloader.io.retry`; the ranges: :mod:`wdsloader.io.ranges`). Messages and
+  logs show URLs and storage errors with credentials redacted (:mod:`wdsloader.redact`).
+- Cache (``cache_dir``, remote roots only; :class:`~wdsloader.io.file_store.CachedStore`): the
+  first access to a shard downloads it whole into a
+  :class:`~wdsloader.io.shard_cache.ShardCache`; later reads are local preads.
 
 A store does no I/O when built and pickles to its root and options (DataLoader workers); the
 filesystem, threads and descriptors are opened lazily in each process, and reset after a fork.
@@ -22,43 +25,32 @@ filesystem, threads and descriptors are opened lazily in each process, and reset
 
 from __future__ import annotations
 
-import errno
-import logging
 import os
 import threading
 from collections.abc import Callable, Sequence
 from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
-from typing import Any, TypeVar
+from typing import Any, ClassVar, TypeVar
 
 import numpy as np
-from fsspec.core import split_protocol
 
 from wdsloader.errors import ShardFormatError
 from wdsloader.format import ShardInfo, decode_index
 from wdsloader.io.options import ReadOptions
-from wdsloader.io.ranges import (
-    Cut,
-    Hole,
-    Request,
-    merge_requests,
-    pread,
-    preadv_all,
-    split_range,
-    unique_shards,
-)
+from wdsloader.io.ranges import Cut, Request
 from wdsloader.io.retry import RemoteFiles
-from wdsloader.io.shard_cache import OpenFiles, ShardCache, hash_fd, pwrite_all
-from wdsloader.io.storage import join, url_to_fs
+from wdsloader.io.shard_cache import OpenFiles
+from wdsloader.io.storage import url_to_fs
+from wdsloader.io.store import store_class
 from wdsloader.io.store_checks import StoreChecks
 from wdsloader.redact import redact, secrets_of
 
 __all__ = ["STAT_KEYS", "ReadOptions", "Request", "ShardStore"]
 
-logger = logging.getLogger(__name__)
-
 STAT_KEYS = tuple(
     "requests bytes_read bytes_fetched retries cache_hits cache_misses evictions".split()
 )
+# indexes of at most this many bytes in all are read once and pickled with the store
+SHIP_INDEX_BYTES = 64 << 20
 _T = TypeVar("_T")
 _R = TypeVar("_R")
 
@@ -66,20 +58,30 @@ _R = TypeVar("_R")
 class ShardStore(StoreChecks):
     """Reads indexes and byte ranges of the shards under one dataset root (path or fsspec URL).
 
-    Calls on one store are serialized by a lock; the concurrency is inside a call. ``stats``
-    counts ``requests`` (storage reads issued, retries included), ``bytes_read`` (returned by
-    :meth:`read_ranges`), ``bytes_fetched`` (received from remote storage), ``retries``,
-    ``cache_hits``/``cache_misses`` (per shard and call) and ``evictions``.
+    ``ShardStore(root, options)`` builds the implementation registered for the root's kind
+    (:func:`wdsloader.io.store.store_kind`). Calls on one store are serialized by a lock; the
+    concurrency is inside a call. ``stats`` counts ``requests`` (storage reads issued, retries
+    included), ``bytes_read`` (returned by :meth:`read_ranges`), ``bytes_fetched`` (received
+    from remote storage), ``retries``, ``cache_hits``/``cache_misses`` (per shard and call) and
+    ``evictions``.
     """
+
+    is_local: ClassVar[bool] = False
+    _PICKLED: ClassVar[tuple[str, ...]] = ("root", "options", "_shipped")
+    _SHIPS_INDEXES: ClassVar[bool] = True  # see ship_indexes
+
+    def __new__(
+        cls, root: str | os.PathLike[str] = "", options: ReadOptions | None = None
+    ) -> ShardStore:
+        if cls is ShardStore:  # the registry chooses the implementation
+            cls = store_class(os.fspath(root), options if options is not None else ReadOptions())
+        return super().__new__(cls)
 
     def __init__(self, root: str | os.PathLike[str], options: ReadOptions | None = None) -> None:
         text = os.fspath(root)
         self.root = text.rstrip("/") or text
         self.options = options if options is not None else ReadOptions()
-        self.is_local = split_protocol(self.root)[0] in (None, "file", "local")
-        # building the local filesystem does no I/O; it makes a relative root absolute now, so
-        # workers started in another directory read the same files
-        self._local_base = url_to_fs(self.root)[1] if self.is_local else ""
+        self._shipped: dict[str, np.ndarray] = {}  # indexes pickled with the store
         self._init_runtime()
 
     # -- process-local state ---------------------------------------------------------------------
@@ -91,17 +93,10 @@ class ShardStore(StoreChecks):
         self._remote: RemoteFiles | None = None
         self._pool: ThreadPoolExecutor | None = None
         self._files = OpenFiles(self.options.max_open_files)
-        self._cache: ShardCache | None = None
-        if self.options.cache_dir and not self.is_local:
-            self._cache = ShardCache(
-                str(self.options.cache_dir),
-                self.options.cache_limit_bytes,
-                files=self._files,
-                count=self._count,
-                fill=self._download_into,
-                check=self._check_download,
-            )
         self._indexes: dict[str, np.ndarray] = {}
+        for key, offsets in self._shipped.items():
+            offsets.flags.writeable = False  # unpickled arrays are writeable
+            self._indexes[key] = offsets
         self._verified: set[str] = set()
         self._secrets = secrets_of(self.options.storage_options, self.root)
         self._shown_root = redact(self.root, self._secrets)
@@ -114,7 +109,7 @@ class ShardStore(StoreChecks):
             inherited.close_all()
 
     def __getstate__(self) -> dict[str, Any]:
-        return {k: getattr(self, k) for k in ("root", "options", "is_local", "_local_base")}
+        return {k: getattr(self, k) for k in self._PICKLED}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         for key, value in state.items():
@@ -122,7 +117,7 @@ class ShardStore(StoreChecks):
         self._init_runtime()
 
     def __repr__(self) -> str:
-        return f"ShardStore({self._shown_root!r}, {self.options!r})"
+        return f"{type(self).__name__}({self._shown_root!r}, {self.options!r})"
 
     def __enter__(self) -> ShardStore:
         return self
@@ -144,7 +139,7 @@ class ShardStore(StoreChecks):
     def reads_locally(self) -> bool:
         """True when ranges are read from local files (a local root or the shard cache), where
         a small random read costs little; False when each range is a remote request."""
-        return self.is_local or bool(self.options.cache_dir)
+        return False
 
     def url(self, shard: ShardInfo) -> str:
         """Full path or URL of a shard, for messages (credentials redacted)."""
@@ -167,6 +162,7 @@ class ShardStore(StoreChecks):
                 connect_timeout=self.options.connect_timeout,
                 read_timeout=self.options.read_timeout,
                 client_retries=False,  # RemoteFiles retries, under the deadline
+                max_connections=self.options.concurrency,
             )
             self._remote = RemoteFiles(
                 fs, base, self.options, url=self._url, count=self._count, redact=self.redact
@@ -185,39 +181,59 @@ class ShardStore(StoreChecks):
             offsets = self._indexes.get(shard.idx_path)
             if offsets is not None:
                 return offsets
-            url = self._url(shard.idx_path)
-            expected = (shard.num_samples + 1) * 8
-            data = self._index_bytes(shard, url)
-            if len(data) != expected:
-                raise ShardFormatError(
-                    f"{url}: index has {len(data)} bytes, expected {expected} "
-                    f"({shard.num_samples} samples + 1 end offset)"
-                )
-            offsets = decode_index(data, source=url)
-            if offsets[0] < 0 or offsets[-1] > shard.num_bytes:
-                raise ShardFormatError(
-                    f"{url}: offsets {offsets[0]}..{offsets[-1]} fall outside the shard's "
-                    f"{shard.num_bytes} bytes"
-                )
-            offsets.flags.writeable = False
+            offsets = self._load_index(shard)
             self._indexes[shard.idx_path] = offsets
             return offsets
 
-    def _index_bytes(self, shard: ShardInfo, url: str) -> bytes:
-        cache = self._cache
-        cpath = cache.path(url, shard) if cache is not None else ""
+    def load_indexes(self, shards: Sequence[ShardInfo]) -> None:
+        """Read the indexes of ``shards`` not read yet, ``options.concurrency`` at a time
+        (later :meth:`index` calls answer from memory)."""
+        self._ensure_process()
+        with self._lock:
+            todo = list({s.idx_path: s for s in shards if s.idx_path not in self._indexes}.values())
+            for shard, offsets in zip(todo, self._run_all(self._load_index, todo), strict=True):
+                self._indexes[shard.idx_path] = offsets
+
+    def ship_indexes(self, shards: Sequence[ShardInfo], limit: int = SHIP_INDEX_BYTES) -> bool:
+        """Read the indexes of ``shards`` now (in parallel) and keep them in the store's pickled
+        state, so that workers do not request them again; a no-op returning False when the
+        store reads local index files (cheap in each worker) or when they would take more than
+        ``limit`` bytes (workers then read those they use)."""
+        if not self._SHIPS_INDEXES or sum((s.num_samples + 1) * 8 for s in shards) > limit:
+            return False
+        self.load_indexes(shards)
+        with self._lock:
+            self._shipped = {s.idx_path: self._indexes[s.idx_path] for s in shards}
+        return True
+
+    def _load_index(self, shard: ShardInfo) -> np.ndarray:
+        """The checked, read-only offsets of a shard's index file, read now."""
+        url = self._url(shard.idx_path)
+        expected = (shard.num_samples + 1) * 8
         try:
-            if self.is_local:
-                with open(join(self._local_base, shard.idx_path), "rb") as f:
-                    return f.read()
-            if cache is not None and (data := cache.read(cpath)) is not None:
-                return data
-            data = self._storage().fetch(shard.idx_path)
+            data = self._index_bytes(shard, expected)
         except FileNotFoundError:
             raise ShardFormatError(f"{url}: index file not found") from None
-        if cache is not None:
-            cache.write(cpath, data)
-        return data
+        if len(data) != expected:
+            has = f"more than {expected}" if len(data) > expected else str(len(data))
+            raise ShardFormatError(
+                f"{url}: index has {has} bytes, expected {expected} "
+                f"({shard.num_samples} samples + 1 end offset)"
+            )
+        offsets = decode_index(data, source=url)
+        if offsets[0] < 0 or offsets[-1] > shard.num_bytes:
+            raise ShardFormatError(
+                f"{url}: offsets {offsets[0]}..{offsets[-1]} fall outside the shard's "
+                f"{shard.num_bytes} bytes"
+            )
+        offsets.flags.writeable = False
+        return offsets
+
+    def _index_bytes(self, shard: ShardInfo, expected: int) -> bytes:
+        """The index file of ``shard`` (FileNotFoundError if there is none): its ``expected``
+        bytes and one more if the file is longer, in one ranged request (the manifest gives
+        the size: no request for it)."""
+        return self._storage().fetch_upto(shard.idx_path, expected + 1)
 
     # -- byte ranges -----------------------------------------------------------------------------
     def read_ranges(self, requests: Sequence[Request]) -> list[bytes]:
@@ -228,17 +244,11 @@ class ShardStore(StoreChecks):
         keeps failing :class:`ShardReadError` naming the URL and the byte offset.
         """
         self._ensure_process()
-        reqs = [(shard, int(start), int(stop)) for shard, start, stop in requests]
-        for shard, start, stop in reqs:
-            if start < 0 or stop < start:
-                raise ValueError(f"{self.url(shard)}: invalid byte range [{start}, {stop})")
+        reqs, _, _ = self._checked(requests)
         if not reqs:
             return []
         with self._lock:
-            if self.is_local or self._cache is not None:
-                out = self._read_files(reqs)
-            else:
-                out = self._read_remote(reqs)
+            out = self._read(reqs)
         self._count("bytes_read", sum(len(b) for b in out))
         return out
 
@@ -258,6 +268,15 @@ class ShardStore(StoreChecks):
         ``buf``, read from local files straight into it (the returned buffer's bytes there are
         undefined), and copied into it from remote ones.
         """
+        reqs, positions, total = self._checked(requests)
+        self._ensure_process()
+        if cuts is not None and len(cuts) != len(reqs):
+            raise ValueError(f"{len(cuts)} lists of cuts for {len(reqs)} requests")
+        return self._read_joined(reqs, positions, total, out, cuts), positions
+
+    def _checked(self, requests: Sequence[Request]) -> tuple[list[Request], list[int], int]:
+        """The requests with int bounds, where each starts back to back, and their total size;
+        ValueError naming the shard of an invalid range."""
         reqs = [(shard, int(start), int(stop)) for shard, start, stop in requests]
         positions, total = [], 0
         for shard, start, stop in reqs:
@@ -265,122 +284,22 @@ class ShardStore(StoreChecks):
                 raise ValueError(f"{self.url(shard)}: invalid byte range [{start}, {stop})")
             positions.append(total)
             total += stop - start
-        self._ensure_process()
-        if cuts is not None and len(cuts) != len(reqs):
-            raise ValueError(f"{len(cuts)} lists of cuts for {len(reqs)} requests")
-        if not (self.is_local or self._cache is not None):
-            parts = self.read_ranges(reqs)
-            joined = parts[0] if len(parts) == 1 else b"".join(parts)
-            if cuts is not None:
-                _copy_cuts(memoryview(joined), positions, cuts)
-            return joined, positions
-        if out is not None and out.dtype == np.uint8 and out.ndim == 1 and len(out) >= total:
-            buf = out[:total]
-        else:
-            buf = np.empty(total, dtype=np.uint8)  # not zero-filled: every byte is read into
-        with self._lock:
-            self._read_files(reqs, memoryview(buf), positions, cuts)  # type: ignore[arg-type]
-        self._count("bytes_read", total)
-        return buf, positions
+        return reqs, positions, total
 
-    def _read_remote(self, reqs: list[Request]) -> list[bytes]:
-        remote = self._storage()
-        if self.options.verify_checksum:
-            for rel, shard in unique_shards(reqs).items():
-                if rel not in self._verified:
-                    self._check_digest(shard, self._hash_remote(shard))
-                    self._verified.add(rel)
-        segments = merge_requests(reqs)
-        step = self.options.max_request_bytes
-        pieces = [
-            (k, s, min(s + step, stop))
-            for k, (_, start, stop, _) in enumerate(segments)
-            for s in range(start, stop, step)
-        ]
-        results = self._run_all(lambda p: remote.fetch(segments[p[0]][0].path, p[1], p[2]), pieces)
-        chunks: list[list[bytes]] = [[] for _ in segments]
-        for (k, _, _), data in zip(pieces, results, strict=True):
-            chunks[k].append(data)
-        out: list[bytes] = [b""] * len(reqs)
-        for (_, seg_start, seg_stop, members), parts in zip(segments, chunks, strict=True):
-            buf = b"".join(parts)
-            view = memoryview(buf)
-            for i in members:
-                _, start, stop = reqs[i]
-                whole = start == seg_start and stop == seg_stop
-                out[i] = buf if whole else bytes(view[start - seg_start : stop - seg_start])
-        return out
+    def _read(self, reqs: list[Request]) -> list[bytes]:
+        """The bytes of each (checked, non-empty) request; called under the lock."""
+        raise NotImplementedError
 
-    def _read_files(
+    def _read_joined(
         self,
         reqs: list[Request],
-        sink: memoryview | None = None,
-        positions: Sequence[int] = (),
-        cuts: Sequence[Sequence[Cut]] | None = None,
-    ) -> list[bytes]:
-        """Preads from local files: the shards of a local root, or their cached copies (into
-        ``sink`` at ``positions`` when given, but for the ``cuts`` of each request (see
-        :meth:`read_joined`); then nothing is returned)."""
-        shards = unique_shards(reqs)
-        if self._cache is None:  # a local root
-            paths = {rel: join(self._local_base, rel) for rel in shards}
-        else:
-            paths = {rel: self._cache.path(self._url(rel), s) for rel, s in shards.items()}
-            self._cache.ensure(list(shards.values()), paths, set(paths.values()))
-        for rel, shard in shards.items():
-            self._verify_once(shard, paths[rel])
-        pinned = set(paths.values())
-        if sink is not None:
-            last, fd = None, -1
-            for i, ((shard, start, stop), pos) in enumerate(zip(reqs, positions, strict=True)):
-                if shard is not last:  # requests of a shard come one after the other
-                    last, fd = shard, self._fd(shard, paths[shard.path], pinned)
-                self._count("requests")
-                into = sink[pos : pos + stop - start]
-                pieces = [into] if cuts is None or not cuts[i] else split_range(into, cuts[i])
-                preadv_all(fd, pieces, start, shard.path, self._url)
-            return []
-        return [
-            self._pread(self._fd(shard, paths[shard.path], pinned), start, stop, self.url(shard))
-            for shard, start, stop in reqs
-        ]
-
-    def _fd(self, shard: ShardInfo, path: str, pinned: set[str]) -> int:
-        """An open descriptor on the local file of a shard (opened, or downloaded, if needed)."""
-        fd = self._files.get(path)
-        if fd is not None:
-            return fd
-        if self._cache is None:  # a local root
-            try:
-                fd = os.open(path, os.O_RDONLY)
-            except FileNotFoundError:
-                url = self.url(shard)
-                raise FileNotFoundError(errno.ENOENT, "shard file not found", url) from None
-            self._files.put(path, fd)
-            return fd
-        self._cache.ensure([shard], {shard.path: path}, pinned)  # holds the descriptor
-        return self._files[path]
-
-    def _pread(self, fd: int, start: int, stop: int, url: str) -> bytes:
-        self._count("requests")
-        return pread(fd, start, stop, url)
-
-    def _download_into(self, files: list[tuple[ShardInfo, int]]) -> None:
-        """Write the whole of each shard into its descriptor, in parallel ranges."""
-        remote = self._storage()
-        step = self.options.max_request_bytes
-        jobs = [
-            (fd, shard.path, s, min(s + step, shard.num_bytes))
-            for shard, fd in files
-            for s in range(0, shard.num_bytes, step)
-        ]
-        self._run_all(lambda j: pwrite_all(j[0], remote.fetch(*j[1:]), j[2]), jobs)
-
-    def _check_download(self, shard: ShardInfo, cpath: str, fd: int) -> None:
-        """Check a shard downloaded into the cache, if checksums are verified."""
-        if self.options.verify_checksum and shard.sha256:
-            self._check_digest(shard, hash_fd(fd))
-            self._verified.add(cpath)
+        positions: list[int],
+        total: int,
+        out: np.ndarray | None,
+        cuts: Sequence[Sequence[Cut]] | None,
+    ) -> bytes | np.ndarray:
+        """The buffer of :meth:`read_joined` (``positions``: where each request starts)."""
+        raise NotImplementedError
 
     # -- remote requests -------------------------------------------------------------------------
     def _run_all(self, fn: Callable[[_T], _R], items: Sequence[_T]) -> list[_R]:
@@ -395,12 +314,3 @@ class ShardStore(StoreChecks):
             f.cancel()
         wait(pending)
         return [f.result() for f in futures]
-
-
-def _copy_cuts(joined: memoryview, positions: Sequence[int], cuts: Sequence[Sequence[Cut]]) -> None:
-    """Fill each cut's buffer (not a hole's) from the joined ranges (remote reads: one more
-    copy)."""
-    for pos, todo in zip(positions, cuts, strict=True):
-        for off, buf in todo:
-            if not isinstance(buf, Hole):
-                buf[:] = joined[pos + off : pos + off + len(buf)]

@@ -17,10 +17,12 @@ class ReadOptions:
     ``retries`` per request on transient errors (dropped or reset connections, timeouts, HTTP
     5xx/408/429, aiohttp payload errors, other ``OSError``; never on missing files, denied access
     or other client errors), after ``backoff`` seconds doubled each time, capped at 2 s.
-    ``concurrency`` threads serve remote requests. ``cache_dir`` keeps whole remote shards and
-    indexes, ``cache_limit_bytes`` caps it (a ValueError without ``cache_dir``).
-    ``verify_checksum`` checks a shard's sha256 when it is first downloaded into the cache or
-    first opened.
+    ``concurrency`` remote requests at most are in flight at once (threads serve them; the S3
+    client's connection pool is sized to it): remotely, many small requests (a first batch's
+    samples) or large ones (whole spans) keep the link busy only with many in flight.
+    ``cache_dir`` keeps whole remote shards and indexes, ``cache_limit_bytes`` caps it (a
+    ValueError without ``cache_dir``). ``verify_checksum`` checks a shard's sha256 when it is
+    first downloaded into the cache or first opened.
 
     Timeouts (seconds) bound a server that accepts a connection and never answers:
     ``connect_timeout`` for opening a connection, ``read_timeout`` for the wait for any bytes of
@@ -40,7 +42,7 @@ class ReadOptions:
     read_timeout: float = DEFAULT_READ_TIMEOUT
     deadline: float | None = 60.0
     max_request_bytes: int = 8 * 2**20
-    concurrency: int = 8
+    concurrency: int = 32
     cache_dir: str | None = None
     cache_limit_bytes: int | None = None
     verify_checksum: bool = False

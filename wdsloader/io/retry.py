@@ -56,7 +56,16 @@ class RemoteFiles:
 
     def fetch(self, rel: str, start: int = 0, stop: int | None = None) -> bytes:
         """Bytes [start, stop) of a file (the whole file if stop is None), retried on transient
-        errors and resumed at the first byte not received."""
+        errors and resumed at the first byte not received. A file that ends before ``stop`` is
+        truncated (:class:`ShardFormatError`)."""
+        return self._fetch(rel, start, stop, upto=False)
+
+    def fetch_upto(self, rel: str, stop: int) -> bytes:
+        """Bytes [0, stop) of a file, or all of it if it is shorter: a small file whose size is
+        known in one ranged GET (no request for its size), with the retries of :meth:`fetch`."""
+        return self._fetch(rel, 0, stop, upto=True)
+
+    def _fetch(self, rel: str, start: int, stop: int | None, upto: bool) -> bytes:
         fs = self.fs
         path, url = join(self.base, rel), self._url(rel)
         buf = bytearray()
@@ -81,7 +90,7 @@ class RemoteFiles:
                 attempt += 1
                 continue
             self._count("bytes_fetched", len(buf) - before)
-            if stop is not None and len(buf) < stop - start:
+            if stop is not None and len(buf) < stop - start and not upto:
                 raise truncated(url, start + len(buf))
             return bytes(buf)
 

@@ -2,12 +2,17 @@
 
 Cached files are named by a hash of the full URL (with the shard's size and checksum), so equal
 basenames from different roots never collide. Files appear only complete, so processes may share
-the folder; a file evicted by another process is downloaded again. Beyond the size limit the least
+the folder; a file evicted by another process is downloaded again. A download holds a lock per
+file (``flock`` on a ``.wds-lock-*`` file, released by the kernel if the process dies, removed
+once the download is over): the workers and ranks of a node that share the folder download each
+shard once, the others wait for it and read the copy. Beyond the size limit the least
 recently used files (by mtime, touched on use) are evicted, never files a read is using.
 """
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import hashlib
 import logging
 import os
@@ -16,7 +21,7 @@ import re
 import time
 import uuid
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 from wdsloader.format import ShardInfo
 
@@ -24,6 +29,7 @@ logger = logging.getLogger(__name__)
 
 _CACHE_NAME = re.compile(r"^wds-[0-9a-f]{24}-")
 _TMP_PREFIX = ".wds-tmp-"
+_LOCK_PREFIX = ".wds-lock-"  # never evicted: a lock file names no cached file
 _STALE_TMP_S = 3600.0
 _HASH_CHUNK = 8 << 20
 
@@ -125,9 +131,28 @@ class ShardCache:
         """Hold descriptors on the cached copies (``paths[shard.path]``) of ``shards``,
         downloading those not cached; files in ``pinned`` are not evicted."""
         missing = [s for s in shards if not self.lookup(paths[s.path])]
+        if missing:  # one download per file for every process: lock, then look again
+            with self._locked(sorted({paths[s.path] for s in missing})):
+                missing = [s for s in missing if not self.lookup(paths[s.path])]
+                if missing:
+                    self.download([(s, paths[s.path]) for s in missing], pinned)
         self._count("cache_hits", len(shards) - len(missing))
-        if missing:
-            self.download([(s, paths[s.path]) for s in missing], pinned)
+
+    @contextlib.contextmanager
+    def _locked(self, cpaths: list[str]) -> Iterator[None]:
+        """Hold the download locks of ``cpaths`` (taken in sorted order: no deadlock between
+        processes that lock several), waiting for another process's download to end."""
+        os.makedirs(self.cache_dir, exist_ok=True)
+        held: list[tuple[str, int]] = []
+        try:
+            for cpath in cpaths:
+                lock = os.path.join(self.cache_dir, _LOCK_PREFIX + os.path.basename(cpath))
+                held.append((lock, _lock_file(lock)))
+            yield
+        finally:
+            for lock, fd in held:  # removed while held: a waiter then locks a new file
+                unlink_quietly(lock)
+                close_quietly(fd)  # closing releases the lock
 
     def lookup(self, cpath: str) -> bool:
         """Whether a complete copy is cached; if so, its descriptor is held and it is marked
@@ -219,6 +244,27 @@ class ShardCache:
         name = f"{_TMP_PREFIX}{os.getpid()}-{uuid.uuid4().hex[:16]}"
         tmp = os.path.join(self.cache_dir, name)
         return os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644), tmp
+
+
+def _lock_file(path: str) -> int:
+    """A descriptor holding an exclusive ``flock`` on the file at ``path`` (created if needed),
+    waiting for the process holding it; the file is still the one at ``path`` (a holder
+    removes it when done)."""
+    while True:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            held = os.fstat(fd)
+            now = os.stat(path)
+        except FileNotFoundError:  # removed by the holder we waited for: lock a new one
+            close_quietly(fd)
+            continue
+        except BaseException:
+            close_quietly(fd)
+            raise
+        if (held.st_ino, held.st_dev) == (now.st_ino, now.st_dev):
+            return fd
+        close_quietly(fd)  # replaced meanwhile: lock the file there now
 
 
 def hash_fd(fd: int) -> str:

@@ -33,9 +33,10 @@ def url_to_fs(
     connect_timeout: float = DEFAULT_CONNECT_TIMEOUT,
     read_timeout: float = DEFAULT_READ_TIMEOUT,
     client_retries: bool = True,
+    max_connections: int | None = None,
 ) -> tuple[Any, str]:
-    """``(filesystem, path)`` for a local path or any fsspec URL, with the timeouts and client
-    retries of :func:`with_timeouts` (HTTP(S) and S3)."""
+    """``(filesystem, path)`` for a local path or any fsspec URL, with the timeouts, client
+    retries and connection pool of :func:`with_timeouts` (HTTP(S) and S3)."""
     forksafe.install()
     text = os.fspath(url)
     options = with_timeouts(
@@ -44,6 +45,7 @@ def url_to_fs(
         connect_timeout=connect_timeout,
         read_timeout=read_timeout,
         client_retries=client_retries,
+        max_connections=max_connections,
     )
     fs, path = fsspec.core.url_to_fs(text, **options)
     if not client_retries and split_protocol(text)[0] in _S3 and hasattr(fs, "retries"):
@@ -58,6 +60,7 @@ def with_timeouts(
     connect_timeout: float = DEFAULT_CONNECT_TIMEOUT,
     read_timeout: float = DEFAULT_READ_TIMEOUT,
     client_retries: bool = True,
+    max_connections: int | None = None,
 ) -> dict[str, Any]:
     """A copy of ``storage_options`` with connect and read timeouts for ``url``'s filesystem.
 
@@ -66,8 +69,10 @@ def with_timeouts(
     ``client_kwargs["timeout"]`` (no total: a long download that keeps receiving is fine).
     S3 (s3fs): ``config_kwargs`` ``connect_timeout``/``read_timeout``. A timeout the options set
     themselves wins. ``client_retries=False`` turns off the client's own retries (botocore's
-    attempts and s3fs's retry loop) for a caller that retries itself under a deadline. Other
-    protocols are returned unchanged.
+    attempts and s3fs's retry loop) for a caller that retries itself under a deadline.
+    ``max_connections`` sizes the S3 client's connection pool (botocore's
+    ``max_pool_connections``, 10 by default), so that as many requests can be in flight (HTTP:
+    aiohttp's pool holds 100). Other protocols are returned unchanged.
     """
     options = dict(storage_options or {})
     protocol = split_protocol(url)[0]
@@ -84,6 +89,8 @@ def with_timeouts(
         config = dict(options.get("config_kwargs") or {})
         config.setdefault("connect_timeout", connect_timeout)
         config.setdefault("read_timeout", read_timeout)
+        if max_connections is not None:
+            config.setdefault("max_pool_connections", max_connections)
         if not client_retries:
             config.setdefault("retries", {"total_max_attempts": 1})
             options["skip_instance_cache"] = True  # fs.retries is set on this instance

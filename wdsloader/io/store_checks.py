@@ -18,8 +18,7 @@ from wdsloader.errors import ShardFormatError
 from wdsloader.format import ShardInfo
 from wdsloader.io.options import ReadOptions
 from wdsloader.io.retry import RemoteFiles
-from wdsloader.io.shard_cache import ShardCache, hash_fd
-from wdsloader.io.storage import join
+from wdsloader.io.shard_cache import hash_fd
 
 logger = logging.getLogger("wdsloader.io.fetch")  # the store's log: one name for its modules
 
@@ -30,10 +29,7 @@ class StoreChecks:
 
     # the store's state and reads (see ShardStore)
     options: ReadOptions
-    is_local: bool
-    _local_base: str
     _lock: threading.RLock
-    _cache: ShardCache | None
     _verified: set[str]
 
     def _ensure_process(self) -> None:
@@ -51,6 +47,19 @@ class StoreChecks:
     def _fd(self, shard: ShardInfo, path: str, pinned: set[str]) -> int:
         raise NotImplementedError
 
+    # where the implementations differ (remote files: the defaults)
+    def _own_file(self, shard: ShardInfo) -> str | None:
+        """The local path of the shard's own file (a local root), else None."""
+        return None
+
+    def _local_copy(self, shard: ShardInfo) -> str | None:
+        """The local file that reads of the shard use (its own file, or its cached copy,
+        downloaded now if needed), or None when reads are remote requests."""
+        return None
+
+    def _discard(self, path: str) -> None:
+        """Forget a local copy found corrupt (a cached copy is removed)."""
+
     # -- checksums -------------------------------------------------------------------------------
     def verify(self, shard: ShardInfo) -> None:
         """Compare the sha256 of the whole shard file with ``shard.sha256``.
@@ -62,12 +71,8 @@ class StoreChecks:
         if not shard.sha256:
             raise ValueError(f"{self.url(shard)}: the manifest has no sha256 for this shard")
         with self._lock:
-            if self.is_local:
-                path = join(self._local_base, shard.path)
-            elif self._cache is not None:
-                path = self._cache.path(self.url(shard), shard)
-                self._cache.ensure([shard], {shard.path: path}, {path})
-            else:
+            path = self._local_copy(shard)
+            if path is None:
                 self._check_digest(shard, self._hash_remote(shard))
                 return
             self._verified.discard(path)
@@ -81,8 +86,7 @@ class StoreChecks:
             try:
                 self._check_digest(shard, hash_fd(self._fd(shard, path, {path})))
             except ShardFormatError:
-                if self._cache is not None:
-                    self._cache.discard(path)
+                self._discard(path)
                 raise
         else:
             logger.warning("%s: no sha256 in the manifest, not verified", self.url(shard))
@@ -114,8 +118,8 @@ class StoreChecks:
         shard cache is not used. Raises FileNotFoundError naming a missing file."""
         self._ensure_process()
         with self._lock:
-            if self.is_local:
-                path = join(self._local_base, shard.path)
+            path = self._own_file(shard)
+            if path is not None:
                 return hash_fd(self._fd(shard, path, {path}))
             return self._hash_ranges(shard)
 

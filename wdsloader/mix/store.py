@@ -9,27 +9,25 @@ from typing import Any
 import numpy as np
 
 from wdsloader.format import Manifest, ShardInfo
-from wdsloader.io.fetch import ShardStore
-from wdsloader.io.ranges import Cut
+from wdsloader.io.ranges import Cut, Request
+from wdsloader.io.store import Store
 from wdsloader.mix.source import MixSource, mix_names
 from wdsloader.mix.spec import MixSpec, merge_manifests
 
 __all__ = ["MixStore", "open_mix"]
 
-Request = tuple[ShardInfo, int, int]
-
 
 class MixStore:
     """Reads the concatenated shards of a mix: ``shards[i]`` through ``stores[store_of[i]]``.
 
-    Offers what the batch reader asks of a :class:`~wdsloader.io.fetch.ShardStore` (index,
-    byte ranges, one joined buffer, close, URLs and redaction); a shard is told by identity, as
+    A :class:`~wdsloader.io.store.Store` (index, byte ranges, one joined buffer, close, URLs
+    and redaction) that asks each shard's own store; a shard is told by identity, as
     the reader passes the very :class:`ShardInfo` objects it was given (pickling keeps that
     identity: the dataset holds both lists).
     """
 
     def __init__(
-        self, stores: Sequence[ShardStore], shards: Sequence[ShardInfo], store_of: Sequence[int]
+        self, stores: Sequence[Store], shards: Sequence[ShardInfo], store_of: Sequence[int]
     ) -> None:
         if len(shards) != len(store_of):
             raise ValueError(f"{len(store_of)} store indexes for {len(shards)} shards")
@@ -38,7 +36,7 @@ class MixStore:
         self.store_of = [int(i) for i in store_of]
         self._owner = self._owners()
 
-    def _owners(self) -> dict[int, ShardStore]:
+    def _owners(self) -> dict[int, Store]:
         return {id(s): self.stores[i] for s, i in zip(self.shards, self.store_of, strict=True)}
 
     def __getstate__(self) -> dict[str, Any]:
@@ -55,12 +53,12 @@ class MixStore:
     def __repr__(self) -> str:
         return f"MixStore({self.stores!r})"
 
-    def _store(self, shard: ShardInfo) -> ShardStore:
+    def _store(self, shard: ShardInfo) -> Store:
         return self._owner[id(shard)]
 
     @property
     def reads_locally(self) -> bool:
-        """True when every source reads local files (see ``ShardStore.reads_locally``)."""
+        """True when every source reads local files (see :attr:`Store.reads_locally`)."""
         return all(s.reads_locally for s in self.stores)
 
     def url(self, shard: ShardInfo) -> str:
@@ -77,6 +75,14 @@ class MixStore:
     def index(self, shard: ShardInfo) -> np.ndarray:
         """Sample start offsets of a shard, then its end offset."""
         return self._store(shard).index(shard)
+
+    def load_indexes(self, shards: Sequence[ShardInfo]) -> None:
+        """Read the indexes of ``shards`` not read yet, each source's concurrently."""
+        groups: dict[int, list[ShardInfo]] = {}
+        for shard in shards:
+            groups.setdefault(id(self._store(shard)), []).append(shard)
+        for group in groups.values():
+            self._store(group[0]).load_indexes(group)
 
     def close(self) -> None:
         """Close every source's files."""
@@ -137,7 +143,7 @@ def open_mix(
     split: str,
     fields: Sequence[str] | None,
     mix_options: dict[str, Any],
-    open_one: Callable[[str], tuple[ShardStore, Manifest]],
+    open_one: Callable[[str], tuple[Store, Manifest]],
 ) -> tuple[MixStore, Manifest, MixSpec]:
     """The store over every source's shards (each opened by ``open_one(url)``), the one manifest
     they are read through (schemas checked to agree on ``fields``) and the mix spec with

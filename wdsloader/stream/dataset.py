@@ -13,7 +13,7 @@ import logging
 import weakref
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, cast
+from typing import Any
 
 import numpy as np
 from torch.utils.data import IterableDataset, get_worker_info
@@ -27,7 +27,7 @@ from wdsloader.decode.rows import RowDecoder
 from wdsloader.decode.variants import Variants
 from wdsloader.errors import SkipLimitError, WdsLoaderError
 from wdsloader.format import FieldSpec, Manifest, ShardInfo
-from wdsloader.io.fetch import ShardStore
+from wdsloader.io.store import Store
 from wdsloader.mix.runtime import MixPlanner, SourceTags
 from wdsloader.stream.config import LoaderConfig
 from wdsloader.stream.control import Control
@@ -41,9 +41,6 @@ from wdsloader.stream.provenance import Provenance
 from wdsloader.stream.reader import BatchReader, close_store
 from wdsloader.stream.state import resume_from_dict, resume_to_dict, shards_digest
 from wdsloader.stream.telemetry import StageClock
-
-if TYPE_CHECKING:
-    from wdsloader.mix.store import MixStore
 
 log = logging.getLogger(__name__)
 
@@ -82,7 +79,7 @@ class ShardStreamDataset(IterableDataset):
         self,
         config: LoaderConfig | plan.PlanConfig,
         manifest: Manifest,
-        store: ShardStore | MixStore,
+        store: Store,
         *,
         decoder: SampleDecoder | None = None,
         collate_fn: Callable[[list[dict[str, Any]]], Any] | None = None,
@@ -99,8 +96,6 @@ class ShardStreamDataset(IterableDataset):
         elif deprecated:
             raise TypeError(f"ShardStreamDataset() got unexpected keywords {sorted(deprecated)}")
         check_config(config)
-        # a mix's store offers what the reader asks of a ShardStore, shard by shard
-        store = cast(ShardStore, store)
         self.loader_config, self.config, self.rank = config, config.plan, config.rank
         self.manifest, self.split, self.store = manifest, config.split, store
         self.shards: list[ShardInfo] = list(manifest.split(self.split).shards)

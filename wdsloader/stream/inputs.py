@@ -7,6 +7,7 @@ from wdsloader.errors import ManifestError
 from wdsloader.format import Manifest
 from wdsloader.io.fetch import ReadOptions, ShardStore
 from wdsloader.io.manifest_io import load_manifest, manifest_where
+from wdsloader.io.store import open_store
 
 
 def open_dataset(
@@ -14,13 +15,15 @@ def open_dataset(
 ) -> tuple[ShardStore, Manifest]:
     """The store over ``root`` and its manifest (read under the options' timeouts; its default
     curriculum checked)."""
-    store = ShardStore(root, options)
+    store = open_store(root, options)
     try:
         storage_options = options.storage_options_for(root)
         manifest = load_manifest(root, storage_options)
         stored_curriculum(manifest.loader_defaults, manifest_where(root, storage_options))
     except ManifestError as exc:  # its message shows the root as given, userinfo included
         raise ManifestError(store.redact(exc)) from None
+    shards = manifest.split(split).shards
     if check_shards:
-        store.check_shards(manifest.split(split).shards)
+        store.check_shards(shards)
+    store.ship_indexes(shards)  # read once, in parallel, not again in each worker
     return store, manifest

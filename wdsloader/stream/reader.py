@@ -17,12 +17,17 @@ from wdsloader.decode.placement import Placed, Placement
 from wdsloader.errors import WdsLoaderError
 from wdsloader.format import ShardInfo
 from wdsloader.io.buffers import BufferPool
-from wdsloader.io.fetch import ShardStore
 from wdsloader.io.ranges import Cut, Hole, Piece
+from wdsloader.io.store import Store
 from wdsloader.plan.coalesce import Runs, coalesce
 from wdsloader.stream.inflate import Inflater
 
 log = logging.getLogger(__name__)
+
+# remotely, a first window of fewer bytes (estimated from the manifest) is read whole: at 1 Gbit/s
+# it takes about as long as the first batch's samples one request each (a round trip per 32 of
+# them, and CPU per request); a larger one is read after its first batch
+FIRST_ALONE_BYTES = 32 << 20
 
 
 class BatchReader:
@@ -36,7 +41,7 @@ class BatchReader:
 
     def __init__(
         self,
-        store: ShardStore,
+        store: Store,
         shards: Sequence[ShardInfo],
         counts: Sequence[int],
         skip_unreadable: bool,
@@ -52,6 +57,9 @@ class BatchReader:
         compressed = any(s.compression is not None for s in self.shards)
         self.inflate = Inflater(self.shards, store.url) if compressed else None
         self._placement: Placement | None = None
+        samples = sum(s.num_samples for s in self.shards)
+        self.sample_bytes = sum(s.num_bytes for s in self.shards) / max(1, samples)
+        self.first_alone_bytes = FIRST_ALONE_BYTES
 
     @property
     def placement(self) -> Placement | None:
@@ -77,7 +85,9 @@ class BatchReader:
         shard_idx, local = plan.shard_of(ids, self.counts)
         starts = np.empty(len(ids), dtype=np.int64)
         stops = np.empty(len(ids), dtype=np.int64)
-        for s in np.unique(shard_idx):
+        used = np.unique(shard_idx)
+        self.store.load_indexes([self.shards[s] for s in used.tolist()])
+        for s in used:
             mask = shard_idx == s
             offsets = self.store.index(self.shards[s])
             starts[mask] = offsets[local[mask]]
@@ -201,23 +211,36 @@ class BatchReader:
                     into[name] = Placed(self.store.read_ranges(reqs), p.at)
 
     def read_ahead(self, batches: Sequence[np.ndarray], group: int) -> ReadAhead:
-        """The batches' reads, a group of ``group`` batches at a time, one group ahead."""
-        # locally the first batch is read on its own so it arrives quickly, then a window at a
-        # time; remotely its samples would each be a request (the window shuffle scatters them
-        # over the window's spans), so the first window is read whole, a few requests per span
-        head = 1 if self.store.reads_locally else group
-        return ReadAhead(self, _groups(batches, head, group))
+        """The batches' reads, a group of ``group`` batches at a time, one group ahead.
+
+        The first batch is read on its own, so that it waits for its own bytes only, not for
+        its window's. Remotely its samples are then each a request (the window shuffle
+        scatters them over the window's spans), and the rest of its window comes next (the
+        plan is unchanged: only the order of the reads), so that later groups are windows
+        again, read a few requests per span, and no byte is read twice; a first window of at
+        most :attr:`first_alone_bytes` is read whole."""
+        if self.store.reads_locally:
+            return ReadAhead(self, _groups(batches, 1, group))
+        first = min(group, len(batches))  # the batches of the first window
+        window = first * (len(batches[0]) if first else 0) * self.sample_bytes
+        if window <= self.first_alone_bytes or group == 1:
+            return ReadAhead(self, _groups(batches, group, group))
+        return ReadAhead(self, _groups(batches, 1, group, group - 1))
 
 
-def _groups(batches: Sequence[np.ndarray], head: int, group: int) -> Iterator[list[np.ndarray]]:
-    """``batches`` in groups, the first of ``head`` batches, then of ``group``: each computed
-    only when asked for (a plan's sequence computes its batches when sliced), so nothing of
-    the epoch is held beyond the group read and the group ahead."""
+def _groups(
+    batches: Sequence[np.ndarray], head: int, group: int, second: int | None = None
+) -> Iterator[list[np.ndarray]]:
+    """``batches`` in groups, the first of ``head`` batches, the second of ``second`` (default
+    ``group``), then of ``group``: each computed only when asked for (a plan's sequence
+    computes its batches when sliced), so nothing of the epoch is held beyond the group read
+    and the group ahead."""
     n = len(batches)
     start, size = 0, head
+    sizes = iter((group if second is None else second,))
     while start < n:
         yield list(batches[start : start + size])
-        start, size = start + size, group
+        start, size = start + size, next(sizes, group)
 
 
 class ReadAhead:
@@ -268,7 +291,7 @@ class _StoreCloser:
     """Close a store's files when the last read of an iteration is over (a Future callback);
     nothing at interpreter exit, when the process's files go anyway."""
 
-    def __init__(self, store: ShardStore) -> None:
+    def __init__(self, store: Store) -> None:
         self.store = store
         self.finalizing = sys.is_finalizing
 
@@ -277,6 +300,6 @@ class _StoreCloser:
             self.store.close()
 
 
-def close_store(store: ShardStore) -> None:
+def close_store(store: Store) -> None:
     """Close a store whose dataset was collected (a weakref.finalize callback)."""
     _StoreCloser(store)()

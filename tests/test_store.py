@@ -1,0 +1,193 @@
+"""The storage seam: one registry picks the store of a root (local, cached, remote), every store
+(the mix's too) is a :class:`~wdsloader.io.store.Store`, and the choice survives pickling."""
+
+from __future__ import annotations
+
+import logging
+import pickle
+import re
+import threading
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from tests.dataset_factory import write_dataset
+from tests.http_server import Faults, RangeHTTPServer, http_server_fixture  # noqa: F401
+from wdsloader import create_loader
+from wdsloader.errors import ShardFormatError
+from wdsloader.format import Manifest
+from wdsloader.io import ReadOptions, ShardStore, Store, open_store
+from wdsloader.io.file_store import CachedStore, LocalStore
+from wdsloader.io.remote_store import RemoteStore
+from wdsloader.io.store import STORES, register_store, store_kind
+from wdsloader.mix.store import MixStore
+from wdsloader.plan.coalesce import coalesce
+
+
+@pytest.mark.parametrize(
+    ("root", "cache", "kind", "cls"),
+    [
+        ("/data/ds", False, "local", LocalStore),
+        ("file:///data/ds", True, "local", LocalStore),  # a cache serves remote roots only
+        ("s3://bucket/ds", False, "remote", RemoteStore),
+        ("https://host/ds", True, "cached", CachedStore),
+    ],
+)
+def test_one_registry_picks_the_store_of_a_root(root, cache, kind, cls, tmp_path):
+    options = ReadOptions(cache_dir=str(tmp_path) if cache else None)
+    assert store_kind(root, options) == kind
+    for store in (ShardStore(root, options), open_store(root, options)):
+        assert type(store) is cls and isinstance(store, ShardStore) and isinstance(store, Store)
+        assert type(pickle.loads(pickle.dumps(store))) is cls
+        assert store.reads_locally == (kind != "remote")
+
+
+def test_a_registered_store_serves_its_kind(monkeypatch, tmp_path):
+    monkeypatch.setitem(STORES, "remote", STORES["remote"])  # restored after the test
+    register_store("remote", "tests.test_store:CountingStore")
+    store = ShardStore("s3://bucket/ds")
+    assert type(store) is CountingStore
+    with pytest.raises(ValueError, match="'remote': target 'nowhere' is not"):
+        register_store("remote", "nowhere")
+
+
+class CountingStore(RemoteStore):
+    """A store registered in a test."""
+
+
+def _served(server: RangeHTTPServer, counts: list[int], name: str) -> tuple[str, Manifest, Path]:
+    folder = server.root / name
+    return f"{server.url}/{name}", write_dataset(str(folder), {"train": counts}), folder
+
+
+def test_every_store_reads_the_same_bytes_and_a_mix_is_a_store(http_server, tmp_path):
+    url, manifest, folder = _served(http_server, [4, 3], "a")
+    shards = manifest.split("train").shards
+    stores = [
+        ShardStore(folder),
+        ShardStore(url),
+        ShardStore(url, ReadOptions(cache_dir=str(tmp_path / "cache"))),
+    ]
+    reqs = [(s, int(st.index(s)[1]), int(st.index(s)[3])) for st in stores[:1] for s in shards]
+    want = [(folder / s.path).read_bytes()[a:b] for s, a, b in reqs]
+    for store in stores:
+        assert store.read_ranges(reqs) == want
+        joined, pos = store.read_joined(reqs)
+        data = bytes(joined)
+        assert [data[p : p + b - a] for p, (_, a, b) in zip(pos, reqs, strict=True)] == want
+    # a mix of the local and the served copy: each shard read through its own store
+    other = list(Manifest.load(str(folder)).split("train").shards)
+    mix = MixStore(stores[:2], list(shards) + other, [0] * len(shards) + [1] * len(other))
+    assert isinstance(mix, Store) and not mix.reads_locally
+    assert mix.url(shards[0]) == str(folder / shards[0].path)
+    assert mix.url(other[0]) == f"{url}/{other[0].path}"
+    both = [(other[0], a, b) for _, a, b in reqs[:1]] + reqs[1:]
+    assert mix.read_ranges(both) == want
+    assert np.array_equal(mix.index(other[1]), stores[0].index(shards[1]))
+
+
+# -- requests the manifest makes unnecessary ------------------------------------------------------
+def test_an_index_is_one_ranged_get_with_no_size_request(s3_bucket, caplog):
+    url, options = s3_bucket
+    manifest = write_dataset(f"{url}/ds", {"train": [5, 6]}, storage_options=options)
+    shards = manifest.split("train").shards
+    caplog.set_level(logging.INFO, logger="werkzeug")  # moto's access log: one line per request
+    store = ShardStore(f"{url}/ds", ReadOptions(storage_options=options))
+    assert [len(store.index(s)) for s in shards] == [6, 7]
+    lines = [r.getMessage() for r in caplog.records if r.name == "werkzeug"]
+    assert (
+        [re.search(r"(GET|HEAD) \S+", line)[0] for line in lines]
+        == [  # type: ignore[index]
+            f"GET /{url[5:]}/ds/{s.idx_path}" for s in shards
+        ]
+    )
+
+
+def test_a_longer_index_file_is_reported(http_server):
+    url, manifest, folder = _served(http_server, [6], "long")
+    shard = manifest.split("train").shards[0]
+    with open(folder / shard.idx_path, "ab") as f:
+        f.write(b"\0" * 8)
+    with pytest.raises(ShardFormatError, match=r"index has more than 56 bytes, expected 56 \(6"):
+        ShardStore(url).index(shard)
+
+
+def test_indexes_are_read_in_parallel_once_per_loader_not_per_worker(http_server):
+    counts = [20, 21, 22, 23, 24, 25, 26, 27]
+    url, manifest, _ = _served(http_server, counts, "par")
+    # the server holds each index GET until four are in flight at once: one after another
+    # would break the barrier
+    gate = threading.Barrier(4, timeout=20)
+    http_server.faults = Faults(suffix=".wdsidx", gate=gate)
+    http_server.clear_log()
+    loader = create_loader(url, "train", batch_size=8, num_workers=2, drop_last=False, seed=3)
+    keys = [k for batch in loader for k in batch["__key__"]]
+    assert sorted(keys) == [f"train{i:07d}" for i in range(sum(counts))]
+    index_gets = [r.path for r in http_server.requests() if r.path.endswith(".wdsidx")]
+    assert sorted(index_gets) == sorted(
+        f"/par/{s.idx_path}" for s in manifest.split("train").shards
+    )
+    assert not gate.broken
+    assert not [r for r in http_server.requests() if r.method == "HEAD"]
+
+
+def test_the_first_batch_waits_for_its_own_bytes_then_the_rest_of_its_window(http_server):
+    counts = [150, 150, 150, 150]
+    url, manifest, folder = _served(http_server, counts, "first")
+    shards = manifest.split("train").shards
+    kw = dict(batch_size=16, seed=5, shuffle_window=320, span=10, drop_last=False)
+    loader = create_loader(url, "train", **kw)
+    # a window this small would be read whole (as fast either way); over 32 MiB it is not
+    assert loader.dataset_obj.reader.first_alone_bytes == 32 << 20
+    loader.dataset_obj.reader.first_alone_bytes = 0
+    reference = [b["__key__"] for b in create_loader(str(folder), "train", **kw)]
+    http_server.clear_log()
+    batches = [b["__key__"] for b in loader]
+    assert batches == reference  # the plan is unchanged: only the order of the reads
+    # the first batch's samples, coalesced where adjacent: the first requests of the pass
+    store = ShardStore(folder)
+    ids = np.array([int(k[len("train") :]) for k in batches[0]])
+    shard = np.searchsorted(np.cumsum(counts), ids, side="right")
+    local = ids - np.r_[0, np.cumsum(counts)][shard]
+    starts = [int(store.index(shards[s])[i]) for s, i in zip(shard, local, strict=True)]
+    stops = [int(store.index(shards[s])[i + 1]) for s, i in zip(shard, local, strict=True)]
+    runs = coalesce(shard, starts, stops)
+    first = {
+        (f"/first/{shards[k].path}", a, b)
+        for k, a, b in zip(runs.key.tolist(), runs.start.tolist(), runs.stop.tolist(), strict=True)
+    }
+    tars = [r for r in http_server.requests() if r.path.endswith(".tar")]
+    assert {(r.path, r.start, r.stop) for r in tars[: len(first)]} == first
+    # and every byte of the samples once over the pass
+    read = sum(r.sent for r in tars)
+    assert read == sum(int(store.index(s)[-1] - store.index(s)[0]) for s in shards)
+
+
+def test_the_s3_connection_pool_holds_as_many_requests_as_are_in_flight():
+    assert ReadOptions().concurrency == 32  # many in flight by default
+    options = {"key": "k", "secret": "s", "client_kwargs": {"endpoint_url": "http://127.0.0.1:9"}}
+    for concurrency in (24, 64):
+        store = ShardStore(
+            "s3://bucket/ds", ReadOptions(concurrency=concurrency, storage_options=options)
+        )
+        # botocore's pool (10 connections by default) would queue the requests beyond it
+        assert store._storage().fs.config_kwargs["max_pool_connections"] == concurrency
+    mine = {**options, "config_kwargs": {"max_pool_connections": 5}}  # the user's choice wins
+    store = ShardStore("s3://bucket/ds", ReadOptions(storage_options=mine))
+    assert store._storage().fs.config_kwargs["max_pool_connections"] == 5
+
+
+def test_workers_sharing_a_cache_download_each_shard_once(http_server, tmp_path):
+    counts = [40, 41, 42, 43]
+    url, manifest, _ = _served(http_server, counts, "shared")
+    cache = tmp_path / "cache"
+    http_server.clear_log()
+    kw = dict(batch_size=8, num_workers=2, drop_last=False, seed=2, cache_dir=str(cache))
+    keys = [k for batch in create_loader(url, "train", **kw) for k in batch["__key__"]]
+    assert sorted(keys) == [f"train{i:07d}" for i in range(sum(counts))]
+    # both workers read every shard: one downloads it, the other waits for that copy
+    shards = manifest.split("train").shards
+    tars = [r for r in http_server.requests() if r.path.endswith(".tar")]
+    assert sum(r.sent for r in tars) == sum(s.num_bytes for s in shards)
+    assert sorted({r.path for r in tars}) == sorted(f"/shared/{s.path}" for s in shards)

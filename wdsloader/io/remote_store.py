@@ -1,0 +1,69 @@
+"""The store of a remote root read by ranged requests (any fsspec URL, no cache)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+from wdsloader.io.fetch import ShardStore
+from wdsloader.io.ranges import Cut, Hole, Request, merge_requests, unique_shards
+
+__all__ = ["RemoteStore"]
+
+
+class RemoteStore(ShardStore):
+    """Reads ranges of remote shards: overlapping or adjacent ranges of a shard merged, split
+    into requests of at most ``max_request_bytes``, fetched ``concurrency`` at a time with the
+    retries and deadline of :class:`~wdsloader.io.retry.RemoteFiles`."""
+
+    def _read(self, reqs: list[Request]) -> list[bytes]:
+        remote = self._storage()
+        if self.options.verify_checksum:
+            for rel, shard in unique_shards(reqs).items():
+                if rel not in self._verified:
+                    self._check_digest(shard, self._hash_remote(shard))
+                    self._verified.add(rel)
+        segments = merge_requests(reqs)
+        step = self.options.max_request_bytes
+        pieces = [
+            (k, s, min(s + step, stop))
+            for k, (_, start, stop, _) in enumerate(segments)
+            for s in range(start, stop, step)
+        ]
+        results = self._run_all(lambda p: remote.fetch(segments[p[0]][0].path, p[1], p[2]), pieces)
+        chunks: list[list[bytes]] = [[] for _ in segments]
+        for (k, _, _), data in zip(pieces, results, strict=True):
+            chunks[k].append(data)
+        out: list[bytes] = [b""] * len(reqs)
+        for (_, seg_start, seg_stop, members), parts in zip(segments, chunks, strict=True):
+            buf = b"".join(parts)
+            view = memoryview(buf)
+            for i in members:
+                _, start, stop = reqs[i]
+                whole = start == seg_start and stop == seg_stop
+                out[i] = buf if whole else bytes(view[start - seg_start : stop - seg_start])
+        return out
+
+    def _read_joined(
+        self,
+        reqs: list[Request],
+        positions: list[int],
+        total: int,
+        out: np.ndarray | None,
+        cuts: Sequence[Sequence[Cut]] | None,
+    ) -> bytes | np.ndarray:
+        parts = self.read_ranges(reqs)
+        joined = parts[0] if len(parts) == 1 else b"".join(parts)
+        if cuts is not None:
+            _copy_cuts(memoryview(joined), positions, cuts)
+        return joined
+
+
+def _copy_cuts(joined: memoryview, positions: Sequence[int], cuts: Sequence[Sequence[Cut]]) -> None:
+    """Fill each cut's buffer (not a hole's) from the joined ranges (remote reads: one more
+    copy)."""
+    for pos, todo in zip(positions, cuts, strict=True):
+        for off, buf in todo:
+            if not isinstance(buf, Hole):
+                buf[:] = joined[pos + off : pos + off + len(buf)]

@@ -1,0 +1,64 @@
+"""Ray Data in and out (one small local Ray for the module): a ``ray.data.Dataset`` built with
+``engine="ray"`` gives the same shards for any block layout (and the local engine's)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from build_shards import SampleOptions, ShardOptions, build_shards
+from tests.test_ray_build import local_digests
+
+ray = pytest.importorskip("ray")
+pytest.importorskip("ray.data")
+
+pytestmark = pytest.mark.slow  # a Ray cluster
+
+OPTS = dict(
+    splits={"train": 0.7, "val": 0.3},
+    seed=3,
+    shards=ShardOptions(max_count=16, block_size=50),
+    samples=SampleOptions(key_field="key"),
+)
+N = 230
+
+
+@pytest.fixture(scope="module", autouse=True)
+def ray_cluster():
+    ray.init(
+        num_cpus=2, include_dashboard=False, log_to_driver=False, object_store_memory=80 * 2**20
+    )
+    yield
+    ray.shutdown()
+
+
+def rows(n: int = N) -> list[dict]:
+    rng = np.random.default_rng(0)
+    return [
+        {
+            "key": f"r{i:05d}",
+            "emb": rng.standard_normal(8).astype(np.float32),
+            "label": i % 5,
+            "text": "w " * (i % 11),
+        }
+        for i in range(n)
+    ]
+
+
+def test_two_block_layouts_give_the_same_shards(tmp_path):
+    import ray.data
+
+    base = ray.data.from_items(rows()).map(lambda r: {**r, "label": r["label"] * 10})
+    built = {}
+    for layout in (3, 17):
+        ds = base.repartition(layout)
+        assert ds.materialize().num_blocks() == layout
+        m = build_shards(ds, tmp_path / f"ray{layout}", engine="ray", **OPTS)
+        assert m.num_samples == N and m.build["num_blocks"] == 5
+        built[layout] = local_digests(tmp_path / f"ray{layout}")
+    assert built[3] == built[17]
+    assert sum(p.endswith(".tar") for p in built[3]) >= 10
+    m = build_shards(base.repartition(5), tmp_path / "local", **OPTS)  # the local engine
+    assert local_digests(tmp_path / "local") == built[3]
+    first = next(iter(m.splits["train"].shards))
+    assert first.num_samples > 0

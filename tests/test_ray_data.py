@@ -62,3 +62,24 @@ def test_two_block_layouts_give_the_same_shards(tmp_path):
     assert local_digests(tmp_path / "local") == built[3]
     first = next(iter(m.splits["train"].shards))
     assert first.num_samples > 0
+
+
+def test_write_shards_ends_a_ray_data_pipeline_with_our_shards_and_manifest(tmp_path):
+    import ray.data
+
+    from build_shards import write_shards
+    from wdsloader.format import Manifest
+
+    ds = ray.data.from_items(rows()).repartition(4).filter(lambda r: r["label"] != 0)
+    m = write_shards(ds, tmp_path / "out", **OPTS)
+    kept = [r for r in rows() if r["label"] != 0]
+    assert m.num_samples == len(kept)
+    assert Manifest.load(str(tmp_path / "out")).num_samples == len(kept)
+    names = sorted(p.name for p in (tmp_path / "out").rglob("*.tar"))
+    assert names and all(n.startswith(("train-0", "val-0")) for n in names)  # our names
+    assert not (tmp_path / "out" / "_build").exists()
+    again = write_shards(ds.repartition(9), tmp_path / "again", **OPTS)
+    assert again.num_samples == m.num_samples
+    assert local_digests(tmp_path / "again") == local_digests(tmp_path / "out")
+    with pytest.raises(TypeError, match="write_shards writes a ray.data.Dataset, got list"):
+        write_shards(rows(), tmp_path / "x")

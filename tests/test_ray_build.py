@@ -39,10 +39,9 @@ pytestmark = [pytest.mark.usefixtures("infer_first_sample_only"), pytest.mark.sl
 
 @pytest.fixture(autouse=True)
 def ray_cluster():
-    """A local Ray of 2 CPUs for each test. Not one per module: a task cancelled by one test
-    (a data error, a stopped driver) may still answer later, and Ray 2.60's driver then aborts
-    the whole process ("Check failed: ... Tried to complete task that was not pending", seen
-    under load in the test after such a test); ``shutdown`` ends those tasks with the test."""
+    """A local Ray of 2 CPUs for each test, so that no task of one test (a build stopped by a
+    data error or on the driver stops its tasks through the abort flag, waiting up to a
+    minute) can still run in the next."""
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
     yield
     ray.shutdown()

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from build_shards import SampleOptions, ShardOptions, build_shards
+from build_shards import BuildError, SampleOptions, ShardOptions, build_shards
 from tests.test_ray_build import local_digests
 
 ray = pytest.importorskip("ray")
@@ -83,3 +83,8 @@ def test_write_shards_ends_a_ray_data_pipeline_with_our_shards_and_manifest(tmp_
     assert local_digests(tmp_path / "again") == local_digests(tmp_path / "out")
     with pytest.raises(TypeError, match="write_shards writes a ray.data.Dataset, got list"):
         write_shards(rows(), tmp_path / "x")
+    with pytest.raises(
+        BuildError, match="build it with engine='ray' .or workers=1., not workers=2"
+    ):
+        build_shards(ds, tmp_path / "x", workers=2, **OPTS)
+    assert not (tmp_path / "x").exists()

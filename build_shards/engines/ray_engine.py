@@ -97,6 +97,7 @@ class AbortFile:
         if not self._set and now >= self._next:
             fs, path = self._open()
             self._next = now + ABORT_POLL_S
+            fs.invalidate_cache(path)  # a listing cached by the filesystem would hide the flag
             self._set = bool(fs.exists(path))
         return self._set
 

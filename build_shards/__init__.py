@@ -13,6 +13,7 @@ from build_shards.options import (
     SampleOptions,
     ShardOptions,
 )
+from build_shards.ray_data import write_shards
 from build_shards.sources import Source, open_source
 
 __all__ = [
@@ -32,4 +33,5 @@ __all__ = [
     "build_shards",
     "hash_unit",
     "open_source",
+    "write_shards",
 ]

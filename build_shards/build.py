@@ -79,9 +79,10 @@ def build_shards(
     """Write ``source`` as WebDataset tar shards with their indexes and ``manifest.json``.
 
     ``source``: a ``datasets`` Dataset/DatasetDict (its splits kept)/IterableDataset, a torch
-    map-style or iterable Dataset, a list/tuple/iterator of dicts, or paths (a path, a glob or a
-    list) of ``.jsonl`` files or plain text files (documents separated by blank lines become
-    ``{"text": doc}``). ``output``: a folder or any fsspec URL (``memory://``, ``s3://``).
+    map-style or iterable Dataset, a ``ray.data`` Dataset (rows in its own order, see
+    :mod:`build_shards.sources.raydata`), a list/tuple/iterator of dicts, or paths (a path, a
+    glob or a list) of ``.jsonl`` files or plain text files (documents separated by blank lines
+    become ``{"text": doc}``). ``output``: a folder or any fsspec URL (``memory://``, ``s3://``).
 
     Each item is a dict of fields, keyed as :class:`SampleOptions` (``samples=``) says.
     ``map(sample) -> sample`` runs on every item (returning None drops it); it must be
@@ -97,8 +98,9 @@ def build_shards(
     under 2 s of work runs in this process, see :data:`build_shards.engines.local.SMALL_BUILD_S`).
     ``workers > 1`` from a main script's top level without an ``if __name__ == "__main__":``
     guard is a BuildError. ``engine``: ``"local"``, or ``"ray"`` / :class:`RayEngine` (one Ray
-    task per block, byte-identical shards). ``manifest.json`` is written last, with
-    ``defaults`` (:class:`LoaderDefaults` or a mapping) as the loader's defaults.
+    task per block, any source, ``map`` in the tasks, byte-identical shards). ``manifest.json``
+    is written last, with ``defaults`` (:class:`LoaderDefaults` or a mapping) as the loader's
+    defaults.
 
     Failures: finished blocks are recorded under ``OUTPUT/_build/``. A user error (BuildError,
     SchemaError) removes what the unfinished build wrote; after a crash or any other error (an

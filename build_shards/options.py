@@ -137,9 +137,11 @@ class RayEngine:
     ``s3://``); the shards are byte-identical to the local engine's.
 
     ``address``: the cluster's (None: the Ray already initialised, the cluster ``ray.init()``
-    finds, or a local one). Ray reads a ``datasets`` Dataset/DatasetDict, a torch map-style
-    Dataset, or JSONL and text files; a list, iterator or iterable dataset lives in the calling
-    process and is refused (BuildError). ``engine="ray"`` is ``RayEngine()``.
+    finds, or a local one). Every source the local engine takes: the tasks read a ``datasets``
+    Dataset/DatasetDict, a torch map-style Dataset, or JSONL and text files by range; the items
+    of a list, generator or iterable dataset are read by the calling process in block order and
+    sent to the object store a block at a time (``map`` runs in the tasks).
+    ``engine="ray"`` is ``RayEngine()``.
     """
 
     address: str | None = None

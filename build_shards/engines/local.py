@@ -7,6 +7,7 @@ import logging
 from collections.abc import Iterator
 
 from build_shards.engines.base import BlockTask, Output, Report, write_block
+from build_shards.errors import BuildError
 from build_shards.sources import Source
 from build_shards.write.blocks import BlockJob
 from build_shards.write.records import BlockRecord
@@ -37,6 +38,13 @@ class LocalEngine:
         self.processes = 0
 
     def prepare(self, src: Source) -> Source:
+        """``src``; a BuildError for a ``ray.data`` Dataset with ``workers > 1`` (its blocks
+        live on Ray, which worker processes are not part of)."""
+        if self.workers > 1 and src.kind == "ray-data":
+            raise BuildError(
+                f"a ray.data Dataset is read from Ray's object store: build it with engine='ray' "
+                f"(or workers=1), not workers={self.workers}"
+            )
         return src
 
     def expect(self, seconds: float | None) -> None:

@@ -137,6 +137,11 @@ def open_source(source: Any) -> Source:
             return HFDatasetSource(source)
         if isinstance(source, hf.IterableDataset):
             return HFIterableSource(source)
+    ray_data = sys.modules.get("ray.data")
+    if ray_data is not None and isinstance(source, ray_data.Dataset):
+        from build_shards.sources.raydata import RayDataSource
+
+        return RayDataSource(source)
     tud = sys.modules.get("torch.utils.data")
     if tud is not None:
         if isinstance(source, tud.IterableDataset):
@@ -153,6 +158,6 @@ def open_source(source: Any) -> Source:
         return IteratorSource(source)
     raise TypeError(
         f"unsupported source type {qualname(source)}: expected a datasets Dataset/DatasetDict/"
-        "IterableDataset, a torch Dataset or IterableDataset, a list/tuple/iterator of dicts, or "
-        "paths of .jsonl or text files"
+        "IterableDataset, a ray.data Dataset, a torch Dataset or IterableDataset, a list/tuple/"
+        "iterator of dicts, or paths of .jsonl or text files"
     )

@@ -175,7 +175,15 @@ def test_two_workers_give_forks_batches(tmp_path_factory, method):
         assert len(keys) == 70 and len(set(keys)) == 70, epoch
         assert len(have) == len(want) == len(loader)
         for b, c in zip(want, have, strict=True):
-            assert set(b) == {"__key__", "vec", "idx", "meta", "steering", "steering_variant"}
+            assert set(b) == {
+                "__key__",
+                "__index__",
+                "vec",
+                "idx",
+                "meta",
+                "steering",
+                "steering_variant",
+            }
             assert _same(b, c)
     # the second epoch was played: another order in the persistent workers
     assert [b["__key__"] for b in got[0]] != [b["__key__"] for b in got[1]]

@@ -46,7 +46,7 @@ ALL_SYSTEMS = (
     "ours", "ours_adopted", "webdataset", "mosaic", "litdata", "litdata_bd0", "hf", "raw_read",
     "raw_batches", "raw_tarfile",
 )  # fmt: skip
-DEFAULT_WORKLOADS = "embed,embed_arrays,blobs,jpeg"
+DEFAULT_WORKLOADS = "embed,embed_running,embed_few,embed_arrays,blobs,jpeg"
 # workloads read with every num_workers of --workers (the others with 0 only)
 MULTI_WORKLOADS = ("embed", "embed_arrays", "jpeg")
 PARTS = ("read", "build", "memory", "s3", "gpu")

@@ -52,6 +52,7 @@ class Workload:
     full_n: int
     quick_n: int
     label: bool = True  # an int class label, ``label.cls``
+    labels: str = "hashed"  # which: see :func:`label`
     meta: bool = True  # a JSON object, ``meta.json``
 
     def n(self, quick: bool) -> int:
@@ -64,7 +65,7 @@ class Workload:
 
     def extra_bytes(self, i: int) -> int:
         """Stored bytes of sample ``i``'s label and JSON text."""
-        size = len(str(label(i))) if self.label else 0
+        size = len(str(label(i, self.labels))) if self.label else 0
         return size + (len(meta_json(self.name, i)) if self.meta else 0)
 
     def bytes_per_sample(self, n: int) -> int:
@@ -103,6 +104,22 @@ WORKLOADS: dict[str, Workload] = {
             fields=_EMBED,
             full_n=102_400,
             quick_n=10_240,
+        ),
+        Workload(
+            name="embed_running",
+            title="the realistic sample with running-index labels (.cls of 1-6 digits)",
+            fields=_EMBED,
+            full_n=102_400,
+            quick_n=10_240,
+            labels="running",
+        ),
+        Workload(
+            name="embed_few",
+            title="the realistic sample with 10-class labels (.cls of one digit)",
+            fields=_EMBED,
+            full_n=102_400,
+            quick_n=10_240,
+            labels="few",
         ),
         Workload(
             name="embed_arrays",
@@ -191,8 +208,15 @@ def _jpeg_mean_bytes(f: Field) -> int:
     return sum(map(len, pool)) // len(pool)
 
 
-def label(i: int) -> int:
-    """Sample ``i``'s class label."""
+def label(i: int, kind: str = "hashed") -> int:
+    """Sample ``i``'s class label: ``hashed`` one of 1,000 (1-3 digits in every shard),
+    ``running`` the sample's index (a width that changes once per power of ten: shards whose
+    labels have one width and shards whose labels do not, as a user's running ids give), ``few``
+    one of 10 (one digit)."""
+    if kind == "running":
+        return i
+    if kind == "few":
+        return i % 10
     return (i * 7919) % 1000
 
 
@@ -243,7 +267,7 @@ def extras(workload: str, i: int) -> dict[str, Any]:
     wl = WORKLOADS[workload]
     out: dict[str, Any] = {}
     if wl.label:
-        out["label"] = label(i)
+        out["label"] = label(i, wl.labels)
     if wl.meta:
         out["meta"] = meta(workload, i)
     return out

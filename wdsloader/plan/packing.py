@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import bisect
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Literal, NamedTuple
 
 import numpy as np
@@ -42,6 +43,32 @@ class Piece(NamedTuple):
 
 
 Pack = tuple[Piece, ...]  # one row: its pieces in document order
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Packing:
+    """How documents are packed into rows: at most ``max_tokens`` tokens of field ``field`` a
+    row, best-fit decreasing within windows of ``window`` documents, a document over
+    ``max_tokens`` split into pieces or refused (``too_long``). See :func:`plan_packs`."""
+
+    max_tokens: int
+    field: str = "input_ids"
+    window: int = 2048
+    too_long: TooLong = "split"
+
+    def __post_init__(self) -> None:
+        for name in ("max_tokens", "window"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"Packing.{name} must be a positive int, got {value!r}")
+        if not isinstance(self.field, str) or not self.field:
+            raise ValueError(f"Packing.field must be a non-empty str, got {self.field!r}")
+        if self.too_long not in TOO_LONG:
+            raise ValueError(f"Packing.too_long must be one of {TOO_LONG}, got {self.too_long!r}")
+
+    def plan(self, lengths: Sequence[int] | npt.NDArray[np.integer]) -> list[Pack]:
+        """:func:`plan_packs` of ``lengths`` with these options."""
+        return plan_packs(lengths, self.max_tokens, window=self.window, too_long=self.too_long)
 
 
 class DocumentTooLongError(ValueError):

@@ -37,14 +37,21 @@ OPTS = dict(
 
 
 def _keys_in_order(path: Path) -> list[str]:
-    with tarfile.open(path) as tar:
+    with tarfile.open(path, "r:*") as tar:
         keys = [m.name.split(".", 1)[0] for m in tar.getmembers()]
     return list(dict.fromkeys(keys))
 
 
-def test_lengths_are_each_samples_after_blocks_and_packed_remainders(tmp_path):
+@pytest.mark.parametrize(
+    ("compression", "workers"), [(None, 1), ("gzip", 1), (None, 2)], ids=["tar", "gzip", "workers"]
+)
+def test_lengths_are_each_samples_after_blocks_and_packed_remainders(
+    tmp_path, compression, workers
+):
     out = tmp_path / "ds"
-    build_shards(_samples(300), out, samples=SampleOptions(lengths="input_ids"), **OPTS)
+    opts = dict(OPTS, shards=ShardOptions(max_count=16, block_size=50, compression=compression))
+    lengths_opt = SampleOptions(lengths="input_ids")
+    build_shards(_samples(300), out, samples=lengths_opt, workers=workers, **opts)
     manifest = Manifest.load(str(out))
     assert manifest.build["lengths_field"] == "input_ids"
     expected = {f"s{i:05d}": _length(i) for i in range(300)}

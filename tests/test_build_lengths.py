@@ -14,7 +14,7 @@ import pytest
 from build_shards import BuildError, SampleOptions, ShardOptions, build_shards
 from wdsloader.errors import ShardFormatError
 from wdsloader.format import Manifest
-from wdsloader.format.lengths import read_lengths, sample_length
+from wdsloader.format.lengths import read_lengths, read_split_lengths, sample_length
 
 FS = fsspec.filesystem("file")
 
@@ -68,6 +68,11 @@ def test_lengths_are_each_samples_after_blocks_and_packed_remainders(
             mixed += len({int(k[1:]) // 50 for k in keys}) > 1  # packed from blocks' remainders
     assert seen == 300
     assert mixed >= 4
+    train = manifest.split("train").shards
+    by_id = read_split_lengths(FS, str(out), train)
+    keys = [k for shard in train for k in _keys_in_order(out / shard.path)]
+    assert by_id.tolist() == [expected[k] for k in keys]
+    assert read_split_lengths(FS, str(out), []).tolist() == []
 
 
 def test_recording_lengths_leaves_the_shards_and_indexes_unchanged(tmp_path):

@@ -103,3 +103,10 @@ def read_lengths(fs: Any, root: str, shard: _ShardPaths) -> npt.NDArray[np.uint3
     return decode_lengths(
         data, shard.num_samples, source=f"shard {shard.path}: lengths {shard.lengths_path}"
     )
+
+
+def read_split_lengths(fs: Any, root: str, shards: Sequence[_ShardPaths]) -> npt.NDArray[np.uint32]:
+    """The lengths of a split's samples indexed by global sample id (the shards' lengths
+    concatenated in manifest order), as a plan reads them."""
+    parts = [read_lengths(fs, root, shard) for shard in shards]
+    return np.concatenate(parts) if parts else np.zeros(0, np.uint32)

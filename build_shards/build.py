@@ -256,12 +256,13 @@ def _open_input(
         key_field=key_field, splits=splitter.spec(), split_field=split_field, group_by=group_by,
         seed=seed, shard_max_count=shard_max_count, shard_max_bytes=shard_max_bytes,
         block_size=block_size, allow_nan=allow_nan, schema=full_schema, dims=all_dims,
-        compression=compression,
+        compression=compression, lengths_field=samples.lengths,
     )  # fmt: skip
     job = dataclasses.replace(
         job,
         encoder=encoder,
         compression=compression,
+        lengths_field=samples.lengths,
         fingerprint=params.fingerprint(),
         source=src if src.indexable and not src.in_memory else None,
     )

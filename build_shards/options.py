@@ -84,7 +84,10 @@ class SampleOptions:
     whose value is hashed instead of the key when ``splits=`` fractions assign the splits (a
     group never straddles two splits). ``dims`` binds the symbolic dimensions of the schema (the
     first samples bind the others). NaN/Inf is a SchemaError unless ``allow_nan`` (then counted
-    in ``manifest.build["nan_samples"]``).
+    in ``manifest.build["nan_samples"]``). ``lengths`` names a field whose length (of an
+    array's or list's first dimension, of a str or bytes) each shard records per sample beside
+    its index (:mod:`wdsloader.format.lengths`; the field in ``manifest.build["lengths_field"]``),
+    so that sequence packing and token counts are planned without reading samples.
     """
 
     key_field: str = "__key__"
@@ -92,9 +95,11 @@ class SampleOptions:
     group_by: str | None = None
     dims: Mapping[str, int] | None = None
     allow_nan: bool = False
+    lengths: str | None = None
 
     def __post_init__(self) -> None:
         _name("SampleOptions", "key_field", self.key_field, optional=False)
+        _name("SampleOptions", "lengths", self.lengths)
         _name("SampleOptions", "split_field", self.split_field)
         _name("SampleOptions", "group_by", self.group_by)
         if self.split_field is not None and self.group_by is not None:

@@ -445,3 +445,20 @@ def test_subprocess_help_and_error(tmp_path):
     assert done.stderr.startswith("build-shards: error: ")
     assert done.stderr.count("\n") == 1 and "missing.jsonl" in done.stderr
     assert not (tmp_path / "out").exists()
+
+
+def test_build_lengths_flag_records_each_samples_length(tmp_path, capsys):
+    import fsspec
+
+    from wdsloader.format.lengths import read_lengths
+
+    rows = [{"id": i, "input_ids": list(range(i % 7))} for i in range(20)]
+    (tmp_path / "t.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    out = tmp_path / "ds"
+    argv = ["build", tmp_path / "t.jsonl", "-o", out, "--lengths", "input_ids"]
+    assert run_cli(capsys, *argv)[0] == 0
+    manifest = Manifest.load(out)
+    assert manifest.build["lengths_field"] == "input_ids"
+    (shard,) = manifest.split("train").shards
+    lengths = read_lengths(fsspec.filesystem("file"), str(out), shard)
+    assert lengths.tolist() == [i % 7 for i in range(20)]

@@ -14,12 +14,13 @@ from wdsloader.collate import (
     CollatorInfo,
     CollatorRegistry,
     DefaultCollator,
+    PackedCollator,
     TaskSpec,
     TextCollator,
     VisionCollator,
 )
 
-BUILTINS = r"default \(any\), text \(text\), vision \(vision\), causal_lm \(text\)"
+BUILTINS = r"default \(any\), text \(text\), vision \(vision\), causal_lm \(text\), packed \(any\)"
 
 
 @pytest.fixture(autouse=True)
@@ -58,12 +59,14 @@ def test_builtins_in_lookup_order():
         ("text", "text"),
         ("vision", "vision"),
         ("causal_lm", "text"),
+        ("packed", "any"),
     ]
     assert [i.factory for i in infos] == [
         DefaultCollator,
         TextCollator,
         VisionCollator,
         CausalLMCollator,
+        PackedCollator,
     ]
     assert all(isinstance(i, CollatorInfo) and i.description for i in infos)
 
@@ -152,7 +155,13 @@ def test_reset_restores_the_builtins_in_place():
     registry().register("text", replace=True, modality="text")(Count)
     again = CollatorRegistry.reset()
     assert again is before is registry()
-    assert [i.name for i in again.list_collators()] == ["default", "text", "vision", "causal_lm"]
+    assert [i.name for i in again.list_collators()] == [
+        "default",
+        "text",
+        "vision",
+        "causal_lm",
+        "packed",
+    ]
     assert again.list_collators()[1].factory is TextCollator
 
 

@@ -100,6 +100,7 @@ def _run_build(args: argparse.Namespace, options: dict[str, Any], progress: bool
             group_by=args.group_by,
             key_field=args.key_field,
             allow_nan=args.allow_nan,
+            lengths=args.lengths,
         ),
         progress=progress,
         engine=RayEngine(address=args.ray_address) if args.engine == "ray" else args.engine,

@@ -213,6 +213,12 @@ def _build_command(sub: argparse._SubParsersAction[Any]) -> None:
     b.add_argument("--key-field", default="__key__", metavar="FIELD", help="sample key field")
     b.add_argument("--allow-nan", action="store_true", help="count NaN/Inf instead of failing")
     b.add_argument(
+        "--lengths",
+        metavar="FIELD",
+        help="record each sample's length of FIELD (e.g. input_ids) beside its shard, for "
+        "sequence packing planned without reading samples",
+    )
+    b.add_argument(
         "--schema",
         metavar="FILE",
         help="declare fields: a JSON (or YAML, with PyYAML) object of field -> spec, e.g. "

@@ -36,6 +36,7 @@ from build_shards.write.records import BlockRecord, RecordError
 from wdsloader.errors import WdsLoaderError
 from wdsloader.format import INDEX_SUFFIX, MANIFEST_NAME, Manifest
 from wdsloader.format.keyindex import KEYS_SUFFIX
+from wdsloader.format.lengths import LENGTHS_SUFFIX
 from wdsloader.io.manifest_io import load_manifest, save_manifest
 from wdsloader.io.setup_errors import setup_errors_in_one_line
 from wdsloader.io.storage import is_local, join, write_atomic
@@ -44,9 +45,9 @@ from wdsloader.redact import redact, secrets_of
 log = logging.getLogger("build_shards")
 
 # a shard, its index (hidden ``.X.tar.wdsidx``, or ``X.tar.idx`` of the legacy prefixes), its key
-# index (hidden ``.X.tar.wdskeys``) or their temporary files; the stem is checked against the
-# folder's split by :func:`_name_stem`
-_HIDDEN = f"({re.escape(INDEX_SUFFIX)}|{re.escape(KEYS_SUFFIX)})"
+# index (hidden ``.X.tar.wdskeys``), its lengths (hidden ``.X.tar.wdslen``) or their temporary
+# files; the stem is checked against the folder's split by :func:`_name_stem`
+_HIDDEN = f"({re.escape(INDEX_SUFFIX)}|{re.escape(KEYS_SUFFIX)}|{re.escape(LENGTHS_SUFFIX)})"
 _OURS = re.compile(
     r"^(?P<hidden>\.)?(?P<stem>.+?)-\d{5,}-\d{3,}\.tar(\.gz)?"
     rf"(?(hidden){_HIDDEN}|(?P<legacy_idx>\.idx)?)(\.tmp-[0-9a-f]+)?$"

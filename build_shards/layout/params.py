@@ -66,6 +66,7 @@ class BuildParams:
     schema: Mapping[str, FieldSpec]
     dims: Mapping[str, int]
     compression: str | None = None
+    lengths_field: str | None = None  # whose lengths the shards record
 
     def options(self) -> dict[str, Any]:
         """What the fingerprint hashes, as JSON values (``build.json`` keeps it, to name the
@@ -86,6 +87,8 @@ class BuildParams:
         }
         if self.compression is not None:  # absent otherwise: older builds keep their fingerprint
             options["compression"] = self.compression
+        if self.lengths_field is not None:  # absent otherwise, likewise
+            options["lengths_field"] = self.lengths_field
         result: dict[str, Any] = json.loads(json.dumps(options, default=str))
         return result
 
@@ -107,6 +110,7 @@ class BuildParams:
             "key_field": self.key_field,
             "allow_nan": self.allow_nan,
             **({} if self.compression is None else {"compression": self.compression}),
+            **({} if self.lengths_field is None else {"lengths_field": self.lengths_field}),
         }
 
 

@@ -26,6 +26,7 @@ from build_shards.write.paths import record_path
 from build_shards.write.records import BlockEnd, BlockRecord
 from build_shards.write.sink import Committer, ShardSink
 from wdsloader.format import validate_key
+from wdsloader.format.lengths import field_length
 from wdsloader.io.storage import is_local, write_atomic
 
 CHECK_EVERY = 64  # items between checks of the abort flag and progress reports
@@ -49,6 +50,7 @@ class BlockJob:
     fingerprint: str
     prefix: str = "{split}"  # of the shard file names (see SHARD_PREFIXES)
     compression: str | None = None  # of the shards (wdsloader.format.deflate)
+    lengths_field: str | None = None  # whose length per sample the shards record
 
 
 def prepare(job: BlockJob, index: int, raw: Any) -> tuple[str, str, dict[str, Any]] | None:
@@ -109,6 +111,14 @@ def _checked_key(key_field: str, index: int, key: Any) -> str:
     except ValueError as exc:
         raise SampleKeyError(f"{where}: {exc}") from None
     return key
+
+
+def _length(sample: Mapping[str, Any], key: str, field: str) -> int:
+    """The length of a sample's lengths field, or a BuildError naming the key and field."""
+    try:
+        return field_length(sample, key=key, field=field)
+    except ValueError as exc:
+        raise BuildError(str(exc)) from None
 
 
 def sample_digest(key: str | None, split: str | None, members: list[tuple[str, bytes]]) -> str:
@@ -172,12 +182,15 @@ class _BlockBuilder:
         else:
             key, split, sample = prepared
             members, nonfinite = self.job.encoder.encode(key, sample)
+            length = None
+            if self.job.lengths_field is not None:
+                length = _length(sample, key, self.job.lengths_field)
             sink = self.sinks.get(split) or self._open(split)
             if key in self.seen[split]:
                 raise BuildError(f"duplicate key {key!r} in split {split!r}")
             self.seen[split].add(key)
             self.keys[split].append(key)
-            added = sink.add(key, members)
+            added = sink.add(key, members, length=length)
             self.last = (index, key, split, members)
             if nonfinite:
                 self.nan_samples += 1
@@ -201,6 +214,7 @@ class _BlockBuilder:
             prefix=job.prefix,
             compression=job.compression,
             rest=True,
+            lengths=job.lengths_field is not None,
         )
         self.keys[split], self.seen[split] = [], set()
         return sink

@@ -42,8 +42,10 @@ def shard_name(
 
 
 def shard_files(info: ShardInfo) -> tuple[str, ...]:
-    """The files of a shard, relative to the root: the shard, its index, its key index."""
-    return (info.path, info.idx_path, *(() if info.keys_path is None else (info.keys_path,)))
+    """The files of a shard, relative to the root: the shard, its index, its key index and
+    its lengths (the last two when it has them)."""
+    extra = tuple(p for p in (info.keys_path, info.lengths_path) if p is not None)
+    return (info.path, info.idx_path, *extra)
 
 
 def record_path(root: str, block: int) -> str:

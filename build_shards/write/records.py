@@ -148,6 +148,7 @@ def shard_info_dict(info: ShardInfo) -> dict[str, Any]:
         "sha256": info.sha256,
         "layout": info.layout,
         **({} if info.keys_path is None else {"keys_path": info.keys_path}),
+        **({} if info.lengths_path is None else {"lengths_path": info.lengths_path}),
     }
 
 
@@ -156,6 +157,9 @@ def shard_info_from_dict(d: Any) -> ShardInfo:
     sha, layout, keys = d.get("sha256"), d.get("layout"), d.get("keys_path")
     if keys is not None and not isinstance(keys, str):
         raise RecordError(f"shard keys_path {keys!r} is not a string")
+    lengths = d.get("lengths_path")
+    if lengths is not None and not isinstance(lengths, str):
+        raise RecordError(f"shard lengths_path {lengths!r} is not a string")
     if sha is not None and not isinstance(sha, str):
         raise RecordError(f"shard sha256 {sha!r} is not a string")
     if layout is not None and not isinstance(layout, dict):
@@ -168,6 +172,7 @@ def shard_info_from_dict(d: Any) -> ShardInfo:
         sha256=sha,
         layout=layout,
         keys_path=keys,
+        lengths_path=lengths,
     )
 
 

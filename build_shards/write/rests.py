@@ -37,6 +37,7 @@ from build_shards.write.records import BlockRecord
 from build_shards.write.sink import Committer, ShardSink
 from wdsloader.format import ShardInfo, decode_index, index_path, inflate_sample
 from wdsloader.format.keyindex import keys_path
+from wdsloader.format.lengths import lengths_path, read_lengths
 from wdsloader.io.storage import is_local, join
 
 Placed = tuple[tuple[int, int], ShardInfo]  # ((block, part), shard): where a shard sorts
@@ -79,13 +80,17 @@ def pack_rests(
                 fs, root, split, 0, max_count=job.shard_max_count,
                 max_bytes=job.shard_max_bytes, tmpdir=tmpdir, committer=committer,
                 prefix=job.prefix, compression=job.compression,
+                lengths=job.lengths_field is not None,
             )  # fmt: skip
             sink.places = []
             sinks.append(sink)
             for b, info in rests:
                 sink.place = (b, len(records[b].splits.get(split, ())))
-                for sample in _samples(fs, root, info, job.compression):
-                    sink.add_raw(sample, info.layout)
+                lengths = _lengths(fs, root, info)
+                for i, sample in enumerate(_samples(fs, root, info, job.compression)):
+                    sink.add_raw(
+                        sample, info.layout, length=None if lengths is None else lengths[i]
+                    )
             infos = sink.close()
             packed[split] = list(zip(sink.places, infos, strict=True))
         committer.wait()
@@ -112,6 +117,13 @@ def _samples(fs: Any, root: str, info: ShardInfo, compression: str | None) -> It
         yield span if compression is None else inflate_sample(span, f"{path} sample {i}")
 
 
+def _lengths(fs: Any, root: str, info: ShardInfo) -> list[int] | None:
+    """A remainder's lengths (None when the build records none): they follow its samples."""
+    if info.lengths_path is None:
+        return None
+    return [int(n) for n in read_lengths(fs, root, info).tolist()]
+
+
 def _move(fs: Any, root: str, split: str, block: int, part: int, info: ShardInfo) -> Placed:
     """A split's only remainder, moved to its place among the shards (packing it alone would
     write the same bytes under the same name)."""
@@ -121,6 +133,7 @@ def _move(fs: Any, root: str, split: str, block: int, part: int, info: ShardInfo
         path=rel,
         idx_path=index_path(rel),
         keys_path=None if info.keys_path is None else keys_path(rel),
+        lengths_path=None if info.lengths_path is None else lengths_path(rel),
     )
     # the shard last: its index and key index are in place once it is
     for src, dst in reversed(list(zip(shard_files(info), shard_files(moved), strict=True))):

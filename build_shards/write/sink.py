@@ -25,6 +25,7 @@ from typing import Any, BinaryIO
 from build_shards.write.paths import BUILD_DIR, SHARD_PREFIXES, TMP_MARK, remove_quietly, shard_name
 from wdsloader.format import ShardInfo, TarStreamWriter, index_path
 from wdsloader.format.keyindex import keys_path
+from wdsloader.format.lengths import encode_lengths, lengths_path
 from wdsloader.io.storage import is_local, join, write_atomic
 
 log = logging.getLogger("build_shards")
@@ -86,9 +87,12 @@ class ShardSink:
         prefix: str = SHARD_PREFIXES[0],
         compression: str | None = None,
         rest: bool = False,
+        lengths: bool = False,
     ) -> None:
         self.fs, self.root, self.split, self.block = fs, root, split, block
         self.keep_rest = rest
+        self.lengths = lengths  # record each sample's length (given to add/add_raw) beside it
+        self._lengths: list[int] = []  # of the open shard's samples
         self.rest: ShardInfo | None = None  # the remainder (see the module's text), if any
         self._name = ""  # of the open shard
         self.prefix = prefix
@@ -109,8 +113,9 @@ class ShardSink:
             if rest:
                 fs.makedirs(join(root, REST_DIR, split), exist_ok=True)
 
-    def add(self, key: str, members: list[tuple[str, bytes]]) -> int:
-        """Write one sample; returns the bytes it added."""
+    def add(self, key: str, members: list[tuple[str, bytes]], *, length: int | None = None) -> int:
+        """Write one sample (``length``: its length, when the sink records lengths); returns
+        the bytes it added."""
         w = self._writer
         if w is not None and (
             w.num_samples >= self.max_count or w.projected_size(members) > self.max_bytes
@@ -130,9 +135,17 @@ class ShardSink:
                 )
         before = w.offset
         w.write_sample(key, members)
+        self._record(length)
         return w.offset - before
 
-    def add_raw(self, sample: bytes, layout: dict[str, list[int]] | None) -> None:
+    def _record(self, length: int | None) -> None:
+        if self.lengths:
+            assert length is not None, "a sink that records lengths is given each sample's"
+            self._lengths.append(length)
+
+    def add_raw(
+        self, sample: bytes, layout: dict[str, list[int]] | None, *, length: int | None = None
+    ) -> None:
         """Write one sample's tar bytes as another shard holds them (its ``layout``), under the
         same bounds as :meth:`add`."""
         w = self._writer
@@ -144,6 +157,7 @@ class ShardSink:
         if w is None:
             w = self._open()
         w.write_raw(sample, layout)
+        self._record(length)
 
     def next_name(self) -> str:
         """The file name of the next shard this sink opens."""
@@ -160,6 +174,7 @@ class ShardSink:
             self._tmp = os.path.join(self.tmpdir, f"{self.split}-{name}")
         self._file = open(self._tmp, "wb", buffering=1 << 20)  # noqa: SIM115 (closed in _commit)
         self._writer = TarStreamWriter(self._file, compression=self.compression)
+        self._lengths = []
         return self._writer
 
     def _finish(self, *, rest: bool = False) -> None:
@@ -168,7 +183,6 @@ class ShardSink:
         w, f, tmp = self._writer, self._file, self._tmp
         assert w is not None and f is not None and tmp is not None
         idx, sha = w.close()
-        keys = w.key_index()
         f.flush()
         self._writer = self._file = self._tmp = None
         rel = f"{REST_DIR}/{self.split}/{self._name}" if rest else f"{self.split}/{self._name}"
@@ -176,6 +190,7 @@ class ShardSink:
             path=rel,
             idx_path=index_path(rel),
             keys_path=keys_path(rel),
+            lengths_path=lengths_path(rel) if self.lengths else None,
             num_samples=w.num_samples,
             num_bytes=w.offset,
             sha256=sha,
@@ -186,19 +201,22 @@ class ShardSink:
             self.rest = info
         else:
             self.infos.append(info)
+        side = [(index_path(rel), idx), (keys_path(rel), w.key_index())]
+        if info.lengths_path is not None:
+            side.append((info.lengths_path, encode_lengths(self._lengths)))
         if self.committer is None:
-            self._commit(f, tmp, rel, idx, keys)
+            self._commit(f, tmp, rel, side)
             return
         try:
-            self.committer.submit(lambda: self._commit(f, tmp, rel, idx, keys))
+            self.committer.submit(lambda: self._commit(f, tmp, rel, side))
         except BaseException:  # an earlier commit failed: this one was not submitted
             f.close()
             remove_quietly(tmp)
             raise
 
-    def _commit(self, f: BinaryIO, tmp: str, rel: str, idx: bytes, keys: bytes) -> None:
-        """Make a finished shard durable and visible under its final name, then its index and
-        key index."""
+    def _commit(self, f: BinaryIO, tmp: str, rel: str, side: list[tuple[str, bytes]]) -> None:
+        """Make a finished shard durable and visible under its final name, then its ``side``
+        files (index, key index, lengths: ``(path, bytes)`` relative to the root)."""
         final = join(self.root, rel)
         try:
             if self.local:
@@ -216,7 +234,7 @@ class ShardSink:
                 os.remove(tmp)
             raise
         self.written.append(final)
-        for path, data in ((index_path(rel), idx), (keys_path(rel), keys)):
+        for path, data in side:
             write_atomic(self.fs, join(self.root, path), data)
             self.written.append(join(self.root, path))
 

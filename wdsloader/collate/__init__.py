@@ -3,6 +3,7 @@
 from wdsloader.collate.batch import IGNORE_INDEX, CollateFn
 from wdsloader.collate.causal_lm import CausalLMCollator
 from wdsloader.collate.default import DefaultCollator
+from wdsloader.collate.packed import PackedCollator
 from wdsloader.collate.registry import CollatorInfo, CollatorRegistry
 from wdsloader.collate.task import TaskSpec
 from wdsloader.collate.text import TextCollator
@@ -16,6 +17,7 @@ __all__ = [
     "CollatorInfo",
     "CollatorRegistry",
     "DefaultCollator",
+    "PackedCollator",
     "TaskSpec",
     "TextCollator",
     "VisionCollator",

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from wdsloader.collate.batch import CollateFn
 from wdsloader.collate.causal_lm import CausalLMCollator
 from wdsloader.collate.default import DefaultCollator
+from wdsloader.collate.packed import PackedCollator
 from wdsloader.collate.text import TextCollator
 from wdsloader.collate.vision import VisionCollator
 
@@ -57,6 +58,13 @@ BUILTINS: tuple[tuple[str, str, str, Factory], ...] = (
         "pre-packed token chunks: input_ids = tokens[:-1], labels = tokens[1:], optional padding",
         CausalLMCollator,
     ),
+    (
+        "packed",
+        ANY,
+        "documents packed into rows of max_tokens: input_ids, position_ids restarting per "
+        "document, document_ids, cu_seqlens, labels with -100 across document boundaries",
+        PackedCollator,
+    ),
 )
 
 
@@ -84,7 +92,8 @@ class CollatorRegistry:
     ``CollatorRegistry.get_instance()`` is the process-wide registry that
     ``create_loader(collate_fn="name")`` and the training API use; ``CollatorRegistry()`` makes
     an independent one (with the built-ins unless ``builtins=False``). Built-ins, in lookup
-    order: ``default`` (any), ``text`` (text), ``vision`` (vision), ``causal_lm`` (text).
+    order: ``default`` (any), ``text`` (text), ``vision`` (vision), ``causal_lm`` (text),
+    ``packed`` (any: by name only).
     """
 
     _instance: ClassVar[CollatorRegistry | None] = None

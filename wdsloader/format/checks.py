@@ -231,3 +231,21 @@ def path_problem(path: Any) -> str | None:
         if segment in ("", ".", ".."):
             return f"{'an empty' if not segment else repr(segment)} path segment is refused"
     return "refused"  # unreachable: every character the pattern refuses is named above
+
+
+def check_grouped(grouped: Any, ext: Any, encoding: Any, where: str) -> None:
+    """A field's ``grouped`` flag: None or a bool, and a grouped field reads from a ``.json``
+    member of small values of the encodings that can be grouped."""
+    if grouped is None or grouped is False:
+        return
+    if grouped is not True:
+        raise InvalidField(f"{where}.grouped: expected true, false or null, got {grouped!r}")
+    if not (isinstance(ext, str) and ext.endswith(".json")) or encoding not in GROUPABLE:
+        raise InvalidField(
+            f"{where}.grouped: a grouped field reads from a .json member (ext {ext!r}) and is "
+            f"of an encoding in {GROUPABLE} (got {encoding!r})"
+        )
+
+
+GROUPABLE = ("cls", "json", "txt")
+"""The encodings whose values may be grouped into one JSON member."""

@@ -16,6 +16,7 @@ from wdsloader.format.checks import (
     check_array_dtype,
     check_count,
     check_depth,
+    check_grouped,
     check_keys,
     check_layout,
     check_list,
@@ -118,6 +119,9 @@ class ShardInfo:
     keys_path: str | None = None
     """The shard's key index (:mod:`wdsloader.format.keyindex`), when it has one: a sample is
     found by key without reading the shard."""
+    lengths_path: str | None = None
+    """Its samples' lengths of the declared field (:mod:`wdsloader.format.lengths`), when the
+    build recorded them."""
 
 
 @dataclass(slots=True, kw_only=True)
@@ -279,7 +283,7 @@ class Manifest:
         """
         for name, split in self.splits.items():
             for i, shard in enumerate(split.shards):
-                for key in ("path", "idx_path", "keys_path"):
+                for key in ("path", "idx_path", "keys_path", "lengths_path"):
                     value = getattr(shard, key)
                     if value is not None:
                         _check_path(value, f"splits.{name}.shards[{i}].{key}", source)
@@ -343,27 +347,9 @@ def _major(version: str) -> int:
     return int(version.split(".")[0])
 
 
-def check_grouped(grouped: Any, ext: Any, encoding: Any, where: str) -> None:
-    """A field's ``grouped`` flag: None or a bool, and a grouped field reads from a ``.json``
-    member of small values of the encodings that can be grouped."""
-    if grouped is None or grouped is False:
-        return
-    if grouped is not True:
-        raise InvalidField(f"{where}.grouped: expected true, false or null, got {grouped!r}")
-    if not (isinstance(ext, str) and ext.endswith(".json")) or encoding not in GROUPABLE:
-        raise InvalidField(
-            f"{where}.grouped: a grouped field reads from a .json member (ext {ext!r}) and is "
-            f"of an encoding in {GROUPABLE} (got {encoding!r})"
-        )
-
-
-GROUPABLE = ("cls", "json", "txt")
-"""The encodings whose values may be grouped into one JSON member."""
-
-
 _SPEC_KEYS = {"ext", "encoding", "dtype", "shape", "range", "grouped", "optional"}
 _SHARD_REQUIRED = {"path", "idx_path", "num_samples", "num_bytes"}
-_SHARD_KEYS = _SHARD_REQUIRED | {"sha256", "layout", "compression", "keys_path"}
+_SHARD_KEYS = _SHARD_REQUIRED | {"sha256", "layout", "compression", "keys_path", "lengths_path"}
 
 
 def _check_spec_values(
@@ -399,7 +385,7 @@ def _shard_info(shard: Any, split: str, i: int) -> ShardInfo:
     # list millions of shards
     try:
         check_keys(check_obj(shard, ""), "", _SHARD_REQUIRED, _SHARD_KEYS)
-        for key in ("path", "idx_path", "keys_path"):
+        for key in ("path", "idx_path", "keys_path", "lengths_path"):
             problem = None if key not in shard else path_problem(shard[key])
             if problem is not None:
                 raise InvalidField(_path_message(shard[key], f".{key}", problem))

@@ -1,0 +1,112 @@
+"""The lengths of a shard's samples: one ``uint32`` per sample, in order, the length of the
+field the build declared (``samples=SampleOptions(lengths="input_ids")``), so that a plan can pack
+sequences or count tokens without reading a sample.
+
+Bytes: little-endian ``uint32``, one per sample, in a hidden file beside the shard
+(``a/b/.X.tar.wdslen``, :func:`lengths_path`), listed as ``ShardInfo.lengths_path``; the field
+they measure is ``manifest.build["lengths_field"]`` (:data:`LENGTHS_FIELD`). A sample's length
+is that of the first dimension of its array or list, or of its str (characters) or bytes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any, Protocol
+
+import numpy as np
+import numpy.typing as npt
+
+from wdsloader.errors import ShardFormatError
+
+LENGTHS_SUFFIX = ".wdslen"
+LENGTH_DTYPE = np.dtype("<u4")
+LENGTHS_FIELD = "lengths_field"  # the manifest.build entry naming the measured field
+MAX_LENGTH = (1 << 32) - 1
+
+
+class _ShardPaths(Protocol):
+    path: str
+    num_samples: int
+    lengths_path: str | None
+
+
+def lengths_path(shard_path: str) -> str:
+    """Path of the lengths beside a shard: ``a/b/X.tar`` -> ``a/b/.X.tar.wdslen``."""
+    head, sep, name = shard_path.rpartition("/")
+    return f"{head}{sep}.{name}{LENGTHS_SUFFIX}"
+
+
+def sample_length(value: Any, *, key: str, field: str) -> int:
+    """The length of one sample's ``field`` (see the module's text), or a ValueError naming the
+    sample's key and the field."""
+    where = f"sample {key!r}: lengths field {field!r}"
+    if isinstance(value, str | bytes | bytearray | memoryview):
+        n = len(value)
+    elif isinstance(value, np.ndarray) or hasattr(value, "shape"):
+        shape = tuple(value.shape)
+        if not shape:
+            raise ValueError(f"{where} is a 0-d array: it has no length")
+        n = int(shape[0])
+    elif isinstance(value, Sequence):
+        n = len(value)
+    else:
+        raise ValueError(
+            f"{where} is a {type(value).__qualname__}: lengths are of arrays, lists, str or bytes"
+        )
+    if n > MAX_LENGTH:
+        raise ValueError(f"{where} has length {n}, more than the {MAX_LENGTH} a uint32 holds")
+    return n
+
+
+def field_length(sample: Mapping[str, Any], *, key: str, field: str) -> int:
+    """:func:`sample_length` of ``sample[field]``; a sample without the field is a ValueError."""
+    if field not in sample:
+        raise ValueError(
+            f"sample {key!r} has no field {field!r} (the lengths field); it has {sorted(sample)}"
+        )
+    return sample_length(sample[field], key=key, field=field)
+
+
+def encode_lengths(lengths: Sequence[int]) -> bytes:
+    """The bytes of a shard's lengths file."""
+    return np.asarray(lengths, dtype=LENGTH_DTYPE).tobytes()
+
+
+def decode_lengths(
+    data: bytes, num_samples: int, *, source: str = "<lengths>"
+) -> npt.NDArray[np.uint32]:
+    """The lengths a lengths file holds (checked: one per sample)."""
+    if len(data) != num_samples * LENGTH_DTYPE.itemsize:
+        raise ShardFormatError(
+            f"{source}: {len(data)} bytes, expected {num_samples} lengths of "
+            f"{LENGTH_DTYPE.itemsize} bytes (one per sample of the shard)"
+        )
+    return np.frombuffer(data, dtype=LENGTH_DTYPE).astype(np.uint32)
+
+
+def read_lengths(fs: Any, root: str, shard: _ShardPaths) -> npt.NDArray[np.uint32]:
+    """The lengths of ``shard``'s samples, read through ``fs`` (an fsspec filesystem: its
+    ``cat_file``) under the dataset ``root``; a ShardFormatError naming the shard when it has
+    none or its file is missing or of the wrong size."""
+    if shard.lengths_path is None:
+        raise ShardFormatError(
+            f"shard {shard.path}: no lengths in the manifest (build with "
+            "samples=SampleOptions(lengths=FIELD) to record them)"
+        )
+    path = f"{root.rstrip('/')}/{shard.lengths_path}"
+    try:
+        data = fs.cat_file(path)
+    except FileNotFoundError:
+        raise ShardFormatError(
+            f"shard {shard.path}: its lengths file {shard.lengths_path} is missing"
+        ) from None
+    return decode_lengths(
+        data, shard.num_samples, source=f"shard {shard.path}: lengths {shard.lengths_path}"
+    )
+
+
+def read_split_lengths(fs: Any, root: str, shards: Sequence[_ShardPaths]) -> npt.NDArray[np.uint32]:
+    """The lengths of a split's samples indexed by global sample id (the shards' lengths
+    concatenated in manifest order), as a plan reads them."""
+    parts = [read_lengths(fs, root, shard) for shard in shards]
+    return np.concatenate(parts) if parts else np.zeros(0, np.uint32)

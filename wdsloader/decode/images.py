@@ -33,7 +33,7 @@ _SIMPLE_COLORS = {"YCbCr": "RGB", "RGB": "RGB", "Gray": "GRAY"}  # JPEG colour s
 def _simplejpeg() -> Any:
     """The simplejpeg module, or None when it is not installed."""
     try:
-        import simplejpeg  # type: ignore[import-not-found,unused-ignore]
+        import simplejpeg
     except ImportError:
         return None
     return simplejpeg

@@ -100,11 +100,13 @@ def test_every_registered_collator_pickles():
     rows = [{"__key__": f"k{i}", "tokens": np.arange(i, i + 4), "x": float(i)} for i in range(3)]
     images = [{"pixel_values": np.full((8, 8, 3), i, np.uint8), "labels": i} for i in range(3)]
     texts = [{"__key__": f"k{i}", "text": words(3 + i, seed=i)} for i in range(3)]
+    docs = [{"input_ids": np.arange(3 + i)} for i in range(3)]
     cases = {  # name -> (options, samples): every registered collator needs a case
         "default": ({}, rows),
         "causal_lm": ({}, rows),
         "vision": ({}, images),
         "text": ({"tokenizer": tiny_tokenizer()}, texts),
+        "packed": ({"max_tokens": 8}, docs),
     }
     registry = CollatorRegistry.get_instance()
     assert {i.name for i in registry.list_collators()} == set(cases)

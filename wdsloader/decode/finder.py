@@ -46,8 +46,8 @@ class MemberFinder:
         self.wanted = {decoder.field_decoder(f)[0] for f in others}
         # per shard: its walk group (shards whose samples start the walk alike)
         self.walk_group = walk_groups(shards, parse_from)
-        # per walk group: the headers the last walk over its variable members passed
-        self.walks: dict[int, WalkSteps] = {}
+        # per whole-batch start offset or walk group: the headers its last walk passed
+        self.walks: dict[tuple[str, int], WalkSteps] = {}
 
     def find(
         self,
@@ -62,24 +62,35 @@ class MemberFinder:
         if any): ``{ext: (data positions, sizes)}`` from a walk, else a list of each sample's
         parsed members, else why the batch does not parse."""
         groups = self.walk_group[raw.shard]
-        if not len(groups) or (groups == groups[0]).all():
-            walked = self._walk(raw, KeyNames(keys, names, ends), block, np.arange(len(raw)))
-        else:
+        starts = self.parse_from[raw.shard]
+        walked = None
+        if not len(groups) or (starts == starts[0]).all():
+            # one walk when every sample starts it at the same offset (layouts that differ
+            # only past that point walk alike); the steps kept per start offset
+            key = ("batch", int(starts[0]) if len(starts) else 0)
+            rows = np.arange(len(raw))
+            walked = self._walk(raw, KeyNames(keys, names, ends), block, rows, key)
+        if walked is None and len(groups) and not (groups == groups[0]).all():
             walked = self._walk_groups(raw, keys, names, ends, groups)
         if walked is None:
             return parse_members(raw, keys, self.parse_from[raw.shard], self.sources)
         return walked
 
     def _walk(
-        self, raw: RawBatch, names: KeyNames, block: np.ndarray | None, rows: np.ndarray
+        self,
+        raw: RawBatch,
+        names: KeyNames,
+        block: np.ndarray | None,
+        rows: np.ndarray,
+        group: tuple[str, int],
     ) -> Walked | None:
-        """The members of the samples ``rows`` (all of one walk group) found in one walk: in
-        one pass where an earlier walk of the group left its steps, else step by step."""
+        """The members of the samples ``rows`` (of one start offset, or of one walk group:
+        ``group`` keys the steps kept) found in one walk: in one pass where an earlier walk of
+        the same key left its steps, else step by step."""
         assert raw.buf is not None
         shards = raw.shard[rows]
         parse_from = self.parse_from[shards]
         starts, stops = raw.start[rows] + parse_from, raw.stop[rows]
-        group = int(self.walk_group[shards[0]])
         steps = self.walks.get(group)
         if steps is not None:
             members = walk_steps(raw.buf, starts, stops, names, steps)
@@ -115,7 +126,7 @@ class MemberFinder:
         for group in np.unique(groups).tolist():
             rows = np.flatnonzero(groups == group)
             key_names = KeyNames([keys[j] for j in rows.tolist()], names[rows], ends[rows])
-            found = self._walk(raw, key_names, None, rows)
+            found = self._walk(raw, key_names, None, rows, ("group", int(group)))
             if found is None:
                 return None
             walks.append((rows, found))

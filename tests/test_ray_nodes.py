@@ -100,5 +100,7 @@ def test_a_node_killed_mid_build_loses_and_doubles_nothing_on_s3(tmp_path, s3_bu
     second = {int(i) for node, i in runs if node != head_id}
     head = {int(i) for node, i in runs if node == head_id}
     assert second  # the second node was mapping a block when it was killed
-    assert (second & head) - {0}  # and that block was done again on the head (item 0: the
-    # driver maps it too, for the schema)
+    # A block it had not finished is done again on the head (``second & head`` beyond item 0,
+    # which the driver maps too, for the schema); the kill can also land just after its block
+    # finished, so that is not asserted: the exact output above is what must hold either way.
+    assert head

@@ -4,6 +4,8 @@ blocks and packed remainders, the shards' bytes unchanged, clear errors naming t
 
 from __future__ import annotations
 
+import hashlib
+import json
 import tarfile
 from pathlib import Path
 
@@ -157,3 +159,25 @@ def test_a_manifest_keeps_lengths_path_and_refuses_one_outside_the_root(tmp_path
     d["splits"]["train"]["shards"][0]["lengths_path"] = "../x.wdslen"
     with pytest.raises(ManifestError, match=r"train.shards\[0\].lengths_path: shard path"):
         Manifest.from_dict(d)
+
+
+def test_the_manifest_holds_each_lengths_files_sha256_and_a_tampered_file_is_refused(tmp_path):
+    out = tmp_path / "ds"
+    build_shards(_samples(40), out, samples=SampleOptions(lengths="input_ids"))
+    shard = Manifest.load(str(out)).split("train").shards[0]
+    lengths = out / shard.lengths_path
+    data = lengths.read_bytes()
+    assert shard.lengths_sha256 == hashlib.sha256(data).hexdigest()
+    raw = json.loads((out / "manifest.json").read_text())
+    assert raw["splits"]["train"]["shards"][0]["lengths_sha256"] == shard.lengths_sha256
+    tampered = bytearray(data)
+    tampered[4] ^= 1  # the second sample's length, the size unchanged
+    lengths.write_bytes(bytes(tampered))
+    with pytest.raises(ShardFormatError) as err:
+        read_lengths(FS, str(out), shard)
+    got = hashlib.sha256(bytes(tampered)).hexdigest()
+    assert str(err.value) == (
+        f"shard {shard.path}: lengths {shard.lengths_path}: sha256 {got} differs from the "
+        f"manifest's {shard.lengths_sha256} (the file was changed or damaged after the build; "
+        "rebuild it with `build-shards adopt --lengths FIELD`)"
+    )

@@ -243,7 +243,7 @@ class Manifest:
         try:
             return cls._parse(data, version)  # type: ignore[arg-type]
         except InvalidField as exc:
-            raise ManifestError(f"{source}: {exc}{newer_hint(version)}") from None
+            raise ManifestError(f"{source}: {exc}{newer_hint(version)}") from None  # type: ignore[arg-type]
 
     @classmethod
     def _parse(cls, data: dict[str, Any], version: str) -> Manifest:

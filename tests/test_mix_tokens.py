@@ -313,3 +313,22 @@ def test_a_source_without_lengths_is_refused_naming_it_and_adopt(token_data):
         f"`build-shards adopt {token_data / 'plain'} --lengths FIELD` (or build with "
         "SampleOptions(lengths=FIELD))"
     )
+
+
+def test_a_token_mix_spec_pickles_to_workers_and_plans_the_same():
+    import pickle
+
+    lengths = (np.arange(1, 41, dtype=np.uint32), np.full(25, 9, np.uint32))
+    spec = MixSpec(
+        sources=(MixSource("x/a", weight=2.0), MixSource("x/b", weight=1.0)), sizes=(40, 25),
+        shards=(1, 1), unit="tokens", epoch_tokens=600, lengths=lengths,
+    )  # fmt: skip
+    me = spec.epoch(3, seed=4, block=2)
+    copy = pickle.loads(pickle.dumps(spec))
+    assert copy.epoch(3, seed=4, block=2) == me
+    assert copy.fingerprint() == spec.fingerprint()
+    other = MixSpec(
+        sources=spec.sources, sizes=(40, 25), shards=(1, 1), unit="tokens", epoch_tokens=600,
+        lengths=(lengths[0], np.full(25, 8, np.uint32)),
+    )  # fmt: skip
+    assert other.fingerprint() != spec.fingerprint()  # a state over other lengths is refused

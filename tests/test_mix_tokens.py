@@ -332,3 +332,26 @@ def test_a_token_mix_spec_pickles_to_workers_and_plans_the_same():
         lengths=(lengths[0], np.full(25, 8, np.uint32)),
     )  # fmt: skip
     assert other.fingerprint() != spec.fingerprint()  # a state over other lengths is refused
+
+
+def test_a_changed_lengths_file_is_refused_naming_the_source_shard_and_file(token_data, tmp_path):
+    import shutil
+
+    from wdsloader.errors import ShardFormatError
+    from wdsloader.format import Manifest
+
+    short = tmp_path / "short"
+    shutil.copytree(token_data / "short", short)
+    shard = Manifest.load(str(short)).split("train").shards[1]
+    path = short / shard.lengths_path
+    data = bytearray(path.read_bytes())
+    data[0] ^= 1
+    path.write_bytes(bytes(data))
+    mix = Mix([MixSource(short, weight=1.0), MixSource(token_data / "long", weight=1.0)],
+              unit="tokens")  # fmt: skip
+    with pytest.raises(ShardFormatError) as err:
+        create_loader(mix, "train", 4)
+    assert str(err.value).startswith(
+        f"source 'short': shard {shard.path}: lengths {shard.lengths_path}: sha256 "
+    )
+    assert "differs from the manifest's" in str(err.value)

@@ -12,12 +12,15 @@ import os
 import re
 import shutil
 
+import fsspec
 import pytest
 import torch
 
 import build_shards.text as text_builder
 from build_shards.errors import BuildError
 from tests.tokenizers_util import BOS, EOS, ids_of, tiny_hf_tokenizer, tiny_tokenizer, words
+from wdsloader.format import Manifest
+from wdsloader.format.lengths import read_split_lengths
 from wdsloader.training import create_dataloaders
 
 SEQ = 8
@@ -79,6 +82,15 @@ def test_batches_windows_and_order(corpus, tmp_path):
     assert len(got_train) == len(expected_train) // 4 * 4  # drop_last
     assert got_train != expected_train[: len(got_train)]  # shuffled
     assert {tuple(r) for r in got_train} <= {tuple(r) for r in expected_train}
+    # the token shards record every window's length (token-weighted mixing reads them)
+    manifests = sorted((tmp_path / "c").rglob("manifest.json"))
+    assert len(manifests) == 2
+    for path in manifests:
+        m = Manifest.load(str(path.parent))
+        assert m.build["lengths_field"] == "tokens"
+        for split in m.splits.values():
+            lengths = read_split_lengths(fsspec.filesystem("file"), str(path.parent), split.shards)
+            assert lengths.tolist() == [SEQ + 1] * split.num_samples
 
 
 def test_cache_hit_builds_nothing_and_changes_rebuild(corpus, tmp_path, monkeypatch):

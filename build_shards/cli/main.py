@@ -236,6 +236,7 @@ def _adopt_command(args: argparse.Namespace) -> int:
             strict=not args.non_strict,
             workers=args.workers,
             progress=bar,
+            lengths=args.lengths,
         )
     finally:
         bar.close()

@@ -72,7 +72,8 @@ def build_text_shards(
     declared (``tokens``: npy, the token dtype, shape ``[seq_length + 1]``), the loader default
     collator is ``causal_lm``, and ``manifest.build["text"]`` records the packing (tokenizer,
     seq_length, stride, separators, documents, tokens, chunks, dropped tail; plus the entries of
-    ``record``, e.g. a cache's key) in the one manifest written. Other keyword arguments are
+    ``record``, e.g. a cache's key) in the one manifest written; each chunk's length of
+    ``tokens`` is recorded beside its shard (``lengths_path``). Other keyword arguments are
     those of :func:`build_shards.build_shards` (splits, ``shards=ShardOptions(...)``, workers,
     overwrite, storage_options, progress ...). No document or too few tokens for one chunk raises
     :class:`BuildError` before anything is written.
@@ -120,10 +121,12 @@ def build_text_shards(
         "add_special_tokens": add_special_tokens,
         **dict(record or {}),
     }
+    # every chunk's length recorded (wdsloader.format.lengths), for token-weighted mixing
+    samples = replace(options.samples, lengths=options.samples.lengths or "tokens")
     return run_build(
         itertools.chain([first], chunks),
         output,
-        replace(options, schema=schema, defaults=defaults),
+        replace(options, schema=schema, defaults=defaults, samples=samples),
         build_record=_TextRecord(text, stats),
     )
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import time
@@ -26,7 +27,7 @@ from wdsloader.stream.config import (
     resolve_config,
 )
 from wdsloader.stream.dataset import ShardStreamDataset
-from wdsloader.stream.inputs import open_dataset
+from wdsloader.stream.inputs import open_dataset, read_source_lengths
 from wdsloader.stream.loader_options import LoaderOptions, loader_options
 from wdsloader.stream.options import (
     DecodeOptions,
@@ -407,4 +408,5 @@ def open_source(
         list(options.mix.sources), options.split, options.decode.fields,
         options.mix.spec_options(),
         lambda url: open_dataset(url, read, check, options.split),
+        functools.partial(read_source_lengths, read),
     )  # fmt: skip

@@ -184,8 +184,18 @@ def test_errors_name_the_field_and_the_shard(data, tmp_path) -> None:
         match=r"shard train/train-00000-000\.tar: sample #0 has 71 tokens of 'input_ids'",
     ):
         _loader(data, packing=Packing(max_tokens=MAX_TOKENS, too_long="error"))
-    with pytest.raises(ValueError, match="collate_fn='default_collate'"):
-        _loader(data, collate_fn="default_collate")
+    with pytest.raises(ValueError, match="collate_fn='default' would be unused"):
+        _loader(data, collate_fn="default")
+
+
+def test_collate_options_reach_the_packed_collator(data) -> None:
+    from wdsloader import DecodeOptions
+
+    decode = DecodeOptions(collate_options={"pad_id": 7, "labels": False})
+    batch = next(iter(_loader(data, decode=decode)))
+    assert "labels" not in batch
+    assert torch.all(batch["input_ids"][batch["document_ids"] < 0] == 7)
+    assert bool((batch["document_ids"] < 0).any())
 
 
 # ----------------------------------------------------------------------- the torchrun script

@@ -390,7 +390,7 @@ def create_loader(
     )
     if options.packing is not None:
         assert isinstance(store, ShardStore)  # packing refuses a mix
-        config = packed_config(config, options.packing, manifest, store)
+        config = packed_config(config, options.packing, manifest, store, options.collate_fn)
     loader = build_loader(config, build_dataset(config, manifest, store))
     shown = store.redact(root) if mix is None else "+".join(mix.names)
     log.info(

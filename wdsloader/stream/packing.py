@@ -32,10 +32,12 @@ def packing_fingerprint(planner: plan.PackPlanner) -> str:
     return f"max_tokens={p.max_tokens},field={p.field},window={p.window},too_long={p.too_long},lengths={digest}"
 
 
-def _check(config: LoaderConfig, packing: Packing, manifest: Manifest, where: str) -> None:
-    if config.collate != "packed" and (config.collate != "default" or config.collate_options):
+def _check(
+    config: LoaderConfig, packing: Packing, manifest: Manifest, where: str, collate_fn: object
+) -> None:
+    if collate_fn is not None and collate_fn != "packed":
         raise ValueError(
-            f"packing= collates with the 'packed' collator; collate_fn={config.collate!r} would "
+            f"packing= collates with the 'packed' collator; collate_fn={collate_fn!r} would "
             "be unused (pass collate_fn=None or 'packed'; its pad_id and labels go in "
             "DecodeOptions(collate_options=...))"
         )
@@ -75,13 +77,18 @@ def _too_long(lengths: np.ndarray, packing: Packing, manifest: Manifest, split: 
 
 
 def packed_config(
-    config: LoaderConfig, packing: Packing, manifest: Manifest, store: ShardStore
+    config: LoaderConfig,
+    packing: Packing,
+    manifest: Manifest,
+    store: ShardStore,
+    collate_fn: object = None,
 ) -> LoaderConfig:
     """``config`` planning packed rows: the split's lengths read (not its samples), checked
     (the manifest records ``packing.field``'s lengths; none too long with
-    ``too_long="error"``), and the ``packed`` collator made with ``packing``'s options."""
+    ``too_long="error"``; ``collate_fn``, the one the user gave, None or ``"packed"``), and
+    the ``packed`` collator made with ``packing``'s options."""
     where = f"dataset {store.redact(store.root)}"
-    _check(config, packing, manifest, where)
+    _check(config, packing, manifest, where, collate_fn)
     fs, root = url_to_fs(store.root, store.options.storage_options_for(store.root))
     shards = manifest.split(config.split).shards
     lengths = read_split_lengths(fs, root, shards)

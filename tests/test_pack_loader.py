@@ -33,10 +33,12 @@ def _tokens(i: int) -> np.ndarray:
     return ((np.arange(_length(i)) * 7 + i) % 997 + 1).astype(np.int32)
 
 
-def _build(out: Path, lengths: str | None = "input_ids") -> None:
+def _build(out: Path, lengths: str | None = "input_ids", meta: bool = False) -> None:
     from build_shards import SampleOptions, ShardOptions, build_shards
 
     samples = [{"__key__": f"d{i:04d}", "input_ids": _tokens(i)} for i in range(N_DOCS)]
+    if meta:
+        samples = [{**s, "meta": {"doc": i}} for i, s in enumerate(samples)]
     build_shards(
         samples, out, splits={"train": 1.0}, shards=ShardOptions(max_count=40),
         samples=SampleOptions(lengths=lengths),
@@ -196,6 +198,29 @@ def test_collate_options_reach_the_packed_collator(data) -> None:
     assert "labels" not in batch
     assert torch.all(batch["input_ids"][batch["document_ids"] < 0] == 7)
     assert bool((batch["document_ids"] < 0).any())
+
+
+def test_skipped_documents_become_padding_and_batches_keep_their_shape(data, tmp_path) -> None:
+    from wdsloader import ErrorPolicy
+
+    root = tmp_path / "ds"
+    _build(root, meta=True)
+    bad = {3, 4, 50, 51, 52}
+    for shard in sorted((root / "train").glob("*.tar")):
+        raw = bytearray(shard.read_bytes())
+        for i in bad:
+            at = raw.find(b'{"doc":%d}' % i)
+            if at >= 0:
+                raw[at] ^= 0xFF  # its JSON no longer decodes; sizes and offsets stay
+        shard.write_bytes(bytes(raw))
+    loader = _loader(root, num_workers=2, drop_last=False, errors=ErrorPolicy(on_error="skip"))
+    n = len(loader)
+    batches = list(loader)
+    assert len(batches) == n and loader.stats["skipped_samples"] == len(bad)
+    docs = _docs(batches)
+    keys = _keys(data)  # the same documents in the same order, without the damage
+    assert {keys[d] for d in docs} == set(range(N_DOCS)) - bad
+    _assert_exactly_once(docs, {d: keys[d] for d in docs})
 
 
 # ----------------------------------------------------------------------- the torchrun script

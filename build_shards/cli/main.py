@@ -149,6 +149,7 @@ def _run_text(args: argparse.Namespace, options: dict[str, Any], progress: bool)
         tokenizer,
         seq_length=args.seq_length,
         stride=args.stride,
+        pack=args.pack,
         text_field=args.text_field,
         add_special_tokens=not args.no_separators,
         bos_id=args.bos_id,

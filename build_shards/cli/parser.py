@@ -268,6 +268,13 @@ def _text_command(sub: argparse._SubParsersAction[Any]) -> None:
     t.add_argument("--tokenizer", required=True, metavar="PATH", help="a tokenizer.json file")
     t.add_argument("--seq-length", type=_positive_int, required=True, metavar="L")
     t.add_argument("--stride", type=_positive_int, metavar="S", help="default: seq-length")
+    t.add_argument(
+        "--pack",
+        choices=("windows", "documents"),
+        default="windows",
+        help="windows: fixed chunks of seq-length + 1 tokens (default); documents: one sample "
+        "per document with its length recorded, for create_loader(packing=Packing(...))",
+    )
     t.add_argument("--text-field", default="text", metavar="FIELD", help="JSONL field (text)")
     t.add_argument("--bos-id", type=_int, metavar="ID", help="token put before each document")
     t.add_argument("--eos-id", type=_int, metavar="ID", help="token put after each document")

@@ -20,6 +20,7 @@ from wdsloader.format import Manifest
 if TYPE_CHECKING:
     from wdsloader.curriculum.curriculum import Curriculum
     from wdsloader.mix.spec import MixSpec
+    from wdsloader.plan.pack_plan import PackPlanner
     from wdsloader.stream.loader_options import LoaderOptions
 
 # Defaults that trade shuffle quality against read sizes (docs/loading.md: how samples are planned).
@@ -41,7 +42,8 @@ class LoaderConfig:
     ``fields`` are the decoded stored fields (None: all the samples hold); ``collate`` is a
     registered collator's name (made with ``collate_options``) or a callable;
     ``loader_kwargs`` go to torch's DataLoader; ``mix`` is the sample-level mix when the loader
-    reads several sources (``plan`` is then over their shards concatenated in source order).
+    reads several sources (``plan`` is then over their shards concatenated in source order);
+    ``packing`` plans packed rows instead of samples (``create_loader(packing=...)``).
     """
 
     split: str
@@ -59,6 +61,7 @@ class LoaderConfig:
     readahead_batches: int
     loader_kwargs: Mapping[str, Any]
     mix: MixSpec | None = None
+    packing: PackPlanner | None = None
 
 
 def default_span_window(

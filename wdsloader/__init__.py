@@ -68,7 +68,6 @@ _EXPORTS = {
     "get_val_dataloader_steps": "wdsloader.training",
     "profile_dataloader": "wdsloader.training",
     "create_dataloaders": "wdsloader.training",
-    "DataModuleProtocol": "wdsloader.training",
     "UniversalDataModule": "wdsloader.training",
 }
 
@@ -101,6 +100,7 @@ _MOVED = {
     "ShardFormatError": ("wdsloader.errors", "ShardFormatError"),
     "StorageSetupError": ("wdsloader.errors", "StorageSetupError"),
     "BatchValidationError": ("wdsloader.errors", "BatchValidationError"),
+    "DataModuleProtocol": ("wdsloader.training", "DataModuleProtocol"),
 }
 
 __getattr__, __dir__ = lazy_exports(__name__, _EXPORTS, _MOVED)
@@ -140,7 +140,6 @@ if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs
         Batch,
         DataLoaderConfig,
         DataLoaderFactory,
-        DataModuleProtocol,
         UniversalDataModule,
         create_dataloaders,
         create_optimized_dataloader,

@@ -87,8 +87,6 @@ def build_text_shards(
     """
     if pack not in ("windows", "documents"):
         raise ValueError(f'pack must be "windows" or "documents", got {pack!r}')
-    from build_shards.build import run_build
-
     options = _build_options(build_options)
     stride = check_lengths(seq_length, stride)
     if not isinstance(paths, str | os.PathLike):
@@ -104,6 +102,33 @@ def build_text_shards(
                   "add_special_tokens": add_special_tokens, "pack": pack, **dict(record or {})},
             add_special_tokens=add_special_tokens, dtype=dtype, bos_id=bos_id, eos_id=eos_id,
         )  # fmt: skip
+    return _build_windows(
+        documents, output, tokenizer, options, stats, paths, record,
+        seq_length=seq_length, stride=stride, text_field=text_field,
+        add_special_tokens=add_special_tokens, dtype=dtype, bos_id=bos_id, eos_id=eos_id,
+    )  # fmt: skip
+
+
+def _build_windows(
+    documents: Any,
+    output: PathArg,
+    tokenizer: Any,
+    options: BuildOptions,
+    stats: PackStats,
+    paths: Paths,
+    record: Mapping[str, Any] | None,
+    *,
+    seq_length: int,
+    stride: int,
+    text_field: str,
+    add_special_tokens: bool,
+    dtype: Any,
+    bos_id: int | None,
+    eos_id: int | None,
+) -> Manifest:
+    """The fixed windows of ``seq_length + 1`` tokens every ``stride`` as ``tokens.npy`` samples."""
+    from build_shards.build import run_build
+
     chunks = pack_tokens(
         documents,
         tokenizer,

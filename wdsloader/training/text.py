@@ -318,10 +318,7 @@ def create_dataloaders(
     predicted across a document boundary; mask attention with ``document_ids`` (block
     diagonal) or pass ``cu_seqlens`` to a varlen kernel. ``stride`` does not apply.
     """
-    if packing not in ("windows", "documents"):
-        raise ValueError(f'packing must be "windows" or "documents", got {packing!r}')
-    if packing == "documents" and stride is not None:
-        raise ValueError('stride cuts fixed windows: it does not apply to packing="documents"')
+    common = _loader_keywords(packing, stride, seq_length, num_workers, seed)
     if not isinstance(train_path, str | os.PathLike):
         train_path = list(train_path)  # read twice: fingerprint, then build
     if val_path is not None and not isinstance(val_path, str | os.PathLike):
@@ -333,16 +330,10 @@ def create_dataloaders(
         options["add_special_tokens"] = False  # its own encode decides the specials
     else:
         options.update(bos_id=bos_id, eos_id=eos_id)
-    from wdsloader.plan.packing import Packing
-    from wdsloader.stream.loader import create_loader
-    from wdsloader.stream.options import WorkerOptions
-
-    common: dict[str, Any] = {"num_workers": num_workers, "collate_fn": "causal_lm", "seed": seed}
     if packing == "documents":
         options["pack"] = packing
-        common.update(collate_fn=None, packing=Packing(max_tokens=seq_length, field="input_ids"))
-    if num_workers > 0:
-        common["workers"] = WorkerOptions(persistent_workers=True)
+    from wdsloader.stream.loader import create_loader
+
     train_root = _cached_shards(train_path, "train", tok, cache, options, rebuild)
     train = create_loader(train_root, "train", batch_size, shuffle=True, drop_last=True, **common)
     if val_path is None:
@@ -350,3 +341,22 @@ def create_dataloaders(
     val_root = _cached_shards(val_path, "val", tok, cache, options, rebuild)
     val = create_loader(val_root, "val", batch_size, shuffle=False, drop_last=False, **common)
     return train, val
+
+
+def _loader_keywords(
+    packing: str, stride: int | None, seq_length: int, num_workers: int, seed: int
+) -> dict[str, Any]:
+    """The create_loader keywords both loaders of :func:`create_dataloaders` share."""
+    if packing not in ("windows", "documents"):
+        raise ValueError(f'packing must be "windows" or "documents", got {packing!r}')
+    if packing == "documents" and stride is not None:
+        raise ValueError('stride cuts fixed windows: it does not apply to packing="documents"')
+    from wdsloader.plan.packing import Packing
+    from wdsloader.stream.options import WorkerOptions
+
+    common: dict[str, Any] = {"num_workers": num_workers, "collate_fn": "causal_lm", "seed": seed}
+    if packing == "documents":
+        common.update(collate_fn=None, packing=Packing(max_tokens=seq_length, field="input_ids"))
+    if num_workers > 0:
+        common["workers"] = WorkerOptions(persistent_workers=True)
+    return common

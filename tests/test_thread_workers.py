@@ -198,3 +198,23 @@ def test_worker_options_check_the_mode():
         WorkerOptions(mode="thread", multiprocessing_context="spawn")
     with pytest.raises(ValueError, match="mode='thread' needs num_workers > 0"):
         WorkerOptions(mode="thread").check(0)
+
+
+def test_threads_mix_sources_as_processes_do(tmp_path):
+    from wdsloader.mix import Mix, MixSource
+
+    for name, counts in {"a": [30], "b": [50, 70]}.items():
+        write_dataset(str(tmp_path / name), {"train": counts})
+    mix = Mix(
+        [MixSource(tmp_path / "a", samples=60), MixSource(tmp_path / "b", repeat=1)],
+        source_field="__source__",
+    )
+    got = {}
+    for mode in ("process", "thread"):
+        mixed = create_loader(
+            mix, "train", 8, num_workers=2, seed=4, workers=WorkerOptions(mode=mode)
+        )
+        batches = [(b["__source__"].tolist(), list(b["__key__"])) for b in mixed]
+        got[mode] = (batches, mixed.stats)
+    assert got["thread"] == got["process"]
+    assert got["thread"][1]["samples/a"] == 60

@@ -96,7 +96,7 @@ class ThreadWorkers:
 
     def __next__(self) -> Any:
         n = len(self._alive)
-        while any(self._alive):
+        while any(self._alive) and not self._stop.is_set():
             w, self._turn = self._turn, (self._turn + 1) % n
             if not self._alive[w]:
                 continue

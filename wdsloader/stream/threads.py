@@ -13,8 +13,10 @@ walks and resume counts on.
 
 from __future__ import annotations
 
+import atexit
 import copy
 import queue
+import sys
 import threading
 import weakref
 from collections.abc import Iterator
@@ -32,6 +34,15 @@ __all__ = ["ThreadWorkers", "start_threads", "worker_copy"]
 
 THREAD_NAME = "wdsloader-worker"
 _BATCH, _END, _ERROR = range(3)
+_LIVE: weakref.WeakSet[ThreadWorkers] = weakref.WeakSet()  # iterations not closed yet
+
+
+@atexit.register
+def _close_live() -> None:
+    """Stop the threads of iterations still open when the interpreter exits, while they can
+    still run: a daemon thread frozen later inside torch's C++ code aborts the process."""
+    for workers in list(_LIVE):
+        workers.close()
 
 
 def worker_copy(dataset: ShardStreamDataset) -> ShardStreamDataset:
@@ -79,6 +90,8 @@ class ThreadWorkers:
     ) -> None:
         self._dataset, self._copies, self._pin, self._done = dataset, copies, pin, done
         self._stop = threading.Event()
+        self._finalizing = sys.is_finalizing  # bound now: close may run at interpreter exit
+        _LIVE.add(self)
         self._queues: list[queue.Queue[tuple[int, Any]]] = [
             queue.Queue(maxsize=prefetch) for _ in copies
         ]
@@ -137,16 +150,16 @@ class ThreadWorkers:
             out.put((_ERROR, (wrapped, exc)))
 
     def close(self) -> None:
-        """Stop the threads (each finishes the batch it is making) and wait for them."""
-        if self._stop.is_set():
+        """Stop the threads (each finishes the batch it is making) and wait for them; nothing
+        at interpreter exit, where daemon threads end with the process (and may never run
+        again to be joined)."""
+        if self._stop.is_set() or self._finalizing():
             return
         self._stop.set()
-        for q in self._queues:  # a thread waiting to put a batch: room for it
-            while True:
-                try:
-                    q.get_nowait()
-                except queue.Empty:
-                    break
+        _LIVE.discard(self)
+        for q in self._queues:  # a thread waiting to put a batch: room for it (this is the
+            while not q.empty():  # only consumer: a queue that is not empty has an item)
+                q.get_nowait()
         for thread in self._threads:
             if thread is not threading.current_thread():
                 thread.join()

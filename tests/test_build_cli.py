@@ -385,6 +385,27 @@ def test_text_command(tmp_path, capsys, tokenizer_file):
     assert manifest.schema["tokens"].shape == [33]
 
 
+def test_text_command_pack_documents_feeds_a_packing_loader(tmp_path, capsys, tokenizer_file):
+    from tests.test_build_text import make_corpus
+    from wdsloader import Packing, create_loader
+
+    (tmp_path / "corpus.txt").write_text("\n\n".join(make_corpus(50)))
+    code, out, err = run_cli(
+        capsys, "text", tmp_path / "corpus.txt", "-o", tmp_path / "lm",
+        "--tokenizer", tokenizer_file, "--seq-length", "32", "--pack", "documents",
+    )  # fmt: skip
+    assert code == 0, err
+    assert summary_rows(out)["total"][1] == 50
+    manifest = Manifest.load(tmp_path / "lm")
+    assert manifest.build["lengths_field"] == "input_ids"
+    assert manifest.build["text"]["pack"] == "documents"
+    loader = create_loader(
+        str(tmp_path / "lm"), "train", 2, packing=Packing(max_tokens=32), drop_last=False
+    )
+    docs = {d for b in loader for d in b["document_ids"].flatten().tolist() if d >= 0}
+    assert docs == set(range(50))
+
+
 def test_text_command_errors(tmp_path, capsys, tokenizer_file):
     (tmp_path / "tiny.txt").write_text("alpha beta\n")
     code, _, err = run_cli(

@@ -62,7 +62,7 @@ def test_a_key_absent_or_null_in_some_rows_is_optional(tmp_path, group):
     assert m.schema["score"].optional and m.schema["score"].dtype == "float64"
     assert not m.schema["t"].optional
     doc = json.loads((tmp_path / "ds" / "manifest.json").read_text())
-    assert doc["version"] == "2.0" and doc["schema"]["label"]["optional"] is True
+    assert doc["version"] == "2.1" and doc["schema"]["label"]["optional"] is True
     _, data = read_dataset(tmp_path / "ds")
     if not group:  # the WebDataset convention: no member for a field the sample lacks
         assert sorted(data["train"]["b"]) == ["label.cls", "t.txt"]

@@ -4,6 +4,8 @@ blocks and packed remainders, the shards' bytes unchanged, clear errors naming t
 
 from __future__ import annotations
 
+import hashlib
+import json
 import tarfile
 from pathlib import Path
 
@@ -157,3 +159,89 @@ def test_a_manifest_keeps_lengths_path_and_refuses_one_outside_the_root(tmp_path
     d["splits"]["train"]["shards"][0]["lengths_path"] = "../x.wdslen"
     with pytest.raises(ManifestError, match=r"train.shards\[0\].lengths_path: shard path"):
         Manifest.from_dict(d)
+
+
+def test_the_manifest_holds_each_lengths_files_sha256_and_a_tampered_file_is_refused(tmp_path):
+    out = tmp_path / "ds"
+    build_shards(_samples(40), out, samples=SampleOptions(lengths="input_ids"))
+    shard = Manifest.load(str(out)).split("train").shards[0]
+    lengths = out / shard.lengths_path
+    data = lengths.read_bytes()
+    assert shard.lengths_sha256 == hashlib.sha256(data).hexdigest()
+    raw = json.loads((out / "manifest.json").read_text())
+    assert raw["splits"]["train"]["shards"][0]["lengths_sha256"] == shard.lengths_sha256
+    tampered = bytearray(data)
+    tampered[4] ^= 1  # the second sample's length, the size unchanged
+    lengths.write_bytes(bytes(tampered))
+    with pytest.raises(ShardFormatError) as err:
+        read_lengths(FS, str(out), shard)
+    got = hashlib.sha256(bytes(tampered)).hexdigest()
+    assert str(err.value) == (
+        f"shard {shard.path}: lengths {shard.lengths_path}: sha256 {got} differs from the "
+        f"manifest's {shard.lengths_sha256} (the file was changed or damaged after the build; "
+        "rebuild it with `build-shards adopt --lengths FIELD`)"
+    )
+
+
+# ------------------------------------------------------------------------ adopt --lengths
+
+
+def _write_wds(folder: Path, n: int) -> dict[str, tuple[int, int]]:
+    """Shards written by webdataset's ShardWriter with a variable-length ``.npy`` and text;
+    each key's (tokens length, text length)."""
+    wds = pytest.importorskip("webdataset")
+    folder.mkdir(parents=True)
+    truth = {}
+    with wds.ShardWriter(str(folder / "shard-%04d.tar"), maxcount=7, verbose=0) as w:
+        for i in range(n):
+            key = f"doc{i:04d}"
+            truth[key] = (_length(i), i % 11)
+            w.write({"__key__": key, "input_ids.npy": np.ones(_length(i), np.int32),
+                     "text.txt": "é" * (i % 11)})  # fmt: skip
+    return truth
+
+
+def test_adopt_lengths_on_webdataset_shards_records_each_samples_true_length(tmp_path):
+    from build_shards.adopt import adopt
+
+    root = tmp_path / "wds"
+    truth = _write_wds(root / "train", 30)
+    manifest = adopt(root, lengths="input_ids")
+    assert manifest.build["lengths_field"] == "input_ids"
+    shards = Manifest.load(str(root)).split("train").shards
+    assert len(shards) == 5 and all(s.lengths_sha256 for s in shards)
+    keys = [k for s in shards for k in _keys_in_order(root / s.path)]
+    assert read_split_lengths(FS, str(root), shards).tolist() == [truth[k][0] for k in keys]
+    # text: its characters; on a dataset with a manifest: the lengths only, nothing re-adopted
+    card = (root / "README.md").read_bytes()
+    again = adopt(root, lengths="text")
+    assert again.build["lengths_field"] == "text" and again.build["adopted"] is True
+    shards = Manifest.load(str(root)).split("train").shards
+    assert read_split_lengths(FS, str(root), shards).tolist() == [truth[k][1] for k in keys]
+    assert (root / "README.md").read_bytes() == card
+    with pytest.raises(FileExistsError):
+        adopt(root)
+
+
+@pytest.mark.parametrize("compression", [None, "gzip"])
+def test_adopt_lengths_adds_them_to_a_built_dataset_equal_to_a_build_that_recorded_them(
+    tmp_path, compression
+):
+    from build_shards.adopt import adopt
+    from build_shards.cli.main import main
+
+    plain, recorded = tmp_path / "plain", tmp_path / "recorded"
+    opts = dict(OPTS, shards=ShardOptions(max_count=16, block_size=50, compression=compression))
+    build_shards(_samples(120), plain, **opts)
+    build_shards(_samples(120), recorded, samples=SampleOptions(lengths="input_ids"), **opts)
+    before = Manifest.load(str(plain))
+    assert main(["adopt", str(plain), "--lengths", "input_ids", "--no-progress"]) == 0
+    after = Manifest.load(str(plain))
+    want = Manifest.load(str(recorded))
+    assert after.schema == before.schema and after.build["lengths_field"] == "input_ids"
+    for name in ("train", "val"):
+        for a, b in zip(after.split(name).shards, want.split(name).shards, strict=True):
+            assert (a.lengths_path, a.lengths_sha256) == (b.lengths_path, b.lengths_sha256)
+            assert (plain / a.lengths_path).read_bytes() == (recorded / b.lengths_path).read_bytes()
+    with pytest.raises(ValueError, match=r"no field 'tokens' to measure \(--lengths\); the fields"):
+        adopt(plain, lengths="tokens")

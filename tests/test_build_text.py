@@ -7,12 +7,14 @@ import json
 import logging
 import random
 
+import fsspec
 import numpy as np
 import pytest
 
 from build_shards.errors import BuildError
 from build_shards.text import PackStats, build_text_shards, iter_documents, pack_tokens
 from build_shards.text.tokens import document_separators
+from wdsloader.format.lengths import read_split_lengths
 
 tokenizers = pytest.importorskip("tokenizers")
 
@@ -312,6 +314,10 @@ def test_build_text_shards_end_to_end(tmp_path, tok):
     for i, chunk in enumerate(expected):
         arr = got[f"{i:010d}"]
         assert arr.dtype == np.uint16 and arr.tolist() == chunk
+    # every chunk's length recorded beside its shard, for token-weighted mixing
+    assert loaded.build["lengths_field"] == "tokens"
+    lengths = read_split_lengths(fsspec.filesystem("file"), str(out), loaded.split("train").shards)
+    assert lengths.tolist() == [17] * loaded.split("train").num_samples
 
 
 def test_build_text_shards_too_few_tokens_writes_nothing(tmp_path, tok):

@@ -86,10 +86,10 @@ def test_each_gzip_shard_is_the_plain_tar_compressed_and_the_index_finds_each_sa
 def test_manifest_declares_the_compression_and_a_version_older_readers_refuse(pair):
     base, plain, gz = pair
     raw = json.loads((base / "gz" / "manifest.json").read_text())
-    assert raw["version"] == "2.0" and raw["build"]["compression"] == "gzip"
+    assert raw["version"] == "2.1" and raw["build"]["compression"] == "gzip"
     assert {s["compression"] for s in raw["splits"]["train"]["shards"]} == {"gzip"}
     plain_raw = json.loads((base / "plain" / "manifest.json").read_text())
-    assert plain_raw["version"] == "1.0" and "compression" not in plain_raw["build"]
+    assert plain_raw["version"] == "1.1" and "compression" not in plain_raw["build"]
     assert all("compression" not in s for s in plain_raw["splits"]["train"]["shards"])
     raw["splits"]["train"]["shards"][0]["compression"] = "zstd"
     with pytest.raises(ManifestError, match=r"train.shards\[0\].compression: expected null or"):

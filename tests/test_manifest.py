@@ -420,3 +420,43 @@ def test_the_repr_is_short():
         "fields=['vec', 'steer_a', 'idx', 'meta'], dims={'D': 4})"
     )
     assert str(m) == text
+
+
+def test_side_files_raise_the_minor_version_and_a_newer_minor_says_upgrade():
+    """A manifest whose shards declare side files (key index, lengths and its checksum) is
+    written as 1.1 (2.1 when also extended): an older reader refuses it, and this one, given a
+    newer minor with a key it does not know, says the manifest is newer, not only the key."""
+    plain = Manifest.from_dict(copy.deepcopy(VALID))
+    assert plain.to_dict()["version"] == "1.0"
+
+    def side(doc):
+        shard = doc["splits"]["train"]["shards"][0]
+        shard["keys_path"] = "train/.shard-000000.tar.wdskeys"
+        shard["lengths_path"] = "train/.shard-000000.tar.wdslen"
+        shard["lengths_sha256"] = SHA
+
+    with_side = Manifest.from_dict(_with(side))
+    assert with_side.to_dict()["version"] == "1.1"
+    assert with_side.split("train").shards[0].lengths_sha256 == SHA
+    assert Manifest.from_dict(with_side.to_dict()).splits == with_side.splits
+    with_side.split("train").shards[0].compression = "gzip"
+    assert with_side.to_dict()["version"] == "2.1"
+
+    def newer(doc):
+        doc["version"] = "2.2"
+        doc["splits"]["train"]["shards"][0]["checksums_path"] = "train/.x"
+
+    with pytest.raises(ManifestError) as err:
+        Manifest.from_dict(_with(newer))
+    assert str(err.value).endswith(
+        "(format version 2.2 is newer than this wdsloader reads, 2.1: upgrade wdsloader to read it)"
+    )
+    assert "train.shards[0]: unknown key(s) 'checksums_path'" in str(err.value)
+
+    def same(doc):
+        doc["version"] = "2.1"
+        doc["splits"]["train"]["shards"][0]["checksums_path"] = "train/.x"
+
+    with pytest.raises(ManifestError) as err:
+        Manifest.from_dict(_with(same))
+    assert "newer" not in str(err.value) and "unknown key(s) 'checksums_path'" in str(err.value)

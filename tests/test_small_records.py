@@ -68,7 +68,7 @@ def test_small_scalars_are_grouped_and_declared_the_rest_kept(pair):
             assert spec == was, name  # a dict, a 600-byte string, an array: own members
     assert grouped.schema["label"].dtype == "int16"
     raw = json.loads(((pair[0] / "grouped") / "manifest.json").read_text())
-    assert raw["version"] == "2.0" and raw["schema"]["id"]["grouped"] is True
+    assert raw["version"] == "2.1" and raw["schema"]["id"]["grouped"] is True
     assert "grouped" not in raw["schema"]["meta"]
 
 

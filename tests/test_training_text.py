@@ -12,12 +12,15 @@ import os
 import re
 import shutil
 
+import fsspec
 import pytest
 import torch
 
 import build_shards.text as text_builder
 from build_shards.errors import BuildError
 from tests.tokenizers_util import BOS, EOS, ids_of, tiny_hf_tokenizer, tiny_tokenizer, words
+from wdsloader.format import Manifest
+from wdsloader.format.lengths import read_split_lengths
 from wdsloader.training import create_dataloaders
 
 SEQ = 8
@@ -79,6 +82,15 @@ def test_batches_windows_and_order(corpus, tmp_path):
     assert len(got_train) == len(expected_train) // 4 * 4  # drop_last
     assert got_train != expected_train[: len(got_train)]  # shuffled
     assert {tuple(r) for r in got_train} <= {tuple(r) for r in expected_train}
+    # the token shards record every window's length (token-weighted mixing reads them)
+    manifests = sorted((tmp_path / "c").rglob("manifest.json"))
+    assert len(manifests) == 2
+    for path in manifests:
+        m = Manifest.load(str(path.parent))
+        assert m.build["lengths_field"] == "tokens"
+        for split in m.splits.values():
+            lengths = read_split_lengths(fsspec.filesystem("file"), str(path.parent), split.shards)
+            assert lengths.tolist() == [SEQ + 1] * split.num_samples
 
 
 def test_cache_hit_builds_nothing_and_changes_rebuild(corpus, tmp_path, monkeypatch):
@@ -274,3 +286,38 @@ def test_a_broken_cache_advises_rebuild_which_create_dataloaders_accepts(
         train_path, None, tiny_tokenizer(), 4, SEQ, cache_dir=tmp_path / "c", rebuild=True
     )
     assert overwrites == [False, True] and len(rows(train)) > 0
+
+
+def test_packing_by_documents_keeps_every_document_whole_and_apart(tmp_path, corpus):
+    """packing="documents": every train document's tokens (with its separators) come once,
+    each in one row segment of its own (positions restart, labels -100 at its first token),
+    so no token attends to or is predicted from another document; fewer pad tokens than a
+    batch per document would hold."""
+    train, val, train_docs, val_docs = corpus
+    loader, val_loader = create_dataloaders(
+        train, val, tiny_tokenizer(), batch_size=2, seq_length=SEQ * 4,
+        cache_dir=tmp_path / "cache", packing="documents",
+    )  # fmt: skip
+    want = sorted(tuple([BOS, *ids_of(d), EOS]) for d in val_docs)
+    got, pad, total = [], 0, 0
+    for b in val_loader:  # in order, drop_last=False: every document (padding rows repeat)
+        ids, docs, pos, labels = b["input_ids"], b["document_ids"], b["position_ids"], b["labels"]
+        assert ids.shape == (2, SEQ * 4)
+        assert torch.all(labels[pos == 0] == -100) and torch.all(labels[docs < 0] == -100)
+        for r in range(ids.shape[0]):
+            for d in docs[r].unique().tolist():
+                if d >= 0:
+                    seg = ids[r][docs[r] == d]
+                    assert pos[r][docs[r] == d].tolist() == list(range(len(seg)))
+                    got.append(tuple(seg.tolist()))
+        pad += int((docs < 0).sum())
+        total += docs.numel()
+    assert sorted(set(got)) == sorted(set(want)) and len(set(got)) == len(want)
+    dropped_rows = loader.dropped  # drop_last: the rows that do not fill a batch are left out
+    seen = [tuple(sorted(set(row) - {-1})) for b in loader for row in b["document_ids"].tolist()]
+    docs_seen = [d for row in seen for d in row]
+    assert len(docs_seen) == len(set(docs_seen))  # no document in two rows (none longer)
+    assert len(docs_seen) <= len(train_docs) and (dropped_rows or len(docs_seen) == len(train_docs))
+    assert pad < total
+    with pytest.raises(ValueError, match="stride cuts fixed windows"):
+        create_dataloaders(train, None, tiny_tokenizer(), packing="documents", stride=3)

@@ -45,6 +45,7 @@ _EXPORTS = {
     "Mix": "wdsloader.mix",
     "ReadOptions": "wdsloader.io",
     "PlanOptions": "wdsloader.stream",
+    "Packing": "wdsloader.plan",
     "Topology": "wdsloader.stream",
     "WorkerOptions": "wdsloader.stream",
     "DecodeOptions": "wdsloader.stream",
@@ -123,6 +124,7 @@ if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs
         MultiDataLoaderConfig,
         SamplingStrategy,
     )
+    from wdsloader.plan import Packing
     from wdsloader.stream import (
         DecodeOptions,
         ErrorPolicy,

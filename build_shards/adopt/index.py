@@ -22,6 +22,7 @@ from typing import Any, NoReturn
 
 import numpy as np
 
+from build_shards.adopt.lengths import add_lengths, record_lengths
 from build_shards.adopt.scan import NpyInfo, ShardScan, merge_info, open_buffer, scan_all
 from build_shards.commit.card import write_card
 from wdsloader.errors import ManifestError, ShardFormatError
@@ -217,6 +218,7 @@ def adopt(
     strict: bool = True,
     workers: int = 1,
     progress: Callable[[int, int], None] | None = None,
+    lengths: str | None = None,
 ) -> Manifest:
     """Index the WebDataset tars under ``root`` (a folder or fsspec URL) and write a manifest.
 
@@ -240,9 +242,11 @@ def adopt(
     key or member and the byte offset. Nothing is written before every shard passed. Members
     that are no sample member (webdataset's metadata names ``__NAME__``, names without an
     extension, hidden names) are skipped and listed in ``manifest.build["skipped_members"]``.
-    An existing manifest without ``overwrite`` raises ``FileExistsError``. ``workers > 1``
-    scans local shards in processes (threads for remote filesystems). ``progress(done,
-    total)`` is called after each shard.
+    An existing manifest without ``overwrite`` raises ``FileExistsError``, unless ``lengths``
+    is given: then only the lengths are added (:func:`~build_shards.adopt.lengths.add_lengths`).
+    ``lengths`` (a field name) records each sample's length of that field beside its shard.
+    ``workers > 1`` scans local shards in processes (threads for remote filesystems).
+    ``progress(done, total)`` is called after each shard.
     """
     display = os.fspath(root).rstrip("/")
     fs, base = url_to_fs(root, storage_options)
@@ -250,7 +254,10 @@ def adopt(
         raise ValueError(f"workers must be >= 1, got {workers}")
     pattern = _compile_pattern(splits) if splits is not None else None
     with setup_errors_in_one_line(display, storage_options, fs=fs):  # adopt's first look
-        if fs.exists(join(base, MANIFEST_NAME)) and not overwrite:
+        exists = fs.exists(join(base, MANIFEST_NAME)) and not overwrite
+        if exists and lengths is not None:  # an indexed dataset: add its lengths only
+            return add_lengths(root, lengths, storage_options=storage_options)
+        if exists:
             raise FileExistsError(
                 f"{display}/{MANIFEST_NAME} already exists: pass overwrite=True (--overwrite) to "
                 "adopt again"
@@ -264,14 +271,7 @@ def adopt(
     full_paths = {rel: full for _, full, rel in jobs}
     for split, group in by_split.items():
         _check_duplicate_keys(fs, split, group, full_paths, display)
-
-    reference, ref_where, examples, n_odd = _heterogeneity(by_split)
-    if examples and strict:
-        _refuse_heterogeneous(display, examples[0], reference, ref_where, n_odd)
-    all_scans = [s for group in by_split.values() for s in group]
-    schema = infer_schema_from(reference or (), _merge_npy(all_scans)) if infer_schema else {}
-
-    manifest = _new_manifest(schema, pattern, empty, examples, n_odd)
+    manifest = _new_manifest(by_split, display, strict, infer_schema, pattern, empty)
     _record_skipped(manifest, scans, display)
     for split, group in by_split.items():
         manifest.splits[split] = _write_indexes(fs, base, group)
@@ -279,6 +279,8 @@ def adopt(
         manifest.check_paths()
     except ManifestError as exc:  # a shard path the manifest cannot hold (e.g. '..')
         raise ShardFormatError(str(exc)) from None
+    if lengths is not None:
+        record_lengths(fs, base, display, manifest, lengths)
     save_manifest(manifest, root, storage_options)
     write_card(fs, base, display, manifest, {rel: split for split, _, rel in jobs})
     logger.info(
@@ -288,14 +290,21 @@ def adopt(
 
 
 def _new_manifest(
-    schema: dict[str, FieldSpec],
+    by_split: dict[str, list[ShardScan]],
+    display: str,
+    strict: bool,
+    infer_schema: bool,
     pattern: re.Pattern[str] | None,
     empty: list[str],
-    examples: list[Any],
-    n_odd: int,
 ) -> Manifest:
     """The manifest of an adoption, before its splits: the schema and the ``build`` record (how
-    splits were found, the empty shards, the samples with other extensions)."""
+    splits were found, the empty shards, the samples with other extensions); samples with
+    other extensions refused when ``strict``."""
+    reference, ref_where, examples, n_odd = _heterogeneity(by_split)
+    if examples and strict:
+        _refuse_heterogeneous(display, examples[0], reference, ref_where, n_odd)
+    all_scans = [s for group in by_split.values() for s in group]
+    schema = infer_schema_from(reference or (), _merge_npy(all_scans)) if infer_schema else {}
     manifest = Manifest(
         schema=schema,
         build={

@@ -149,6 +149,7 @@ def _run_text(args: argparse.Namespace, options: dict[str, Any], progress: bool)
         tokenizer,
         seq_length=args.seq_length,
         stride=args.stride,
+        pack=args.pack,
         text_field=args.text_field,
         add_special_tokens=not args.no_separators,
         bos_id=args.bos_id,
@@ -236,6 +237,7 @@ def _adopt_command(args: argparse.Namespace) -> int:
             strict=not args.non_strict,
             workers=args.workers,
             progress=bar,
+            lengths=args.lengths,
         )
     finally:
         bar.close()

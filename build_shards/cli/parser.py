@@ -42,6 +42,7 @@ ADOPT_EXAMPLES = """\
   # index shards written by webdataset or GNU tar (writes hidden indexes and manifest.json)
   build-shards adopt ./shards                  # splits from folders: ./shards/train, ./shards/val
   build-shards adopt ./flat --split-pattern '(?P<split>train|val|test)-\\d+\\.tar'
+  build-shards adopt ./built --lengths input_ids # add lengths (packing, token mixing) to a dataset
 """
 STATUS = (
     "exit status: 0 on success, 2 on a user error (one line on stderr, nothing half-written), "
@@ -267,6 +268,13 @@ def _text_command(sub: argparse._SubParsersAction[Any]) -> None:
     t.add_argument("--tokenizer", required=True, metavar="PATH", help="a tokenizer.json file")
     t.add_argument("--seq-length", type=_positive_int, required=True, metavar="L")
     t.add_argument("--stride", type=_positive_int, metavar="S", help="default: seq-length")
+    t.add_argument(
+        "--pack",
+        choices=("windows", "documents"),
+        default="windows",
+        help="windows: fixed chunks of seq-length + 1 tokens (default); documents: one sample "
+        "per document with its length recorded, for create_loader(packing=Packing(...))",
+    )
     t.add_argument("--text-field", default="text", metavar="FIELD", help="JSONL field (text)")
     t.add_argument("--bos-id", type=_int, metavar="ID", help="token put before each document")
     t.add_argument("--eos-id", type=_int, metavar="ID", help="token put after each document")
@@ -295,5 +303,12 @@ def _adopt_command(sub: argparse._SubParsersAction[Any]) -> None:
     a.add_argument("--workers", type=_positive_int, default=1, metavar="N")
     a.add_argument(
         "--non-strict", action="store_true", help="record samples with other fields, not fail"
+    )
+    a.add_argument(
+        "--lengths",
+        metavar="FIELD",
+        help="record each sample's length of FIELD (first dimension / len) in .X.tar.wdslen "
+        "beside its shard, for packing and token-weighted mixing; on a dataset that already has "
+        "a manifest, adds only the lengths",
     )
     _common_options(a)

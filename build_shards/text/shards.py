@@ -64,6 +64,7 @@ def build_text_shards(
     eos_id: int | None = None,
     dtype: Any = None,
     record: Mapping[str, Any] | None = None,
+    pack: str = "windows",
     **build_options: Any,
 ) -> Manifest:
     """Tokenize JSONL/text files and write the packed chunks as shards (``tokens.npy`` each).
@@ -72,11 +73,20 @@ def build_text_shards(
     declared (``tokens``: npy, the token dtype, shape ``[seq_length + 1]``), the loader default
     collator is ``causal_lm``, and ``manifest.build["text"]`` records the packing (tokenizer,
     seq_length, stride, separators, documents, tokens, chunks, dropped tail; plus the entries of
-    ``record``, e.g. a cache's key) in the one manifest written. Other keyword arguments are
+    ``record``, e.g. a cache's key) in the one manifest written; each chunk's length of
+    ``tokens`` is recorded beside its shard (``lengths_path``). Other keyword arguments are
     those of :func:`build_shards.build_shards` (splits, ``shards=ShardOptions(...)``, workers,
     overwrite, storage_options, progress ...). No document or too few tokens for one chunk raises
     :class:`BuildError` before anything is written.
+
+    ``pack="documents"`` writes each document as one sample instead (``input_ids``: its ids
+    with the separators, any length), with its length recorded beside the shards
+    (``samples=SampleOptions(lengths="input_ids")``) for a loader that packs documents into
+    rows of ``seq_length`` tokens (``create_loader(packing=Packing(max_tokens=seq_length))``);
+    the default collator is then ``packed``.
     """
+    if pack not in ("windows", "documents"):
+        raise ValueError(f'pack must be "windows" or "documents", got {pack!r}')
     from build_shards.build import run_build
 
     options = _build_options(build_options)
@@ -87,6 +97,13 @@ def build_text_shards(
         tokenizer = load_tokenizer(tokenizer)
     stats = PackStats()
     documents = iter_documents(paths, text_field=text_field)
+    if pack == "documents":
+        return _build_documents(
+            documents, output, tokenizer, options, stats, paths,
+            text={"seq_length": seq_length, "stride": stride, "text_field": text_field,
+                  "add_special_tokens": add_special_tokens, "pack": pack, **dict(record or {})},
+            add_special_tokens=add_special_tokens, dtype=dtype, bos_id=bos_id, eos_id=eos_id,
+        )  # fmt: skip
     chunks = pack_tokens(
         documents,
         tokenizer,
@@ -120,10 +137,42 @@ def build_text_shards(
         "add_special_tokens": add_special_tokens,
         **dict(record or {}),
     }
+    # every chunk's length recorded (wdsloader.format.lengths), for token-weighted mixing
+    samples = replace(options.samples, lengths=options.samples.lengths or "tokens")
     return run_build(
         itertools.chain([first], chunks),
         output,
-        replace(options, schema=schema, defaults=defaults),
+        replace(options, schema=schema, defaults=defaults, samples=samples),
+        build_record=_TextRecord(text, stats),
+    )
+
+
+def _build_documents(
+    documents: Any,
+    output: PathArg,
+    tokenizer: Any,
+    options: BuildOptions,
+    stats: PackStats,
+    paths: Paths,
+    *,
+    text: dict[str, Any],
+    **encode: Any,
+) -> Manifest:
+    """The ``pack="documents"`` build: one sample per document, lengths recorded."""
+    from build_shards.build import run_build
+    from build_shards.text.documents import document_samples
+
+    samples = document_samples(documents, tokenizer, stats=stats, **encode)
+    first = next(samples, None)
+    if first is None:
+        raise BuildError(f"{_describe(paths)}: no documents found")
+    defaults = replace(options.defaults, collate=options.defaults.collate or "packed")
+    lengths = replace(options.samples, lengths=options.samples.lengths or "input_ids")
+    text = {"tokenizer": _tokenizer_info(tokenizer), **text}
+    return run_build(
+        itertools.chain([first], samples),
+        output,
+        replace(options, defaults=defaults, samples=lengths),
         build_record=_TextRecord(text, stats),
     )
 

@@ -149,6 +149,7 @@ def shard_info_dict(info: ShardInfo) -> dict[str, Any]:
         "layout": info.layout,
         **({} if info.keys_path is None else {"keys_path": info.keys_path}),
         **({} if info.lengths_path is None else {"lengths_path": info.lengths_path}),
+        **({} if info.lengths_sha256 is None else {"lengths_sha256": info.lengths_sha256}),
     }
 
 
@@ -160,8 +161,10 @@ def shard_info_from_dict(d: Any) -> ShardInfo:
     lengths = d.get("lengths_path")
     if lengths is not None and not isinstance(lengths, str):
         raise RecordError(f"shard lengths_path {lengths!r} is not a string")
-    if sha is not None and not isinstance(sha, str):
-        raise RecordError(f"shard sha256 {sha!r} is not a string")
+    lengths_sha = d.get("lengths_sha256")
+    for what, value in (("sha256", sha), ("lengths_sha256", lengths_sha)):
+        if value is not None and not isinstance(value, str):
+            raise RecordError(f"shard {what} {value!r} is not a string")
     if layout is not None and not isinstance(layout, dict):
         raise RecordError(f"shard layout {layout!r} is not a dict")
     return ShardInfo(
@@ -173,6 +176,7 @@ def shard_info_from_dict(d: Any) -> ShardInfo:
         layout=layout,
         keys_path=keys,
         lengths_path=lengths,
+        lengths_sha256=lengths_sha,
     )
 
 

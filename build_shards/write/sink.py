@@ -25,7 +25,7 @@ from typing import Any, BinaryIO
 from build_shards.write.paths import BUILD_DIR, SHARD_PREFIXES, TMP_MARK, remove_quietly, shard_name
 from wdsloader.format import ShardInfo, TarStreamWriter, index_path
 from wdsloader.format.keyindex import keys_path
-from wdsloader.format.lengths import encode_lengths, lengths_path
+from wdsloader.format.lengths import encode_lengths, lengths_path, lengths_sha256
 from wdsloader.io.storage import is_local, join, write_atomic
 
 log = logging.getLogger("build_shards")
@@ -186,11 +186,13 @@ class ShardSink:
         f.flush()
         self._writer = self._file = self._tmp = None
         rel = f"{REST_DIR}/{self.split}/{self._name}" if rest else f"{self.split}/{self._name}"
+        lengths = encode_lengths(self._lengths) if self.lengths else None
         info = ShardInfo(
             path=rel,
             idx_path=index_path(rel),
             keys_path=keys_path(rel),
             lengths_path=lengths_path(rel) if self.lengths else None,
+            lengths_sha256=None if lengths is None else lengths_sha256(lengths),
             num_samples=w.num_samples,
             num_bytes=w.offset,
             sha256=sha,
@@ -202,8 +204,8 @@ class ShardSink:
         else:
             self.infos.append(info)
         side = [(index_path(rel), idx), (keys_path(rel), w.key_index())]
-        if info.lengths_path is not None:
-            side.append((info.lengths_path, encode_lengths(self._lengths)))
+        if info.lengths_path is not None and lengths is not None:
+            side.append((info.lengths_path, lengths))
         if self.committer is None:
             self._commit(f, tmp, rel, side)
             return

@@ -14,7 +14,7 @@ import numpy as np
 import torch
 
 from wdsloader.collate.batch import IGNORE_INDEX, as_int_row, sample_key
-from wdsloader.plan.packing import Pack, Packing, TooLong
+from wdsloader.plan.packing import Pack, Packing, Piece, TooLong
 
 if TYPE_CHECKING:
     from wdsloader.collate.task import TaskSpec
@@ -29,6 +29,14 @@ def _rows(samples: list[dict[str, Any]], field: str) -> list[np.ndarray]:
             )
         rows.append(as_int_row(s[field], field, s, i, "packed"))
     return rows
+
+
+def _as_samples(batch: list[dict[str, Any]] | dict[str, Any]) -> list[dict[str, Any]]:
+    """Samples as dicts (a batch of columns cut into rows)."""
+    if not isinstance(batch, dict):
+        return batch
+    names = list(batch)
+    return [dict(zip(names, row, strict=True)) for row in zip(*batch.values(), strict=True)]
 
 
 def _segments(packs: list[Pack], width: int) -> np.ndarray:
@@ -94,6 +102,46 @@ class PackedCollator:
         packs = packing.plan([d.size for d in docs])
         return self._batch(samples, docs, packs)
 
+    def collate_planned(
+        self, batch: list[dict[str, Any]] | dict[str, Any], layout: list[Pack]
+    ) -> dict[str, Any]:
+        """The rows of a batch the plan packed (``create_loader(packing=...)``): ``layout`` is
+        its packs, each piece's ``doc`` a split-wide sample id (``__index__``); ``batch`` the
+        samples read (or their columns). A piece of a sample that was skipped is padding; a
+        sample shorter than its planned piece is a ValueError naming its key."""
+        samples = _as_samples(batch)
+        by_index = {int(s["__index__"]): (i, s) for i, s in enumerate(samples)}
+        docs: list[np.ndarray] = []
+        meta: list[dict[str, Any]] = []
+        where: dict[int, int] = {}
+        rows: list[Pack] = []
+        for pack in layout:
+            row = []
+            for piece in pack:
+                if piece.doc not in by_index:
+                    continue  # skipped (on_error="skip"): its tokens are padding
+                if piece.doc not in where:
+                    i, sample = by_index[piece.doc]
+                    (tokens,) = _rows([sample], self.field)
+                    if piece.stop > tokens.size:
+                        raise ValueError(
+                            f"packed: sample {sample_key(sample, i)} (split index {piece.doc}) "
+                            f"has {tokens.size} tokens in {self.field!r}, but the plan packs "
+                            f"its tokens up to {piece.stop} (its recorded length): the lengths "
+                            "side file does not match the shard"
+                        )
+                    where[piece.doc] = len(docs)
+                    docs.append(tokens)
+                    meta.append({"__key__": sample.get("__key__")})
+                row.append(Piece(where[piece.doc], piece.start, piece.stop))
+            rows.append(tuple(row))
+        out = self._batch(meta, docs, rows)
+        ids = np.asarray(list(where), dtype=np.int64)
+        doc_ids = out["document_ids"].numpy()
+        doc_ids[doc_ids >= 0] = ids[doc_ids[doc_ids >= 0]]
+        out["__index__"] = torch.from_numpy(ids)
+        return out
+
     def _batch(
         self, samples: list[dict[str, Any]], docs: list[np.ndarray], packs: list[Pack]
     ) -> dict[str, Any]:
@@ -126,6 +174,6 @@ class PackedCollator:
             labels = tokens.copy()
             labels[~mask | starts] = IGNORE_INDEX
             batch["labels"] = torch.from_numpy(labels)
-        if "__key__" in samples[0]:
+        if samples and "__key__" in samples[0]:
             batch["__key__"] = [[samples[p.doc].get("__key__") for p in pack] for pack in packs]
         return batch

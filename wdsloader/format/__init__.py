@@ -29,17 +29,15 @@ from wdsloader.format.keys import (
 )
 from wdsloader.format.manifest import (
     FORMAT_NAME,
-    FORMAT_VERSION,
-    MANIFEST_NAME,
     FieldSpec,
     Manifest,
     ShardInfo,
     SplitInfo,
-    check_version,
 )
 from wdsloader.format.members import Member, iter_members
 from wdsloader.format.npy import read_npy_header
 from wdsloader.format.ustar import BLOCK, END_OF_ARCHIVE, padded
+from wdsloader.format.version import FORMAT_VERSION, MANIFEST_NAME, check_version
 from wdsloader.format.writer import TarStreamWriter, encode_header, encode_member
 
 __all__ = [

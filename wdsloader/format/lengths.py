@@ -4,12 +4,14 @@ sequences or count tokens without reading a sample.
 
 Bytes: little-endian ``uint32``, one per sample, in a hidden file beside the shard
 (``a/b/.X.tar.wdslen``, :func:`lengths_path`), listed as ``ShardInfo.lengths_path``; the field
-they measure is ``manifest.build["lengths_field"]`` (:data:`LENGTHS_FIELD`). A sample's length
-is that of the first dimension of its array or list, or of its str (characters) or bytes.
+they measure is ``manifest.build["lengths_field"]`` (:data:`LENGTHS_FIELD`), their sha256
+``ShardInfo.lengths_sha256`` (checked when read, :func:`lengths_sha256`). A sample's length is
+that of the first dimension of its array or list, or of its str (characters) or bytes.
 """
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Mapping, Sequence
 from typing import Any, Protocol
 
@@ -28,6 +30,7 @@ class _ShardPaths(Protocol):
     path: str
     num_samples: int
     lengths_path: str | None
+    # and optionally ``lengths_sha256: str | None`` (read with getattr: checked when present)
 
 
 def lengths_path(shard_path: str) -> str:
@@ -72,14 +75,26 @@ def encode_lengths(lengths: Sequence[int]) -> bytes:
     return np.asarray(lengths, dtype=LENGTH_DTYPE).tobytes()
 
 
+def lengths_sha256(data: bytes) -> str:
+    """The checksum of a lengths file's bytes, as ``ShardInfo.lengths_sha256`` records it."""
+    return hashlib.sha256(data).hexdigest()
+
+
 def decode_lengths(
-    data: bytes, num_samples: int, *, source: str = "<lengths>"
+    data: bytes, num_samples: int, *, source: str = "<lengths>", sha256: str | None = None
 ) -> npt.NDArray[np.uint32]:
-    """The lengths a lengths file holds (checked: one per sample)."""
+    """The lengths a lengths file holds (checked: one per sample, and its ``sha256`` when
+    given); a ShardFormatError naming ``source`` otherwise."""
     if len(data) != num_samples * LENGTH_DTYPE.itemsize:
         raise ShardFormatError(
             f"{source}: {len(data)} bytes, expected {num_samples} lengths of "
             f"{LENGTH_DTYPE.itemsize} bytes (one per sample of the shard)"
+        )
+    if sha256 is not None and lengths_sha256(data) != sha256:
+        raise ShardFormatError(
+            f"{source}: sha256 {lengths_sha256(data)} differs from the manifest's {sha256} "
+            "(the file was changed or damaged after the build; rebuild it with "
+            "`build-shards adopt --lengths FIELD`)"
         )
     return np.frombuffer(data, dtype=LENGTH_DTYPE).astype(np.uint32)
 
@@ -87,11 +102,12 @@ def decode_lengths(
 def read_lengths(fs: Any, root: str, shard: _ShardPaths) -> npt.NDArray[np.uint32]:
     """The lengths of ``shard``'s samples, read through ``fs`` (an fsspec filesystem: its
     ``cat_file``) under the dataset ``root``; a ShardFormatError naming the shard when it has
-    none or its file is missing or of the wrong size."""
+    none or its file is missing, of the wrong size or not of the manifest's sha256."""
     if shard.lengths_path is None:
         raise ShardFormatError(
             f"shard {shard.path}: no lengths in the manifest (build with "
-            "samples=SampleOptions(lengths=FIELD) to record them)"
+            "samples=SampleOptions(lengths=FIELD), or add them to built shards with "
+            "`build-shards adopt DATASET --lengths FIELD`)"
         )
     path = f"{root.rstrip('/')}/{shard.lengths_path}"
     try:
@@ -101,8 +117,9 @@ def read_lengths(fs: Any, root: str, shard: _ShardPaths) -> npt.NDArray[np.uint3
             f"shard {shard.path}: its lengths file {shard.lengths_path} is missing"
         ) from None
     return decode_lengths(
-        data, shard.num_samples, source=f"shard {shard.path}: lengths {shard.lengths_path}"
-    )
+        data, shard.num_samples, source=f"shard {shard.path}: lengths {shard.lengths_path}",
+        sha256=getattr(shard, "lengths_sha256", None),
+    )  # fmt: skip
 
 
 def read_split_lengths(fs: Any, root: str, shards: Sequence[_ShardPaths]) -> npt.NDArray[np.uint32]:

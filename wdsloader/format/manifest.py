@@ -32,17 +32,18 @@ from wdsloader.format.checks import (
 from wdsloader.format.codecs import is_fixed_width
 from wdsloader.format.deflate import COMPRESSIONS
 from wdsloader.format.toplevel import check_top_level
+from wdsloader.format.version import (
+    EXTENDED_VERSION,
+    FORMAT_VERSION,
+    MANIFEST_NAME,
+    SIDE_FILES_MINOR,
+    _major,
+    _minor,
+    check_version,
+    newer_hint,
+)
 
 FORMAT_NAME = "wdsloader"
-FORMAT_VERSION = "1.0"
-"""The version written for a dataset that every wdsloader reads (no compressed shard, no
-grouped field)."""
-EXTENDED_VERSION = "2.0"
-"""The version written for a dataset with compressed shards or grouped fields: a wdsloader
-older than 2.0 refuses it with "upgrade wdsloader" instead of misreading it."""
-READ_VERSION = EXTENDED_VERSION
-"""The newest version this library reads."""
-MANIFEST_NAME = "manifest.json"
 
 Dim = int | str
 
@@ -122,6 +123,8 @@ class ShardInfo:
     lengths_path: str | None = None
     """Its samples' lengths of the declared field (:mod:`wdsloader.format.lengths`), when the
     build recorded them."""
+    lengths_sha256: str | None = None
+    """The sha256 of the lengths file (checked when it is read)."""
 
 
 @dataclass(slots=True, kw_only=True)
@@ -193,10 +196,14 @@ class Manifest:
 
     def written_version(self) -> str:
         """The version :meth:`to_dict` writes: ``version``, raised to :data:`EXTENDED_VERSION`
-        when the dataset needs it."""
-        if self.uses_extensions() and _major(self.version) < _major(EXTENDED_VERSION):
-            return EXTENDED_VERSION
-        return self.version
+        when the dataset needs it and to its minor :data:`SIDE_FILES_MINOR` with side files."""
+        version = self.version
+        if self.uses_extensions() and _major(version) < _major(EXTENDED_VERSION):
+            version = EXTENDED_VERSION
+        side = any(s.keys_path or s.lengths_path for sp in self.splits.values() for s in sp.shards)
+        if side and _minor(version) < SIDE_FILES_MINOR:
+            version = f"{_major(version)}.{SIDE_FILES_MINOR}"
+        return version
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {
@@ -236,7 +243,7 @@ class Manifest:
         try:
             return cls._parse(data, version)  # type: ignore[arg-type]
         except InvalidField as exc:
-            raise ManifestError(f"{source}: {exc}") from None
+            raise ManifestError(f"{source}: {exc}{newer_hint(version)}") from None  # type: ignore[arg-type]
 
     @classmethod
     def _parse(cls, data: dict[str, Any], version: str) -> Manifest:
@@ -330,26 +337,11 @@ def _storage() -> tuple[LoadManifest, SaveManifest]:
     return _STORAGE[0]
 
 
-def check_version(version: str, *, source: str = MANIFEST_NAME) -> None:
-    """Refuse a manifest whose major format version is newer than this library reads."""
-    try:
-        major = _major(version)
-    except ValueError:
-        raise ManifestError(f"{source}: invalid format version {version!r}") from None
-    if major > _major(READ_VERSION):
-        raise ManifestError(
-            f"{source}: format version {version} is newer than this wdsloader supports "
-            f"({READ_VERSION}); upgrade wdsloader to read it"
-        )
-
-
-def _major(version: str) -> int:
-    return int(version.split(".")[0])
-
-
 _SPEC_KEYS = {"ext", "encoding", "dtype", "shape", "range", "grouped", "optional"}
 _SHARD_REQUIRED = {"path", "idx_path", "num_samples", "num_bytes"}
-_SHARD_KEYS = _SHARD_REQUIRED | {"sha256", "layout", "compression", "keys_path", "lengths_path"}
+_SHARD_KEYS = _SHARD_REQUIRED | {
+    "sha256", "layout", "compression", "keys_path", "lengths_path", "lengths_sha256",
+}  # fmt: skip
 
 
 def _check_spec_values(
@@ -396,6 +388,7 @@ def _shard_info(shard: Any, split: str, i: int) -> ShardInfo:
             check_count(n, ".num_samples")
             check_count(size, ".num_bytes")
         check_sha256(shard.get("sha256"), ".sha256")
+        check_sha256(shard.get("lengths_sha256"), ".lengths_sha256")
         check_layout(shard.get("layout"), ".layout")
         compression = shard.get("compression")
         if compression is not None and compression not in COMPRESSIONS:

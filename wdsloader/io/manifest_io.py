@@ -14,7 +14,8 @@ from typing import Any
 
 from wdsloader.errors import ManifestError, StorageSetupError
 from wdsloader.format import manifest as _contract
-from wdsloader.format.manifest import MANIFEST_NAME, Manifest
+from wdsloader.format.manifest import Manifest
+from wdsloader.format.version import MANIFEST_NAME
 from wdsloader.io.setup_errors import setup_errors_in_one_line
 from wdsloader.io.storage import join, url_to_fs, write_atomic
 from wdsloader.redact import redact, secrets_of

@@ -9,6 +9,7 @@ from typing import Any
 from wdsloader.curriculum.schedule import Schedule
 from wdsloader.format.checks import as_int
 from wdsloader.mix.source import MixSource, mix_names
+from wdsloader.mix.tokens import check_unit
 from wdsloader.plan.batching import get_batching_strategy
 
 __all__ = ["Mix"]
@@ -31,6 +32,13 @@ class Mix:
     :func:`~wdsloader.plan.batching.register_batching_strategy`. ``source_field`` names a batch field holding each sample's source index
     (in list order; off by default). The sources must agree on the requested fields (dtype,
     shape): a ValueError names the sources, the field and both specs.
+
+    ``unit="tokens"`` counts the quotas in tokens: each source's documents' lengths, as its
+    build recorded them (``SampleOptions(lengths=FIELD)``, ``build-shards text``,
+    ``build-shards adopt --lengths FIELD``); a weighted source's tokens per epoch are its share
+    of ``epoch_tokens`` (default: the weighted sources' tokens summed) within one document,
+    ``repeat=`` is of its tokens, ``samples=`` and ``epoch_samples`` are refused
+    (:mod:`wdsloader.mix.tokens`).
     """
 
     sources: Sequence[MixSource]
@@ -39,6 +47,8 @@ class Mix:
     epoch_samples: int | None = None
     batching: str = "mixed"
     source_field: str | None = None
+    unit: str = "samples"
+    epoch_tokens: int | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "sources", tuple(self.sources))
@@ -51,6 +61,7 @@ class Mix:
             )
         if self.epoch_samples is not None:
             as_int(self.epoch_samples, "epoch_samples", 1)
+        check_unit(self.unit, self.sources, self.epoch_samples, self.epoch_tokens)
         field = self.source_field
         if field is not None and (not isinstance(field, str) or not field):
             raise ValueError(f"source_field must be a non-empty string, got {field!r}")
@@ -62,4 +73,6 @@ class Mix:
             "epoch_samples": self.epoch_samples,
             "batching": self.batching,
             "source_field": self.source_field,
+            "unit": self.unit,
+            "epoch_tokens": self.epoch_tokens,
         }

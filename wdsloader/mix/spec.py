@@ -18,6 +18,7 @@ from wdsloader.format import FieldSpec, Manifest, ShardInfo, SplitInfo
 from wdsloader.format.checks import MAX_INT, as_int
 from wdsloader.mix.offsets import EpochOffsets
 from wdsloader.mix.source import MixSource, epoch_offsets_for, mix_epoch, mix_names
+from wdsloader.mix.tokens import TokenPlan, check_unit
 from wdsloader.plan.batching import BUILTIN_BATCHINGS, get_batching_strategy
 from wdsloader.plan.mix import MixEpoch
 
@@ -46,8 +47,17 @@ class MixSpec:
     batching: str = "mixed"
     source_field: str | None = None
     split: str | None = None  # the split the sizes count (named in errors)
+    unit: str = "samples"  # or "tokens": quotas in tokens (wdsloader.mix.tokens)
+    epoch_tokens: int | None = None
+    # unit="tokens": each source's documents' lengths by sample id in the split
+    lengths: tuple[np.ndarray, ...] | None = dataclasses.field(
+        default=None, repr=False, compare=False
+    )
     # the streams' positions at each epoch's start, kept from one epoch to the next
     _offsets: EpochOffsets | None = dataclasses.field(
+        default=None, init=False, repr=False, compare=False
+    )
+    _tokens: TokenPlan | None = dataclasses.field(
         default=None, init=False, repr=False, compare=False
     )
 
@@ -76,6 +86,15 @@ class MixSpec:
                 f"the sources hold {sum(self.sizes)} samples{where}, more than an int64 holds "
                 f"({MAX_INT}): {dict(zip(self.names, self.sizes, strict=True))}"
             )
+        check_unit(self.unit, self.sources, self.epoch_samples, self.epoch_tokens)
+        if self.unit == "tokens":
+            if self.lengths is None:
+                raise ValueError('a mix of unit="tokens" needs its sources\' lengths')
+            tokens = TokenPlan(
+                self.sources, self.lengths, weights=self.weights, epoch_tokens=self.epoch_tokens,
+                split=self.split,
+            )  # fmt: skip
+            object.__setattr__(self, "_tokens", tokens)
         offsets = epoch_offsets_for(
             self.sources, self.sizes, weights=self.weights, epoch_samples=self.epoch_samples,
             split=self.split,
@@ -99,7 +118,10 @@ class MixSpec:
         return np.repeat(np.arange(len(self.sources), dtype=np.int64), self.shards)
 
     def epoch(self, epoch: int, *, seed: int = 0, block: int = 1) -> MixEpoch:
-        """The mix plan's input for ``epoch`` (see :func:`~wdsloader.mix.mix_epoch`)."""
+        """The mix plan's input for ``epoch`` (see :func:`~wdsloader.mix.mix_epoch`; with
+        ``unit="tokens"``: :meth:`~wdsloader.mix.tokens.TokenPlan.epoch`)."""
+        if self._tokens is not None:
+            return self._tokens.epoch(epoch, seed=seed, block=block)
         return mix_epoch(
             self.sources, self.sizes, epoch, seed=seed, block=block, weights=self.weights,
             epoch_samples=self.epoch_samples, offsets=self._offsets, split=self.split,
@@ -123,6 +145,9 @@ class MixSpec:
             "epoch_samples": self.epoch_samples,
             "source_field": self.source_field,
         }
+        if self._tokens is not None:  # only then: the fingerprints of sample mixes stay
+            desc |= {"unit": self.unit, "epoch_tokens": self.epoch_tokens}
+            desc["tokens"] = list(self._tokens.totals)
         text = json.dumps(desc, sort_keys=True, default=str)
         digest = hashlib.sha256(text.encode()).hexdigest()[:12]
         return f"{name}/{version}:{self.batching}:{','.join(self.names)}:{digest}"

@@ -3,16 +3,19 @@ store of its own dataset."""
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
 
 from wdsloader.format import Manifest, ShardInfo
+from wdsloader.format.lengths import LENGTHS_FIELD
 from wdsloader.io.ranges import Cut, Request
 from wdsloader.io.store import Store
 from wdsloader.mix.source import MixSource, mix_names
 from wdsloader.mix.spec import MixSpec, merge_manifests
+from wdsloader.mix.tokens import same_lengths_field, source_lengths
 
 __all__ = ["MixStore", "open_mix"]
 
@@ -144,10 +147,12 @@ def open_mix(
     fields: Sequence[str] | None,
     mix_options: dict[str, Any],
     open_one: Callable[[str], tuple[Store, Manifest]],
+    read_lengths: Callable[[str, Sequence[ShardInfo]], np.ndarray] | None = None,
 ) -> tuple[MixStore, Manifest, MixSpec]:
     """The store over every source's shards (each opened by ``open_one(url)``), the one manifest
     they are read through (schemas checked to agree on ``fields``) and the mix spec with
-    ``mix_options`` (weights, epoch_samples, batching, source_field)."""
+    ``mix_options`` (weights, epoch_samples, batching, source_field, unit, epoch_tokens);
+    ``unit="tokens"`` reads the sources' lengths with ``read_lengths(url, shards)``."""
     names = mix_names(sources)
     opened = [open_one(str(src.url)) for src in sources]
     manifests = [m for _, m in opened]
@@ -155,8 +160,20 @@ def open_mix(
     counts = [len(m.split(split).shards) for m in manifests]
     store_of = [i for i, n in enumerate(counts) for _ in range(n)]
     store = MixStore([st for st, _ in opened], merged.split(split).shards, store_of)
+    lengths = None
+    if mix_options.get("unit") == "tokens":
+        if read_lengths is None:
+            raise ValueError('a mix of unit="tokens" needs a reader of its sources\' lengths')
+        lengths = tuple(
+            source_lengths(
+                n, str(src.url), m.split(split).shards, split,
+                functools.partial(read_lengths, str(src.url)),
+            )
+            for n, src, m in zip(names, sources, manifests, strict=True)
+        )  # fmt: skip
+        same_lengths_field(names, [m.build.get(LENGTHS_FIELD) for m in manifests])
     spec = MixSpec(
         sources=tuple(sources), sizes=tuple(m.split(split).num_samples for m in manifests),
-        shards=tuple(counts), split=split, **mix_options,
+        shards=tuple(counts), split=split, lengths=lengths, **mix_options,
     )  # fmt: skip
     return store, merged, spec

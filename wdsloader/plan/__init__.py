@@ -21,6 +21,8 @@ from wdsloader.plan.batches import (
 )
 from wdsloader.plan.config import PLAN_ALGORITHM, PlanConfig
 from wdsloader.plan.order import EpochOrder, KeyedPermutation, epoch_order, shard_of
+from wdsloader.plan.pack_plan import PackBatches, PackPlanner
+from wdsloader.plan.packing import Packing
 from wdsloader.plan.partition import WorkerBatches
 from wdsloader.plan.planner import Planner, SinglePlanner
 from wdsloader.plan.resume import Resume, next_resume
@@ -29,6 +31,9 @@ __all__ = [
     "PLAN_ALGORITHM",
     "EpochOrder",
     "KeyedPermutation",
+    "PackBatches",
+    "PackPlanner",
+    "Packing",
     "PlanConfig",
     "Planner",
     "Resume",

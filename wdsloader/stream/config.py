@@ -20,6 +20,7 @@ from wdsloader.format import Manifest
 if TYPE_CHECKING:
     from wdsloader.curriculum.curriculum import Curriculum
     from wdsloader.mix.spec import MixSpec
+    from wdsloader.plan.pack_plan import PackPlanner
     from wdsloader.stream.loader_options import LoaderOptions
 
 # Defaults that trade shuffle quality against read sizes (docs/loading.md: how samples are planned).
@@ -42,6 +43,7 @@ class LoaderConfig:
     registered collator's name (made with ``collate_options``) or a callable;
     ``loader_kwargs`` go to torch's DataLoader; ``mix`` is the sample-level mix when the loader
     reads several sources (``plan`` is then over their shards concatenated in source order);
+    ``packing`` plans packed rows instead of samples (``create_loader(packing=...)``);
     ``worker_mode`` is ``"thread"`` when its workers are threads of the loader's process.
     """
 
@@ -60,6 +62,7 @@ class LoaderConfig:
     readahead_batches: int
     loader_kwargs: Mapping[str, Any]
     mix: MixSpec | None = None
+    packing: PackPlanner | None = None
     worker_mode: str = "process"
 
 

@@ -115,8 +115,10 @@ class ShardStreamDataset(IterableDataset):
         self.mix = mix = config.mix
         # the plan: of one source, or of a mix (with each sample's source to count and tag)
         self.planner: plan.Planner = (
-            plan.SinglePlanner(self.config) if mix is None else MixPlanner(mix, self.config)
-        )
+            config.packing if config.packing is not None
+            else plan.SinglePlanner(self.config) if mix is None
+            else MixPlanner(mix, self.config)
+        )  # fmt: skip
         self._tags = None if mix is None else SourceTags(mix, self.config.num_workers)
         self.provenance = Provenance(self.config.counts, mix)
         self._collate_ns = 0  # the collate function's time in the batch being made
@@ -244,7 +246,8 @@ class ShardStreamDataset(IterableDataset):
             batches = self.worker_batches(epoch, worker, resume)
             if batches:
                 (raw,) = self.reader.read(batches[:1])
-                return self._make_batch(raw, worker, epoch, self.control.forced, count=False)
+                forced, layout = self.control.forced, _layout(batches, 0)
+                return self._make_batch(raw, worker, epoch, forced, count=False, layout=layout)
         raise ValueError(f"split {self.split!r} yields no batch on rank {self.rank}")
 
     def _iter_batches(self, batches: Sequence[np.ndarray], worker: int) -> Iterator[Any]:
@@ -266,7 +269,8 @@ class ShardStreamDataset(IterableDataset):
                     break
                 for raw in raws:
                     t0, self._collate_ns = now(), 0
-                    batch = self._make_batch(raw, worker, epoch, forced)
+                    layout = _layout(batches, index)
+                    batch = self._make_batch(raw, worker, epoch, forced, layout=layout)
                     if batch is None:  # every sample failed: never yield fewer batches
                         batch = self._refill(refill, batches, index, worker, epoch, forced)
                     spent = {"decode_ns": now() - t0 - self._collate_ns}
@@ -320,14 +324,21 @@ class ShardStreamDataset(IterableDataset):
         samples = [dict(sample) for sample in refill.samples or []]
         if self._tags is not None:
             self._tags.take(samples)
-        return self.provenance.ensure(self._collate(samples), samples)
+        layout = _layout(batches, refill.found)
+        return self.provenance.ensure(self._collate(samples, layout), samples)
 
     # -- decoding ------------------------------------------------------------------------------
     def _make_batch(
-        self, raw: RawBatch, worker: int, epoch: int, forced: int | None, count: bool = True
+        self,
+        raw: RawBatch,
+        worker: int,
+        epoch: int,
+        forced: int | None,
+        count: bool = True,
+        layout: list[plan.packing.Pack] | None = None,
     ) -> Any:
         """Decode and collate one batch (None when every sample was skipped): as columns
-        unless the batch is not gatherable, then sample by sample."""
+        unless the batch is not gatherable, then sample by sample; ``layout``: its packs."""
         if count:
             self.control.set_reading(worker, int(raw.shard[0]))
         decoded = None if self.columnar is None else self.columnar.decode(raw, epoch, forced)
@@ -353,7 +364,7 @@ class ShardStreamDataset(IterableDataset):
                     self.control.add(worker, "parsed_samples", decoded.parsed)
             if not n:
                 return None
-            return self.provenance.ensure(self._collate(columns), columns)
+            return self.provenance.ensure(self._collate(columns, layout), columns)
         samples = self._decode_rows(raw, worker, epoch, forced, count)
         if self._tags is not None:
             src = self._tags.take(samples)
@@ -364,12 +375,19 @@ class ShardStreamDataset(IterableDataset):
             self.control.add(worker, "batches")
             self.control.add(worker, "parsed_batches")
             self.control.add(worker, "parsed_samples", len(raw))
-        return self.provenance.ensure(self._collate(samples), samples) if samples else None
+        if not samples:
+            return None
+        return self.provenance.ensure(self._collate(samples, layout), samples)
 
-    def _collate(self, batch: list[dict[str, Any]] | dict[str, Any]) -> Any:
-        """The collate function on samples (or on columns, a dict), its time counted."""
+    def _collate(
+        self, batch: list[dict[str, Any]] | dict[str, Any], layout: list[Any] | None = None
+    ) -> Any:
+        """The collate function on samples (or on columns, a dict), its time counted; packed
+        by the plan's ``layout`` when it packs."""
         t0 = StageClock.now()
-        if isinstance(batch, dict):
+        if layout is not None:
+            out = self.collate_fn.collate_planned(batch, layout)  # type: ignore[attr-defined]
+        elif isinstance(batch, dict):
             out = collate_columns(self.collate_fn, batch)
         else:
             out = self.collate_fn(batch)
@@ -414,3 +432,8 @@ class ShardStreamDataset(IterableDataset):
                 f"(split {self.split!r}), more than max_skipped={self.max_skipped}; "
                 f"last error: {what}"
             )
+
+
+def _layout(batches: Sequence[np.ndarray], index: int) -> list[plan.packing.Pack] | None:
+    """The packs of batch ``index`` when the plan packs (None otherwise)."""
+    return batches.layout(index) if isinstance(batches, plan.PackBatches) else None

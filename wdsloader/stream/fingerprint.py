@@ -67,6 +67,7 @@ def stage_fingerprint(
     curriculum: Curriculum | None,
     collate: str | Callable[..., Any],
     mix: str | None = None,
+    packing: str | None = None,
 ) -> dict[str, str]:
     """Each stage's config as a short string, one per :data:`FINGERPRINT_PARTS` entry.
 
@@ -77,7 +78,8 @@ def stage_fingerprint(
     the same way here, and compared by what it returns at the state's epoch by
     :func:`epoch_fingerprint`. Gathering and ``on_error`` are left out: they do not change which
     samples a batch holds. ``mix`` (a sample-level mix's
-    :meth:`~wdsloader.mix.spec.MixSpec.fingerprint`) adds the part ``"mix"``.
+    :meth:`~wdsloader.mix.spec.MixSpec.fingerprint`) adds the part ``"mix"``, ``packing``
+    (its options and a digest of the lengths) the part ``"packing"``.
     """
     name, version = PLAN_ALGORITHM
     out = {
@@ -89,6 +91,8 @@ def stage_fingerprint(
     }
     if mix is not None:
         out["mix"] = mix
+    if packing is not None:
+        out["packing"] = packing
     return out
 
 

@@ -1,12 +1,19 @@
-"""What ``create_loader`` opens before planning: the store and manifest of a dataset."""
+"""What ``create_loader`` opens before planning: the store and manifest of a dataset, and the
+lengths of its documents when a token-weighted mix plans with them."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
+import numpy as np
+
 from wdsloader.curriculum.curriculum import stored_curriculum
 from wdsloader.errors import ManifestError
-from wdsloader.format import Manifest
+from wdsloader.format import Manifest, ShardInfo
+from wdsloader.format.lengths import read_split_lengths
 from wdsloader.io.fetch import ReadOptions, ShardStore
 from wdsloader.io.manifest_io import load_manifest, manifest_where
+from wdsloader.io.storage import url_to_fs
 from wdsloader.io.store import open_store
 
 
@@ -27,3 +34,10 @@ def open_dataset(
         store.check_shards(shards)
     store.ship_indexes(shards)  # read once, in parallel, not again in each worker
     return store, manifest
+
+
+def read_source_lengths(options: ReadOptions, root: str, shards: Sequence[ShardInfo]) -> np.ndarray:
+    """The lengths of ``shards``' samples under the dataset ``root`` (concatenated in order;
+    :func:`~wdsloader.format.lengths.read_split_lengths`)."""
+    fs, base = url_to_fs(root, options.storage_options_for(root))
+    return read_split_lengths(fs, base, shards)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import time
@@ -27,7 +28,7 @@ from wdsloader.stream.config import (
     resolve_config,
 )
 from wdsloader.stream.dataset import ShardStreamDataset
-from wdsloader.stream.inputs import open_dataset
+from wdsloader.stream.inputs import open_dataset, read_source_lengths
 from wdsloader.stream.loader_options import LoaderOptions, loader_options
 from wdsloader.stream.options import (
     DecodeOptions,
@@ -36,6 +37,7 @@ from wdsloader.stream.options import (
     Topology,
     WorkerOptions,
 )
+from wdsloader.stream.packing import packed_config, packing_fingerprint
 from wdsloader.stream.prefetch import DevicePrefetcher
 from wdsloader.stream.replay import StepSamples, step_samples
 from wdsloader.stream.start_method import check_sendable
@@ -50,6 +52,7 @@ if TYPE_CHECKING:
     from wdsloader.mix.source import MixSource
     from wdsloader.mix.spec import MixSpec
     from wdsloader.mix.store import MixStore
+    from wdsloader.plan.packing import Packing
 
 log = logging.getLogger(__name__)
 
@@ -290,12 +293,14 @@ def dataset_fingerprint(
 ) -> dict[str, str]:
     """The stage fingerprint of a loader over ``dataset`` (``collate``: the collator's
     registered name, when it has one; else the dataset's collate function is named)."""
+    packer = dataset.loader_config.packing
     return stage_fingerprint(
         fields=dataset.fields,
         allow_pickle=dataset.decoder.allow_pickle,
         curriculum=dataset.curriculum,
         collate=collate if collate is not None else dataset.collate_fn,
         mix=None if dataset.mix is None else dataset.mix.fingerprint(),
+        packing=None if packer is None else packing_fingerprint(packer),
     )
 
 
@@ -355,6 +360,7 @@ def create_loader(
     read_options: ReadOptions | None = None,
     decode: DecodeOptions | None = None,
     errors: ErrorPolicy | None = None,
+    packing: Packing | None = None,
     **deprecated: Any,
 ) -> WdsDataLoader:
     """A DataLoader over ``split`` of the dataset at ``source`` (a path or fsspec URL), or of
@@ -395,13 +401,16 @@ def create_loader(
         split=split, batch_size=batch_size, num_workers=num_workers, distributed=distributed,
         epoch=epoch, drop_last=drop_last, pin_memory=pin_memory, shuffle=shuffle, seed=seed,
         collate_fn=collate_fn, plan=plan, topology=topology, workers=workers,
-        read_options=read_options, decode=decode, errors=errors,
+        read_options=read_options, decode=decode, errors=errors, packing=packing,
     )  # fmt: skip
     rank, world = options.topology.resolve(distributed)
     store, manifest, mix = open_source(root, options)
     config = resolve_config(
         manifest, options, rank=rank, world_size=world, remote=not store.reads_locally, mix=mix
     )
+    if options.packing is not None:
+        assert isinstance(store, ShardStore)  # packing refuses a mix
+        config = packed_config(config, options.packing, manifest, store, options.collate_fn)
     loader = build_loader(config, build_dataset(config, manifest, store))
     shown = store.redact(root) if mix is None else "+".join(mix.names)
     log.info(
@@ -426,4 +435,5 @@ def open_source(
         list(options.mix.sources), options.split, options.decode.fields,
         options.mix.spec_options(),
         lambda url: open_dataset(url, read, check, options.split),
+        functools.partial(read_source_lengths, read),
     )  # fmt: skip

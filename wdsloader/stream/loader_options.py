@@ -18,6 +18,7 @@ from typing import Any
 from wdsloader.io.options import ReadOptions
 from wdsloader.mix.options import Mix
 from wdsloader.mix.source import MixSource
+from wdsloader.plan.packing import Packing
 from wdsloader.redact import redact_options
 from wdsloader.stream.config import CollateSpec
 from wdsloader.stream.options import (
@@ -37,7 +38,7 @@ REMOVED_IN = "0.2.0"
 class LoaderOptions:
     """One loader's options (see :func:`~wdsloader.create_loader` for each): the split and
     batching, then one option object per concern; ``mix`` is the mix of datasets read (None:
-    one dataset). A ``collate_options`` with a callable ``collate_fn``, a batch size below 1
+    one dataset); ``packing`` packs documents into rows (None: batches of samples). A ``collate_options`` with a callable ``collate_fn``, a batch size below 1
     or a negative worker count are a ValueError, as is a worker option without workers."""
 
     split: str
@@ -57,6 +58,7 @@ class LoaderOptions:
     decode: DecodeOptions = dataclasses.field(default_factory=DecodeOptions)
     errors: ErrorPolicy = dataclasses.field(default_factory=ErrorPolicy)
     mix: Mix | None = None
+    packing: Packing | None = None
 
     def __post_init__(self) -> None:
         if self.batch_size < 1:
@@ -67,6 +69,12 @@ class LoaderOptions:
             value = getattr(self, name)
             if not isinstance(value, cls) and (value is not None or name != "mix"):
                 raise TypeError(f"{name} must be a {cls.__name__}, got {type(value).__name__}")
+        if self.packing is not None and not isinstance(self.packing, Packing):
+            raise TypeError(f"packing must be a Packing, got {type(self.packing).__name__}")
+        if self.packing is not None and self.mix is not None:
+            raise ValueError(
+                "packing= reads one dataset: packing a Mix of sources is not supported"
+            )
         self.workers.check(self.num_workers)
         collate_options = self.decode.collate_options
         if collate_options and callable(self.collate_fn):

@@ -178,9 +178,12 @@ def _mismatch(manifest: Any, record: Mapping[str, Any]) -> list[str]:
     want = {"seq_length": seq, "stride": options["stride"] or seq}
     want["text_field"] = options["text_field"]
     out = [f"{k} {text.get(k)!r} (requested {v!r})" for k, v in want.items() if text.get(k) != v]
+    pack = options.get("pack", "windows")
+    if text.get("pack", "windows") != pack:
+        out.append(f"pack {text.get('pack', 'windows')!r} (requested {pack!r})")
     spec = manifest.schema.get("tokens")
     shape = None if spec is None else spec.shape
-    if shape != [seq + 1]:
+    if pack == "windows" and shape != [seq + 1]:
         out.append(f"tokens shape {shape} (requested [{seq + 1}])")
     cache = text.get("cache")
     if not isinstance(cache, Mapping):
@@ -279,6 +282,7 @@ def create_dataloaders(
     bos_id: int | None = None,
     eos_id: int | None = None,
     rebuild: bool = False,
+    packing: str = "windows",
 ) -> tuple[WdsDataLoader, WdsDataLoader | None]:
     """``(train_loader, val_loader)`` of causal-LM batches ``{"input_ids", "labels",
     "attention_mask"}`` of shape ``(batch_size, seq_length)``, ``labels`` the inputs shifted by
@@ -303,7 +307,21 @@ def create_dataloaders(
     the others). Train: shuffled
     by ``seed``, ``drop_last``; val: in order, the last partial batch kept. ``num_workers``
     processes load batches with the platform's default start method.
+
+    ``packing="documents"`` (instead of the default fixed ``"windows"``) stores each document
+    whole and packs documents into rows of ``seq_length`` tokens per batch, planned from their
+    lengths (:class:`~wdsloader.Packing`; a document over ``seq_length`` is cut into pieces):
+    batches ``{"input_ids", "labels", "position_ids", "document_ids", "attention_mask",
+    "cu_seqlens", "max_seqlen"}`` of shape ``(batch_size, seq_length)``, positions restarting
+    at each document, and ``labels`` unshifted as Hugging Face causal LMs take them (the model
+    shifts) with -100 on each document's first token and on padding, so no token is
+    predicted across a document boundary; mask attention with ``document_ids`` (block
+    diagonal) or pass ``cu_seqlens`` to a varlen kernel. ``stride`` does not apply.
     """
+    if packing not in ("windows", "documents"):
+        raise ValueError(f'packing must be "windows" or "documents", got {packing!r}')
+    if packing == "documents" and stride is not None:
+        raise ValueError('stride cuts fixed windows: it does not apply to packing="documents"')
     if not isinstance(train_path, str | os.PathLike):
         train_path = list(train_path)  # read twice: fingerprint, then build
     if val_path is not None and not isinstance(val_path, str | os.PathLike):
@@ -315,10 +333,14 @@ def create_dataloaders(
         options["add_special_tokens"] = False  # its own encode decides the specials
     else:
         options.update(bos_id=bos_id, eos_id=eos_id)
+    from wdsloader.plan.packing import Packing
     from wdsloader.stream.loader import create_loader
     from wdsloader.stream.options import WorkerOptions
 
     common: dict[str, Any] = {"num_workers": num_workers, "collate_fn": "causal_lm", "seed": seed}
+    if packing == "documents":
+        options["pack"] = packing
+        common.update(collate_fn=None, packing=Packing(max_tokens=seq_length, field="input_ids"))
     if num_workers > 0:
         common["workers"] = WorkerOptions(persistent_workers=True)
     train_root = _cached_shards(train_path, "train", tok, cache, options, rebuild)

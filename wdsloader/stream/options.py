@@ -124,12 +124,12 @@ class WorkerOptions:
     in the same order (workers take turns, as torch's do), the same resume, ``__index__``,
     ``loader.stats``/``metrics()`` and ``batch_indices``; nothing is pickled (a lambda is a
     fine ``collate_fn``), no worker starts a process, and the workers share this process's
-    memory. At ``num_workers=2`` threads measured up to 2x the samples/s, 2-2.7x sooner to
-    the first batch and 40% less RSS of the process tree on every bench workload; but work
-    that holds the GIL (per-sample JSON or label parsing, a Python ``collate_fn``) runs on one
-    core at a time, so with many workers and such samples processes scale further (JPEG
-    decoding, reads and array copies release it): docs/loading.md has the numbers and when
-    to choose which. An error in a worker thread is raised in the loop as with processes
+    memory. At ``num_workers=2`` on the bench workloads threads started 2-2.7x sooner, held
+    about 40% less RSS of the process tree and made 1.1-2.2x the samples per CPU second
+    (samples/s 0.74x for JPEG to 1.8x for the embedding sample); but work that holds the GIL
+    (per-sample JSON or label parsing, a Python ``collate_fn``) runs on one core at a time,
+    so with many workers and such samples processes scale further (JPEG decoding, reads and
+    array copies release it): docs/loading.md has the numbers and when to choose which. An error in a worker thread is raised in the loop as with processes
     (``Caught <type> in DataLoader worker thread <n>`` and the original traceback, the
     original exception as its ``__cause__``); ``worker_init_fn`` is not called (threads share
     the process's random generators); the collate function and decoders are called from

@@ -245,3 +245,15 @@ def test_threads_mix_sources_as_processes_do(tmp_path):
         got[mode] = (batches, mixed.stats)
     assert got["thread"] == got["process"]
     assert got["thread"][1]["samples/a"] == 60
+
+
+def test_threads_pack_as_processes_do(tmp_path):
+    from tests.test_pack_loader import _build, _loader
+
+    _build(tmp_path / "packed")
+    got = {}
+    for mode in ("process", "thread"):
+        packed = _loader(tmp_path / "packed", num_workers=2, workers=WorkerOptions(mode=mode))
+        got[mode] = [(b["input_ids"].tolist(), b["document_ids"].tolist()) for b in packed]
+    assert got["thread"] == got["process"]
+    assert got["thread"]

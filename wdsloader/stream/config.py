@@ -43,7 +43,8 @@ class LoaderConfig:
     registered collator's name (made with ``collate_options``) or a callable;
     ``loader_kwargs`` go to torch's DataLoader; ``mix`` is the sample-level mix when the loader
     reads several sources (``plan`` is then over their shards concatenated in source order);
-    ``packing`` plans packed rows instead of samples (``create_loader(packing=...)``).
+    ``packing`` plans packed rows instead of samples (``create_loader(packing=...)``);
+    ``worker_mode`` is ``"thread"`` when its workers are threads of the loader's process.
     """
 
     split: str
@@ -62,6 +63,7 @@ class LoaderConfig:
     loader_kwargs: Mapping[str, Any]
     mix: MixSpec | None = None
     packing: PackPlanner | None = None
+    worker_mode: str = "process"
 
 
 def default_span_window(
@@ -192,6 +194,7 @@ def resolve_config(
         readahead_batches=max(1, window // batch_size),
         loader_kwargs=options.workers.loader_kwargs(options.num_workers, options.pin_memory),
         mix=mix,
+        worker_mode=options.workers.mode if options.num_workers > 0 else "process",
     )
 
 

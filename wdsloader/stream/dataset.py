@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import logging
 import weakref
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Generator, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -231,6 +231,10 @@ class ShardStreamDataset(IterableDataset):
                 f"the DataLoader has {info.num_workers} workers but the plan was made for "
                 f"{self.config.num_workers}; build loaders with create_loader"
             )
+        yield from self.iter_worker(worker)
+
+    def iter_worker(self, worker: int) -> Generator[Any, None, None]:
+        """The batches of plan worker ``worker`` in this iteration, made in this thread."""
         batches = self.worker_batches(self.control.epoch, worker, self.resume_point())
         yield from self._iter_batches(batches, worker)
 

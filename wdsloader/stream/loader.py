@@ -6,6 +6,7 @@ import functools
 import logging
 import os
 import time
+import warnings
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -43,6 +44,7 @@ from wdsloader.stream.start_method import check_sendable
 from wdsloader.stream.state import LoaderState, epoch_fingerprint, stage_fingerprint
 from wdsloader.stream.telemetry import Hook, Telemetry
 from wdsloader.stream.telemetry import all_ranks as all_ranks_metrics
+from wdsloader.stream.threads import start_threads
 from wdsloader.stream.workers import WorkerWatch
 
 if TYPE_CHECKING:
@@ -80,7 +82,8 @@ class WdsDataLoader(DataLoader):
     ``manifest`` (its ``dims`` bind the symbolic shapes of ``output_schema()``), and ``stats``.
     ``len(loader)`` is the number of batches this rank yields in a full epoch; iterating a
     loader to the end moves it to the next epoch. ``fingerprint`` (default: derived from the
-    dataset) names each stage's config in the states it saves.
+    dataset) names each stage's config in the states it saves; ``worker_mode="thread"`` runs
+    its ``num_workers`` workers on threads (see :class:`~wdsloader.stream.options.WorkerOptions`).
     """
 
     def __init__(
@@ -88,10 +91,14 @@ class WdsDataLoader(DataLoader):
         dataset: ShardStreamDataset,
         *,
         fingerprint: Mapping[str, str] | None = None,
+        worker_mode: str = "process",
         **kwargs: Any,
     ) -> None:
         # batches are collated inside the workers; torch's default_convert would walk them again
-        super().__init__(dataset, batch_size=None, collate_fn=_as_is, **kwargs)
+        with warnings.catch_warnings():
+            if worker_mode == "thread":  # torch's advice on the count of worker processes
+                warnings.filterwarnings("ignore", "This DataLoader will create", UserWarning)
+            super().__init__(dataset, batch_size=None, collate_fn=_as_is, **kwargs)
         self.dataset_obj = dataset
         self.sampler_obj = None
         self.fingerprint: dict[str, str] = dict(
@@ -103,6 +110,8 @@ class WdsDataLoader(DataLoader):
         self._yielded = 0
         self._played: dict[int, plan.Resume] = {}  # epochs played from a resume point
         self.telemetry = Telemetry()
+        self.worker_mode = worker_mode if self.num_workers > 0 else "process"
+        self._free: list[list[ShardStreamDataset | None]] = []  # thread workers' datasets
 
     # a generator over DataLoader's iterator (resume bookkeeping), not a _BaseDataLoaderIter
     def __iter__(self) -> Iterator[Any]:  # type: ignore[override]
@@ -119,22 +128,29 @@ class WdsDataLoader(DataLoader):
             self._played.pop(ds.epoch, None)
         telemetry, control, now = self.telemetry, ds.control, time.perf_counter_ns
         telemetry.start(ds.epoch, control)
-        watch = WorkerWatch(super().__iter__(), ds)
-        while True:
-            t0 = now()
-            try:
-                batch = watch.next()
-            except StopIteration:
-                break
-            except WorkerDiedError:
-                self._iterator = None  # persistent workers: start a new pool next time
-                raise
-            telemetry.waited(now() - t0)
-            self._yielded += 1
-            if telemetry.hooks:
-                telemetry.after_batch(control)
-            yield batch
-            del batch
+        threads = None
+        if self.worker_mode == "thread":
+            threads = start_threads(ds, self._free, self.prefetch_factor or 2, self.pin_memory)
+        watch = WorkerWatch(super().__iter__() if threads is None else threads, ds)
+        try:
+            while True:
+                t0 = now()
+                try:
+                    batch = watch.next()
+                except StopIteration:
+                    break
+                except WorkerDiedError:
+                    self._iterator = None  # persistent workers: start a new pool next time
+                    raise
+                telemetry.waited(now() - t0)
+                self._yielded += 1
+                if telemetry.hooks:
+                    telemetry.after_batch(control)
+                yield batch
+                del batch
+        finally:
+            if threads is not None:  # a loop that stops early leaves no thread running
+                threads.close()
         ds.set_resume(None)
         ds.set_epoch(ds.epoch + 1)
         self._started_from, self._yielded = None, 0
@@ -315,10 +331,13 @@ def build_dataset(
 def build_loader(config: LoaderConfig, dataset: ShardStreamDataset) -> WdsDataLoader:
     """The DataLoader over ``dataset`` (checked sendable to its workers' start method)."""
     kwargs = dict(config.loader_kwargs)
-    if kwargs["num_workers"] > 0:
+    if kwargs["num_workers"] > 0 and config.worker_mode == "process":
         check_sendable(dataset, kwargs["multiprocessing_context"])
     collate_name = config.collate if isinstance(config.collate, str) else None
-    return WdsDataLoader(dataset, fingerprint=dataset_fingerprint(dataset, collate_name), **kwargs)
+    return WdsDataLoader(
+        dataset, fingerprint=dataset_fingerprint(dataset, collate_name),
+        worker_mode=config.worker_mode, **kwargs,
+    )  # fmt: skip
 
 
 def create_loader(

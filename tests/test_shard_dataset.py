@@ -12,8 +12,10 @@ import torch
 from torch.utils.data import DataLoader, DistributedSampler
 
 from build_shards import ShardOptions, build_shards
+from tests.http_server import Faults, http_server_fixture  # noqa: F401
 from wdsloader import create_loader
 from wdsloader.access import ShardDataset
+from wdsloader.io import ReadOptions
 
 N = 230
 
@@ -151,3 +153,14 @@ def test_gzip_shards_and_s3(tmp_path, s3_bucket):
         _same(ds[i], streamed[i])
     assert ds.get("doc-0200")["text"] == "sample 200"
     assert "testing" not in repr(ds)
+
+
+def test_a_dropped_key_index_read_is_retried_through_the_store(http_server):
+    build_shards(_items(), http_server.root / "ds", shards=ShardOptions(max_count=50))
+    ds = ShardDataset(f"{http_server.url}/ds", read_options=ReadOptions(backoff=0))
+    http_server.faults = Faults(first_gets=1, suffix=".wdskeys")  # the first GET is cut short
+    assert ds.get("doc-0042")["__index__"] == 42
+    assert ds.get("doc-0229")["text"] == "sample 229"
+    keys_gets = [r for r in http_server.requests() if r.path.endswith(".wdskeys")]
+    assert [r.dropped for r in keys_gets][:2] == [True, False]
+    assert ds.store.stats["retries"] == 1

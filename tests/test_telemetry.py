@@ -13,9 +13,13 @@ import torch
 
 from build_shards import ShardOptions, build_shards
 from wdsloader import create_loader
+from wdsloader.format.codecs import register_codec, unregister_codec
+from wdsloader.io.file_store import LocalStore
+from wdsloader.io.store import STORES
 from wdsloader.stream import LoggingReporter, TensorBoardReporter
 
 SLEEP = 0.01
+STAGE_SLEEP = 0.002  # per sample decoded (slow decode), per storage request (slow fetch)
 
 
 @pytest.fixture(scope="module")
@@ -38,7 +42,7 @@ def test_a_slow_collate_shows_in_collate_time(built, workers):
     m = loader.metrics()
     assert n == 12 and m["batches"] == 12 and m["samples"] == 240 and m["epoch"] == 0
     assert 12 * SLEEP <= m["collate_s"] < 12 * SLEEP + 1.0
-    assert m["decode_s"] >= 0 and m["fetch_s"] >= 0
+    assert m["decode_s"] < 12 * SLEEP and m["fetch_s"] < 12 * SLEEP  # no sleep in them
     if workers == 0:  # the training loop waited for all of it
         assert m["wait_s"] >= m["collate_s"] + m["decode_s"]
 
@@ -93,3 +97,66 @@ def test_all_ranks_gives_the_mean_and_the_slowest_wait(built, tmp_path):
         dist.destroy_process_group()
     assert group["max_wait_s"] == pytest.approx(mine["wait_s"])
     assert {k: group[k] for k in mine} == pytest.approx(mine)
+
+
+class SlowCodec:
+    """A made-up encoding ``slow``: bytes stored as they are, each decode sleeping
+    :data:`STAGE_SLEEP`."""
+
+    name = "slow"
+    encodings = ("slow",)
+    fixed_width = False
+
+    def encode(self, value, spec):
+        return bytes(value)
+
+    def decode(self, data, spec):
+        time.sleep(STAGE_SLEEP)
+        return bytes(data)
+
+
+SLOW = SlowCodec()
+
+
+class SlowStore(LocalStore):
+    """A local store whose every storage request takes :data:`STAGE_SLEEP` longer."""
+
+    def _read_files(self, reqs, *args, **kwargs):
+        time.sleep(STAGE_SLEEP * len(reqs))
+        return super()._read_files(reqs, *args, **kwargs)
+
+
+@pytest.fixture
+def slow_codec():
+    register_codec(SLOW)
+    yield SLOW
+    unregister_codec(SLOW)
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_slow_decode_shows_in_decode_time(tmp_path, slow_codec, workers):
+    items = [{"n": i, "blob.slow": b"x" * (i % 7)} for i in range(120)]
+    build_shards(items, tmp_path / "ds", shards=ShardOptions(max_count=40))
+    loader = create_loader(tmp_path / "ds", "train", 10, workers, collate_fn=list)
+    samples = [s for batch in loader for s in batch]
+    m = loader.metrics()
+    assert sorted(s["blob"] for s in samples) == sorted(b"x" * (i % 7) for i in range(120))
+    injected = 120 * STAGE_SLEEP  # one decode per sample, in the workers' own thread
+    assert injected <= m["decode_s"] < injected + 1.5
+    assert m["fetch_s"] < injected and m["collate_s"] < injected
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_slow_fetch_shows_in_fetch_time(built, monkeypatch, workers):
+    monkeypatch.setitem(STORES, "local", "tests.test_telemetry:SlowStore")
+    loader = create_loader(built, "train", 20, workers)
+    assert type(loader.dataset_obj.store) is SlowStore
+    assert sum(len(b["__key__"]) for b in loader) == 240
+    m = loader.metrics()
+    injected = m["requests"] * STAGE_SLEEP
+    assert m["requests"] >= 12  # at least one request a batch
+    # the worker waits for the bytes of a group while the next is read ahead, so the wait
+    # may be the injected delay less the time it spent in the other stages
+    slack = m["decode_s"] + m["collate_s"]
+    assert injected - slack <= m["fetch_s"] < injected + 1.5
+    assert m["decode_s"] < injected and m["collate_s"] < injected

@@ -201,3 +201,30 @@ def test_on_s3_requests_are_the_servers_and_bytes_each_samples_once(s3_bucket, c
     spans = sum(loader.dataset_obj.store.index(s)[-1] - loader.dataset_obj.store.index(s)[0]
                 for s in shards)  # fmt: skip
     assert m["bytes_read"] == spans and m["samples"] == 240 and m["batches"] == 12
+
+
+@pytest.mark.slow
+def test_all_ranks_over_two_processes_gives_the_slowest_ranks_wait_and_the_mean(built, tmp_path):
+    import json
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"]
+    cmd += [str(root / "tests" / "telemetry_run.py"), "--data", str(built), "--out", str(tmp_path)]
+    cmd += ["--sleep", str(2 * SLEEP)]  # rank 1's collate only
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(root)}
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    r0, r1 = (json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1))
+    assert r0["batches"] == r1["batches"] == 12  # 240 samples, 2 ranks, batches of 10
+    fast, slow = r0["mine"], r1["mine"]
+    assert slow["collate_s"] >= 12 * 2 * SLEEP > fast["collate_s"]
+    assert slow["wait_s"] >= slow["collate_s"] and slow["wait_s"] > fast["wait_s"]
+    for r in (r0, r1):  # every rank gets the same answer: rank 1's wait, the mean of each
+        group = r["group"]
+        assert group["max_wait_s"] == slow["wait_s"]
+        for name, value in fast.items():
+            assert group[name] == pytest.approx((value + slow[name]) / 2), name

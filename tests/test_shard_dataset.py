@@ -164,3 +164,42 @@ def test_a_dropped_key_index_read_is_retried_through_the_store(http_server):
     keys_gets = [r for r in http_server.requests() if r.path.endswith(".wdskeys")]
     assert [r.dropped for r in keys_gets][:2] == [True, False]
     assert ds.store.stats["retries"] == 1
+
+
+def test_a_mixed_loaders_source_and_index_give_back_each_sample(built, tmp_path):
+    from wdsloader import Mix, MixSource
+    from wdsloader.access import MixedShardDataset
+
+    other = [
+        {**s, "__key__": f"other-{i:03d}", "label": 100 + i} for i, s in enumerate(_items()[:70])
+    ]
+    build_shards(other, tmp_path / "b", shards=ShardOptions(max_count=30))
+    mix = Mix([MixSource(built, name="a", weight=1), MixSource(tmp_path / "b", name="b", weight=1)])
+    ds = MixedShardDataset(mix)
+    assert len(ds) == N + 70 and [len(ds.source(n)) for n in ("a", "b")] == [N, 70]
+    loader = create_loader(mix, "train", 10, 2, shuffle=True, seed=3, collate_fn=list)
+    seen = 0
+    for batch in loader:
+        for sample in batch:
+            again = ds[sample["__source__"], sample["__index__"]]
+            _same(again, sample)
+            seen += 1
+    assert seen == len(loader) * 10
+    # a collated batch: its __source__ and __index__ tensors
+    batch = next(iter(create_loader(mix, "train", 10, 0, shuffle=True, seed=3)))
+    again = ds.batch(batch)
+    assert [s["__key__"] for s in again] == list(batch["__key__"])
+    assert [s["label"] for s in again] == batch["label"].tolist()
+    assert {s["__source__"] for s in again} <= {0, 1}
+    # by name, flat and negative indices, keys, errors naming the sources
+    assert ds["b", 3]["__key__"] == "other-003" and ds[N + 3]["__key__"] == "other-003"
+    assert ds[-1]["__key__"] == "other-069" and ds[-1]["__source__"] == 1
+    assert ds.get("other-010")["label"] == 110 and ds.get("doc-0010", "a")["__source__"] == 0
+    with pytest.raises(
+        KeyError, match=r"no sample with key 'doc-0010' in split 'train' of sources \['b'\]"
+    ):
+        ds.get("doc-0010", source="b")
+    with pytest.raises(KeyError, match=r"no source 'c' in the mix; its sources: \['a', 'b'\]"):
+        ds["c", 0]
+    with pytest.raises(IndexError, match=r"index 300 out of range for the mix \(300 samples\)"):
+        ds[300]

@@ -203,3 +203,25 @@ def test_a_mixed_loaders_source_and_index_give_back_each_sample(built, tmp_path)
         ds["c", 0]
     with pytest.raises(IndexError, match=r"index 300 out of range for the mix \(300 samples\)"):
         ds[300]
+
+
+def test_a_mix_on_s3_gives_back_each_batch_and_its_replay(s3_bucket):
+    from wdsloader import Mix, MixSource
+    from wdsloader.access import MixedShardDataset
+
+    url, options = s3_bucket
+    for name, n in (("a", 50), ("b", 30)):
+        items = [{**s, "__key__": f"{name}-{i:03d}"} for i, s in enumerate(_items()[:n])]
+        build_shards(items, f"{url}/{name}", shards=ShardOptions(max_count=20),
+                     storage_options=options)  # fmt: skip
+    mix = Mix([MixSource(f"{url}/a", name="a"), MixSource(f"{url}/b", name="b")])
+    ds = MixedShardDataset(mix, storage_options=options)
+    loader = create_loader(mix, "train", 8, 2, seed=2, storage_options=options, collate_fn=list)
+    for step, batch in enumerate(loader):
+        again = ds.batch({k: [s[k] for s in batch] for k in ("__source__", "__index__")})
+        for sample, read in zip(batch, again, strict=True):
+            _same(read, sample)
+        replay = loader.batch_indices(0, step)
+        assert replay.source.tolist() == [s["__source__"] for s in batch]
+        assert replay.index.tolist() == [s["__index__"] for s in batch]
+    assert "testing" not in repr(ds)

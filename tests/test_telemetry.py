@@ -155,10 +155,11 @@ def test_a_slow_fetch_shows_in_fetch_time(built, monkeypatch, workers):
     m = loader.metrics()
     injected = m["requests"] * STAGE_SLEEP
     assert m["requests"] >= 12  # at least one request a batch
-    # the worker waits for the bytes of a group while the next is read ahead, so the wait
-    # may be the injected delay less the time it spent in the other stages
+    # the next group is read while the worker decodes, collates and hands over this one, so
+    # the wait is the injected delay less that time: the other stages' (measured) and the
+    # hand-over's (not measured: a quarter of the delay allowed, a lenient ratio)
     slack = m["decode_s"] + m["collate_s"]
-    assert injected - slack <= m["fetch_s"] < injected + 1.5
+    assert 0.75 * injected - slack <= m["fetch_s"] < injected + 1.5
     assert m["decode_s"] < injected and m["collate_s"] < injected
 
 

@@ -441,6 +441,15 @@ def test_adopt_command(tmp_path, capsys):
     assert code == 0, err
     assert summary_rows(out) == {"train": (2, 9), "val": (1, 4), "total": (3, 13)}
     assert "adopted" in out
+    hidden = sorted(p.name for p in (tmp_path / "s" / "train").iterdir() if p.name[0] == ".")
+    assert hidden == [
+        ".p-00.tar.wdsidx",
+        ".p-00.tar.wdskeys",
+        ".p-01.tar.wdsidx",
+        ".p-01.tar.wdskeys",
+    ]
+    code, out, _ = run_cli(capsys, "adopt", "--help")
+    assert code == 0 and ".X.tar.wdsidx" in out and ".X.tar.wdskeys" in out
     code, _, err = run_cli(capsys, "adopt", tmp_path / "s")
     assert_one_line_error(code, err, "manifest.json already exists")
     code, _, err = run_cli(capsys, "adopt", tmp_path / "s", "--split-pattern", "(unclosed")

@@ -127,3 +127,40 @@ def test_the_replay_command_prints_and_writes_the_steps_samples(built, tmp_path,
     assert written == sorted(f"{index[k]:09d}.x.json" for k in keys)
     first = (tmp_path / "o" / f"{index[keys[0]]:09d}.x.json").read_text()
     assert float(first) == int(keys[0][1:])  # the member's bytes as stored
+
+
+def test_replay_on_s3_and_the_command_without_credentials(built, s3_bucket, tmp_path, capsys):
+    import json
+
+    import s3fs
+
+    from wdsloader.cli.commands import main
+
+    bucket, options = s3_bucket
+    options = {**options, "key": "AKIDREPLAY", "secret": "replay-secret-value"}
+    s3fs.S3FileSystem(**options).put(str(built["a"]), f"{bucket}/a", recursive=True)
+    url = f"{bucket}/a"
+    index = _index_of_key(built["a"])
+    for rank in range(2):
+        loader = create_loader(
+            url, "train", 8, 2, shuffle=True, seed=6, storage_options=options,
+            topology=Topology(rank=rank, world_size=2),
+        )  # fmt: skip
+        _check_epochs(loader, index)
+        state = json.dumps(loader.state_dict())
+        assert "replay-secret-value" not in state and "AKIDREPLAY" not in state
+    loader.set_epoch(1)
+    keys = list(loader)[3]["__key__"]
+    argv = [url, "--epoch", "1", "--step", "3", "--rank", "1", "--world-size", "2"]
+    argv += ["--batch-size", "8", "--num-workers", "2", "--seed", "6", "--out", str(tmp_path / "o")]
+    argv += ["--storage-option=key=AKIDREPLAY", "--storage-option=secret=replay-secret-value"]
+    argv += [
+        f"--storage-option=client_kwargs.endpoint_url={options['client_kwargs']['endpoint_url']}"
+    ]
+    assert main(["replay", *argv]) == 0
+    out, err = capsys.readouterr()
+    assert out.splitlines() == [f"{index[k]}\t{k}" for k in keys]
+    assert "replay-secret-value" not in out + err and "AKIDREPLAY" not in out + err
+    written = {p.name: p.read_bytes() for p in (tmp_path / "o").iterdir()}
+    local = ShardDataset(built["a"])
+    assert written == {f"{index[k]:09d}.x.json": local.members(index[k])[1]["x.json"] for k in keys}

@@ -239,6 +239,41 @@ def test_remote_dataset_without_its_credentials_in_the_page(built, s3_bucket, tm
         assert r.fields == loc.fields and len(r.indices) == min(20, r.num_rows)
 
 
+def test_several_datasets_share_one_page_with_a_section_each(built, tmp_path, capsys):
+    other = tmp_path / "other"
+    build_shards(
+        [{"__key__": f"o{i}", "label": 100 + i % 3, "n": np.float32(i)} for i in range(30)],
+        other,
+        shards=ShardOptions(max_count=8),
+    )
+    out = tmp_path / "both.html"
+    assert main(["report", str(built), str(other), "-o", str(out), "--samples", "all"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines == [
+        f"{built}: {N:,} rows read; report in {out}",
+        f"{other}: 30 rows read; report in {out}",
+    ]
+    text = out.read_text(encoding="utf-8")
+    page = _Page(text)
+    ids = re.findall(r'id="([^"]*)"', text)
+    assert len(ids) == len(set(ids))  # every id once on the page
+    assert {"datasets", "dataset-0", "dataset-1", "d0-splits", "d1-splits"} <= set(ids)
+    for k, root in enumerate((built, other)):
+        m = load_manifest(root, None)
+        for name, split in m.splits.items():
+            _, shards, samples, nbytes, _ = page.tables[f"d{k}-splits"][name]
+            assert (int(shards), int(samples), int(nbytes)) == (
+                len(split.shards), split.num_samples, split.num_bytes,
+            )  # fmt: skip
+    first, second = (_Page(part) for part in text.split('<section id="dataset-1">'))
+    assert second.bars["label"] == dict(Counter(str(100 + i % 3) for i in range(30)))
+    assert (
+        first.bars["label"]
+        == _Page(_report(built, tmp_path / "one.html", "--samples", "all")).bars["label"]
+    )
+    assert len(page.thumbs) == 16 and not second.thumbs  # the image dataset's (8 per split)
+
+
 # -- a real browser ------------------------------------------------------------------------------
 CHROMIUM_FLAGS = [
     "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",

@@ -12,8 +12,10 @@ import torch
 from torch.utils.data import DataLoader, DistributedSampler
 
 from build_shards import ShardOptions, build_shards
+from tests.http_server import Faults, http_server_fixture  # noqa: F401
 from wdsloader import create_loader
 from wdsloader.access import ShardDataset
+from wdsloader.io import ReadOptions
 
 N = 230
 
@@ -150,4 +152,76 @@ def test_gzip_shards_and_s3(tmp_path, s3_bucket):
     for i in (0, 59, 60, 229):
         _same(ds[i], streamed[i])
     assert ds.get("doc-0200")["text"] == "sample 200"
+    assert "testing" not in repr(ds)
+
+
+def test_a_dropped_key_index_read_is_retried_through_the_store(http_server):
+    build_shards(_items(), http_server.root / "ds", shards=ShardOptions(max_count=50))
+    ds = ShardDataset(f"{http_server.url}/ds", read_options=ReadOptions(backoff=0))
+    http_server.faults = Faults(first_gets=1, suffix=".wdskeys")  # the first GET is cut short
+    assert ds.get("doc-0042")["__index__"] == 42
+    assert ds.get("doc-0229")["text"] == "sample 229"
+    keys_gets = [r for r in http_server.requests() if r.path.endswith(".wdskeys")]
+    assert [r.dropped for r in keys_gets][:2] == [True, False]
+    assert ds.store.stats["retries"] == 1
+
+
+def test_a_mixed_loaders_source_and_index_give_back_each_sample(built, tmp_path):
+    from wdsloader import Mix, MixSource
+    from wdsloader.access import MixedShardDataset
+
+    other = [
+        {**s, "__key__": f"other-{i:03d}", "label": 100 + i} for i, s in enumerate(_items()[:70])
+    ]
+    build_shards(other, tmp_path / "b", shards=ShardOptions(max_count=30))
+    mix = Mix([MixSource(built, name="a", weight=1), MixSource(tmp_path / "b", name="b", weight=1)])
+    ds = MixedShardDataset(mix)
+    assert len(ds) == N + 70 and [len(ds.source(n)) for n in ("a", "b")] == [N, 70]
+    loader = create_loader(mix, "train", 10, 2, shuffle=True, seed=3, collate_fn=list)
+    seen = 0
+    for batch in loader:
+        for sample in batch:
+            again = ds[sample["__source__"], sample["__index__"]]
+            _same(again, sample)
+            seen += 1
+    assert seen == len(loader) * 10
+    # a collated batch: its __source__ and __index__ tensors
+    batch = next(iter(create_loader(mix, "train", 10, 0, shuffle=True, seed=3)))
+    again = ds.batch(batch)
+    assert [s["__key__"] for s in again] == list(batch["__key__"])
+    assert [s["label"] for s in again] == batch["label"].tolist()
+    assert {s["__source__"] for s in again} <= {0, 1}
+    # by name, flat and negative indices, keys, errors naming the sources
+    assert ds["b", 3]["__key__"] == "other-003" and ds[N + 3]["__key__"] == "other-003"
+    assert ds[-1]["__key__"] == "other-069" and ds[-1]["__source__"] == 1
+    assert ds.get("other-010")["label"] == 110 and ds.get("doc-0010", "a")["__source__"] == 0
+    with pytest.raises(
+        KeyError, match=r"no sample with key 'doc-0010' in split 'train' of sources \['b'\]"
+    ):
+        ds.get("doc-0010", source="b")
+    with pytest.raises(KeyError, match=r"no source 'c' in the mix; its sources: \['a', 'b'\]"):
+        ds["c", 0]
+    with pytest.raises(IndexError, match=r"index 300 out of range for the mix \(300 samples\)"):
+        ds[300]
+
+
+def test_a_mix_on_s3_gives_back_each_batch_and_its_replay(s3_bucket):
+    from wdsloader import Mix, MixSource
+    from wdsloader.access import MixedShardDataset
+
+    url, options = s3_bucket
+    for name, n in (("a", 50), ("b", 30)):
+        items = [{**s, "__key__": f"{name}-{i:03d}"} for i, s in enumerate(_items()[:n])]
+        build_shards(items, f"{url}/{name}", shards=ShardOptions(max_count=20),
+                     storage_options=options)  # fmt: skip
+    mix = Mix([MixSource(f"{url}/a", name="a"), MixSource(f"{url}/b", name="b")])
+    ds = MixedShardDataset(mix, storage_options=options)
+    loader = create_loader(mix, "train", 8, 2, seed=2, storage_options=options, collate_fn=list)
+    for step, batch in enumerate(loader):
+        again = ds.batch({k: [s[k] for s in batch] for k in ("__source__", "__index__")})
+        for sample, read in zip(batch, again, strict=True):
+            _same(read, sample)
+        replay = loader.batch_indices(0, step)
+        assert replay.source.tolist() == [s["__source__"] for s in batch]
+        assert replay.index.tolist() == [s["__index__"] for s in batch]
     assert "testing" not in repr(ds)

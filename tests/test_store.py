@@ -191,3 +191,57 @@ def test_workers_sharing_a_cache_download_each_shard_once(http_server, tmp_path)
     tars = [r for r in http_server.requests() if r.path.endswith(".tar")]
     assert sum(r.sent for r in tars) == sum(s.num_bytes for s in shards)
     assert sorted({r.path for r in tars}) == sorted(f"/shared/{s.path}" for s in shards)
+
+
+# -- side files (key index, lengths) through the store --------------------------------------------
+def test_side_files_are_read_through_every_store_with_its_retries_and_cache(http_server, tmp_path):
+    import fsspec
+
+    from build_shards import SampleOptions, ShardOptions, build_shards
+    from wdsloader.format.keyindex import decode_key_index
+    from wdsloader.format.lengths import read_lengths as read_lengths_fs
+    from wdsloader.io.side_files import read_key_index, read_lengths, read_split_lengths
+
+    folder = http_server.root / "side"
+    items = [{"__key__": f"k{i:03d}", "ids": np.arange(i % 5 + 1)} for i in range(30)]
+    build_shards(
+        items, folder, shards=ShardOptions(max_count=12), samples=SampleOptions(lengths="ids")
+    )
+    url = f"{http_server.url}/side"
+    shards = Manifest.load(str(folder)).split("train").shards
+    local_fs = fsspec.filesystem("file")
+    want_len = [read_lengths_fs(local_fs, str(folder), s).tolist() for s in shards]
+    want_keys = [
+        decode_key_index((folder / s.keys_path).read_bytes(), s.num_samples) for s in shards
+    ]
+    assert sorted(n for part in want_len for n in part) == sorted(i % 5 + 1 for i in range(30))
+    cache = ReadOptions(cache_dir=str(tmp_path / "cache"), backoff=0)
+    local, remote = ShardStore(folder), ShardStore(url, ReadOptions(backoff=0))
+    cached = ShardStore(url, cache)
+    mix = MixStore([local, remote], list(shards), [1] * len(shards))
+    for store in (local, remote, cached, mix):
+        assert [read_lengths(store, s).tolist() for s in shards] == want_len, store
+        for s, want in zip(shards, want_keys, strict=True):
+            assert np.array_equal(read_key_index(store, s), want), store
+        assert read_split_lengths(store, shards).tolist() == sum(want_len, [])
+    # a dropped connection on a side file is retried (the remote store's retries)
+    http_server.faults = Faults(first_gets=2, suffix=".wdskeys")
+    fresh = ShardStore(url, ReadOptions(backoff=0))
+    assert np.array_equal(read_key_index(fresh, shards[0]), want_keys[0])
+    assert np.array_equal(read_key_index(fresh, shards[1]), want_keys[1])
+    assert fresh.stats["retries"] == 2
+    # the cache keeps side files: a new store on the same cache asks the server for none
+    http_server.faults = Faults()
+    http_server.clear_log()
+    again = ShardStore(url, cache)
+    assert [read_lengths(again, s).tolist() for s in shards] == want_len
+    assert [r.path for r in http_server.requests()] == []
+    # a longer key index is one record too long, a missing one names the file
+    with open(folder / shards[0].keys_path, "ab") as f:
+        f.write(b"\0" * 12)
+    with pytest.raises(ShardFormatError, match=r"\.wdskeys: more than 144 bytes, expected 144 "):
+        read_key_index(ShardStore(url), shards[0])
+    (folder / shards[1].keys_path).unlink()
+    with pytest.raises(ShardFormatError) as err:
+        read_key_index(ShardStore(url), shards[1])
+    assert str(err.value) == f"{url}/{shards[1].keys_path}: key index file not found"

@@ -13,9 +13,13 @@ import torch
 
 from build_shards import ShardOptions, build_shards
 from wdsloader import create_loader
+from wdsloader.format.codecs import register_codec, unregister_codec
+from wdsloader.io.file_store import LocalStore
+from wdsloader.io.store import STORES
 from wdsloader.stream import LoggingReporter, TensorBoardReporter
 
 SLEEP = 0.01
+STAGE_SLEEP = 0.002  # per sample decoded (slow decode), per storage request (slow fetch)
 
 
 @pytest.fixture(scope="module")
@@ -38,7 +42,7 @@ def test_a_slow_collate_shows_in_collate_time(built, workers):
     m = loader.metrics()
     assert n == 12 and m["batches"] == 12 and m["samples"] == 240 and m["epoch"] == 0
     assert 12 * SLEEP <= m["collate_s"] < 12 * SLEEP + 1.0
-    assert m["decode_s"] >= 0 and m["fetch_s"] >= 0
+    assert m["decode_s"] < 12 * SLEEP and m["fetch_s"] < 12 * SLEEP  # no sleep in them
     if workers == 0:  # the training loop waited for all of it
         assert m["wait_s"] >= m["collate_s"] + m["decode_s"]
 
@@ -93,3 +97,122 @@ def test_all_ranks_gives_the_mean_and_the_slowest_wait(built, tmp_path):
         dist.destroy_process_group()
     assert group["max_wait_s"] == pytest.approx(mine["wait_s"])
     assert {k: group[k] for k in mine} == pytest.approx(mine)
+
+
+class SlowCodec:
+    """A made-up encoding ``slow``: bytes stored as they are, each decode sleeping
+    :data:`STAGE_SLEEP`."""
+
+    name = "slow"
+    encodings = ("slow",)
+    fixed_width = False
+
+    def encode(self, value, spec):
+        return bytes(value)
+
+    def decode(self, data, spec):
+        time.sleep(STAGE_SLEEP)
+        return bytes(data)
+
+
+SLOW = SlowCodec()
+
+
+class SlowStore(LocalStore):
+    """A local store whose every storage request takes :data:`STAGE_SLEEP` longer."""
+
+    def _read_files(self, reqs, *args, **kwargs):
+        time.sleep(STAGE_SLEEP * len(reqs))
+        return super()._read_files(reqs, *args, **kwargs)
+
+
+@pytest.fixture
+def slow_codec():
+    register_codec(SLOW)
+    yield SLOW
+    unregister_codec(SLOW)
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_slow_decode_shows_in_decode_time(tmp_path, slow_codec, workers):
+    items = [{"n": i, "blob.slow": b"x" * (i % 7)} for i in range(120)]
+    build_shards(items, tmp_path / "ds", shards=ShardOptions(max_count=40))
+    loader = create_loader(tmp_path / "ds", "train", 10, workers, collate_fn=list)
+    samples = [s for batch in loader for s in batch]
+    m = loader.metrics()
+    assert sorted(s["blob"] for s in samples) == sorted(b"x" * (i % 7) for i in range(120))
+    injected = 120 * STAGE_SLEEP  # one decode per sample, in the workers' own thread
+    assert injected <= m["decode_s"] < injected + 1.5
+    assert m["fetch_s"] < injected and m["collate_s"] < injected
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_slow_fetch_shows_in_fetch_time(built, monkeypatch, workers):
+    monkeypatch.setitem(STORES, "local", "tests.test_telemetry:SlowStore")
+    loader = create_loader(built, "train", 20, workers)
+    assert type(loader.dataset_obj.store) is SlowStore
+    assert sum(len(b["__key__"]) for b in loader) == 240
+    m = loader.metrics()
+    injected = m["requests"] * STAGE_SLEEP
+    assert m["requests"] >= 12  # at least one request a batch
+    # the next group is read while the worker decodes, collates and hands over this one, so
+    # the wait is the injected delay less that time: the other stages' (measured) and the
+    # hand-over's (not measured: a quarter of the delay allowed, a lenient ratio)
+    slack = m["decode_s"] + m["collate_s"]
+    assert 0.75 * injected - slack <= m["fetch_s"] < injected + 1.5
+    assert m["decode_s"] < injected and m["collate_s"] < injected
+
+
+@pytest.mark.parametrize("workers", [0, 1, 2])  # a worker counts from its own first read
+def test_on_s3_requests_are_the_servers_and_bytes_each_samples_once(s3_bucket, caplog, workers):
+    import re
+
+    from wdsloader.io.manifest_io import load_manifest
+
+    url, options = s3_bucket
+    items = [{"emb": np.full(64, i, np.float32), "label": i % 5} for i in range(240)]
+    build_shards(items, f"{url}/ds", shards=ShardOptions(max_count=60), storage_options=options)
+    loader = create_loader(f"{url}/ds", "train", 20, workers, storage_options=options)
+    shards = load_manifest(f"{url}/ds", options).split("train").shards
+    iter(loader)  # the indexes are read before the epoch
+    caplog.set_level(logging.INFO, logger="werkzeug")  # moto's access log: one line a request
+    caplog.clear()
+    assert sum(len(b["__key__"]) for b in loader) == 240
+    m = loader.metrics()
+    gets = [
+        re.search(r"GET (\S+)", r.getMessage())[1]  # type: ignore[index]
+        for r in caplog.records
+        if r.name == "werkzeug"
+    ]
+    assert len(gets) == m["requests"] >= len(shards)
+    assert all(g.endswith(".tar") for g in gets)
+    spans = sum(loader.dataset_obj.store.index(s)[-1] - loader.dataset_obj.store.index(s)[0]
+                for s in shards)  # fmt: skip
+    assert m["bytes_read"] == spans and m["samples"] == 240 and m["batches"] == 12
+
+
+@pytest.mark.slow
+def test_all_ranks_over_two_processes_gives_the_slowest_ranks_wait_and_the_mean(built, tmp_path):
+    import json
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"]
+    cmd += [str(root / "tests" / "telemetry_run.py"), "--data", str(built), "--out", str(tmp_path)]
+    cmd += ["--sleep", str(2 * SLEEP)]  # rank 1's collate only
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(root)}
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    r0, r1 = (json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1))
+    assert r0["batches"] == r1["batches"] == 12  # 240 samples, 2 ranks, batches of 10
+    fast, slow = r0["mine"], r1["mine"]
+    assert slow["collate_s"] >= 12 * 2 * SLEEP > fast["collate_s"]
+    assert slow["wait_s"] >= slow["collate_s"] and slow["wait_s"] > fast["wait_s"]
+    for r in (r0, r1):  # every rank gets the same answer: rank 1's wait, the mean of each
+        group = r["group"]
+        assert group["max_wait_s"] == slow["wait_s"]
+        for name, value in fast.items():
+            assert group[name] == pytest.approx((value + slow[name]) / 2), name

@@ -1,7 +1,7 @@
-"""Adopt WebDataset shards written by other tools: scan each tar once, write its index beside it
-(the hidden ``.X.tar.wdsidx``), a ``manifest.json`` and a dataset card at the root. The tars
-themselves are only read, never modified, and so is any other tool's file (Energon's
-``X.tar.idx``, a user's ``README.md``).
+"""Adopt WebDataset shards written by other tools: scan each tar once, write its index and key index
+beside it (the hidden ``.X.tar.wdsidx`` and ``.X.tar.wdskeys``), a ``manifest.json`` and a
+dataset card at the root. The tars themselves are only read, never modified, and so is any other
+tool's file (Energon's ``X.tar.idx``, a user's ``README.md``).
 
 Sample offsets follow the WebDataset grouping rule (consecutive members with the same key form a
 sample). A sample's offset is where its *header chain* starts: the PAX (``x``) or GNU long-name
@@ -223,8 +223,9 @@ def adopt(
     """Index the WebDataset tars under ``root`` (a folder or fsspec URL) and write a manifest.
 
     Every ``*.tar`` under ``root`` (recursively; names starting with ``.`` are skipped) is
-    scanned once; its index ``.X.tar.wdsidx`` is written atomically beside it, then
-    ``manifest.json``, then the dataset card ``README.md`` (see :mod:`build_shards.commit.card`).
+    scanned once; its index ``.X.tar.wdsidx`` and key index ``.X.tar.wdskeys`` are written
+    atomically beside it, then ``manifest.json``, then the dataset card ``README.md`` (see
+    :mod:`build_shards.commit.card`).
     Splits: ``splits`` is a regex with a named group ``split`` searched in each shard's path
     relative to ``root`` (e.g. ``r"(?P<split>train|val|test)-\\d+\\.tar"``); without it the
     first folder under ``root`` names the split and shards at the root are ``"train"``. Shards

@@ -288,9 +288,11 @@ def _adopt_command(sub: argparse._SubParsersAction[Any]) -> None:
     """The ``adopt`` command: index existing WebDataset shards."""
     a = sub.add_parser(
         "adopt",
-        help="index existing WebDataset shards (writes hidden indexes + manifest.json)",
+        help="index existing WebDataset shards (writes hidden indexes, key indexes + "
+        "manifest.json)",
         description="Scan the .tar files under a folder or URL (recursively), write the hidden "
-        "index .X.tar.wdsidx beside each, manifest.json and a dataset card README.md (unless "
+        "index .X.tar.wdsidx and key index .X.tar.wdskeys (for ShardDataset.get(key)) beside "
+        "each, manifest.json and a dataset card README.md (unless "
         "one of yours is there) at the root. The tars and other tools' files (X.tar.idx) are "
         "not modified. Splits come "
         "from the first folder under the root, or from --split-pattern; else all is 'train'.",

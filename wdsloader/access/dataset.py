@@ -17,9 +17,9 @@ from wdsloader.decode.parse import parse_sample
 from wdsloader.decode.registry import SampleDecoder
 from wdsloader.format import ShardInfo
 from wdsloader.format.deflate import inflate_sample
-from wdsloader.format.keyindex import decode_key_index, key_records, positions_of
+from wdsloader.format.keyindex import key_records, positions_of
 from wdsloader.io.fetch import ReadOptions, ShardStore
-from wdsloader.io.storage import url_to_fs
+from wdsloader.io.side_files import read_key_index
 from wdsloader.stream.inputs import open_dataset
 
 log = logging.getLogger(__name__)
@@ -166,16 +166,12 @@ class ShardDataset(Dataset[dict[str, Any]]):
         return records
 
     def _load_keys(self, shard: int) -> np.ndarray:
-        """The key records of ``shard``: its key index when the manifest lists one, else read
-        from its samples' headers."""
+        """The key records of ``shard``: its key index when the manifest lists one (read through
+        the store: its retries, deadline and cache), else read from its samples' headers."""
         info = self.shards[shard]
         if info.keys_path is None:
             return self._scan_keys(shard)
-        url = f"{self.root.rstrip('/')}/{info.keys_path}"
-        fs, path = url_to_fs(url, self.options.storage_options_for(self.root))
-        with fs.open(path, "rb") as f:
-            data = f.read()
-        return decode_key_index(data, info.num_samples, source=str(self.store.redact(url)))
+        return read_key_index(self.store, info)
 
     def _scan_keys(self, shard: int) -> np.ndarray:
         """The key records of ``shard``, from its samples' headers (the shard read once)."""

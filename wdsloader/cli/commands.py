@@ -164,7 +164,8 @@ def _bench(args: argparse.Namespace) -> int:
 
 
 def _report(args: argparse.Namespace) -> int:
-    """``wdsloader report DATASET -o report.html``: see :mod:`wdsloader.cli.report_cmd`."""
+    """``wdsloader report DATASET [DATASET ...] -o report.html``: see
+    :mod:`wdsloader.cli.report_cmd`."""
     from wdsloader.cli import report_cmd
 
     status, lines = report_cmd.run(args)
@@ -188,7 +189,10 @@ def main(argv: list[str] | None = None) -> int:
         ("report", "write a self-contained HTML page: splits, schema, statistics, previews"),
     ):
         p = sub.add_parser(name, help=helptext, description=helptext)
-        p.add_argument("dataset", help="dataset folder or fsspec URL")
+        if name == "report":  # several: one page, a section each (e.g. the sources of a mix)
+            p.add_argument("dataset", nargs="+", help="dataset folders or fsspec URLs")
+        else:
+            p.add_argument("dataset", help="dataset folder or fsspec URL")
         p.add_argument("--storage-option", action="append", default=[], metavar="KEY=VALUE")
         if name == "head":
             p.add_argument("--split", default="train")
@@ -232,7 +236,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return commands[args.command](args)
     except Exception as exc:  # user errors and storage set-up mistakes: one line, exit 2
-        shown = setup_error(exc, args.dataset, _options(args)) or exc
+        shown = setup_error(exc, _datasets(args)[0], _options(args)) or exc
         if not isinstance(shown, (WdsLoaderError, ValueError, OSError)):
             raise  # a bug: its traceback
         print(f"wdsloader: error: {redact(shown, _secrets(args))}", file=sys.stderr)
@@ -248,7 +252,12 @@ def _options(args: argparse.Namespace) -> dict[str, Any]:
 
 def _secrets(args: argparse.Namespace) -> tuple[str, ...]:
     """The credentials given on the command line, masked in error messages."""
-    return secrets_of(_options(args), args.dataset)
+    return secrets_of(_options(args), *_datasets(args))
+
+
+def _datasets(args: argparse.Namespace) -> list[str]:
+    """The command's dataset arguments (``report`` takes several)."""
+    return list(args.dataset) if isinstance(args.dataset, list) else [args.dataset]
 
 
 if __name__ == "__main__":

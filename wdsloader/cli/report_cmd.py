@@ -1,5 +1,6 @@
-"""``wdsloader report DATASET -o report.html``: the dataset's report page (see
-:mod:`wdsloader.report`)."""
+"""``wdsloader report DATASET [DATASET ...] -o report.html``: the dataset's report page (see
+:mod:`wdsloader.report`); several datasets (e.g. the sources of a mix) share one page, a section
+each."""
 
 from __future__ import annotations
 
@@ -53,9 +54,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> tuple[int, list[str]]:
     """Write the page. Returns the exit status (1: ``--validate`` found problems) and the lines
     to print."""
-    from wdsloader.report import write_report
+    from wdsloader.report import write_reports
 
-    data = write_report(
+    datas = write_reports(
         args.dataset,
         args.output,
         splits=args.split,
@@ -67,9 +68,14 @@ def run(args: argparse.Namespace) -> tuple[int, list[str]]:
         deep=args.deep,
         allow_pickle=args.allow_pickle,
     )
-    read = sum(len(s.indices) - len(s.errors) for s in data.splits)
-    lines = [f"{redact(args.dataset, data.secrets)}: {read:,} rows read; report in {args.output}"]
-    if data.validation is not None and not data.validation.ok:
-        lines.append(f"validate: {len(data.validation.problems):,} problems (listed in the report)")
-        return 1, lines
-    return 0, lines
+    lines, status = [], 0
+    for dataset, data in zip(args.dataset, datas, strict=True):
+        read = sum(len(s.indices) - len(s.errors) for s in data.splits)
+        lines.append(
+            f"{redact(dataset, data.secrets)}: {read:,} rows read; report in {args.output}"
+        )
+        if data.validation is not None and not data.validation.ok:
+            problems = len(data.validation.problems)
+            lines.append(f"validate: {problems:,} problems (listed in the report)")
+            status = 1
+    return status, lines

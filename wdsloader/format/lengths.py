@@ -99,27 +99,42 @@ def decode_lengths(
     return np.frombuffer(data, dtype=LENGTH_DTYPE).astype(np.uint32)
 
 
-def read_lengths(fs: Any, root: str, shard: _ShardPaths) -> npt.NDArray[np.uint32]:
-    """The lengths of ``shard``'s samples, read through ``fs`` (an fsspec filesystem: its
-    ``cat_file``) under the dataset ``root``; a ShardFormatError naming the shard when it has
-    none or its file is missing, of the wrong size or not of the manifest's sha256."""
+def declared_lengths_path(shard: _ShardPaths) -> str:
+    """The lengths file the manifest lists for ``shard`` (under the dataset root); a
+    ShardFormatError naming the shard when it has none."""
     if shard.lengths_path is None:
         raise ShardFormatError(
             f"shard {shard.path}: no lengths in the manifest (build with "
             "samples=SampleOptions(lengths=FIELD), or add them to built shards with "
             "`build-shards adopt DATASET --lengths FIELD`)"
         )
-    path = f"{root.rstrip('/')}/{shard.lengths_path}"
-    try:
-        data = fs.cat_file(path)
-    except FileNotFoundError:
-        raise ShardFormatError(
-            f"shard {shard.path}: its lengths file {shard.lengths_path} is missing"
-        ) from None
+    return shard.lengths_path
+
+
+def missing_lengths(shard: _ShardPaths) -> ShardFormatError:
+    """The error for a shard whose declared lengths file is absent."""
+    return ShardFormatError(f"shard {shard.path}: its lengths file {shard.lengths_path} is missing")
+
+
+def shard_lengths(data: bytes, shard: _ShardPaths) -> npt.NDArray[np.uint32]:
+    """:func:`decode_lengths` of ``shard``'s lengths file (errors name the shard and file)."""
     return decode_lengths(
         data, shard.num_samples, source=f"shard {shard.path}: lengths {shard.lengths_path}",
         sha256=getattr(shard, "lengths_sha256", None),
     )  # fmt: skip
+
+
+def read_lengths(fs: Any, root: str, shard: _ShardPaths) -> npt.NDArray[np.uint32]:
+    """The lengths of ``shard``'s samples, read through ``fs`` (an fsspec filesystem: its
+    ``cat_file``) under the dataset ``root``; a ShardFormatError naming the shard when it has
+    none or its file is missing or of the wrong size. (A reader's side reads them through its
+    store: :func:`wdsloader.io.side_files.read_lengths`.)"""
+    path = f"{root.rstrip('/')}/{declared_lengths_path(shard)}"
+    try:
+        data = fs.cat_file(path)
+    except FileNotFoundError:
+        raise missing_lengths(shard) from None
+    return shard_lengths(data, shard)
 
 
 def read_split_lengths(fs: Any, root: str, shards: Sequence[_ShardPaths]) -> npt.NDArray[np.uint32]:

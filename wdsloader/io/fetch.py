@@ -235,6 +235,11 @@ class ShardStore(StoreChecks):
         the size: no request for it)."""
         return self._storage().fetch_upto(shard.idx_path, expected + 1)
 
+    def read_side_file(self, shard: ShardInfo, rel: str, size: int | None = None) -> bytes:
+        """A small file beside ``shard`` (see :meth:`wdsloader.io.store.Store.read_side_file`);
+        each implementation reads it its way."""
+        raise NotImplementedError(f"{type(self).__name__} reads no side files")
+
     # -- byte ranges -----------------------------------------------------------------------------
     def read_ranges(self, requests: Sequence[Request]) -> list[bytes]:
         """The bytes of each ``(shard, start, stop)`` range, in request order.

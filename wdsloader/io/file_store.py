@@ -14,6 +14,7 @@ from wdsloader.format import ShardInfo
 from wdsloader.io.fetch import ShardStore
 from wdsloader.io.options import ReadOptions
 from wdsloader.io.ranges import Cut, Request, pread, preadv_all, split_range, unique_shards
+from wdsloader.io.remote_store import fetch_side_file
 from wdsloader.io.shard_cache import ShardCache, hash_fd, pwrite_all
 from wdsloader.io.storage import join, url_to_fs
 
@@ -106,6 +107,12 @@ class LocalStore(FileStore):
     def _paths(self, shards: dict[str, ShardInfo]) -> dict[str, str]:
         return {rel: join(self._local_base, rel) for rel in shards}
 
+    def read_side_file(self, shard: ShardInfo, rel: str, size: int | None = None) -> bytes:
+        """A small file beside ``shard`` (see :meth:`wdsloader.io.store.Store.read_side_file`):
+        a local read."""
+        with open(join(self._local_base, rel), "rb") as f:
+            return f.read() if size is None else f.read(size + 1)
+
     def _fd(self, shard: ShardInfo, path: str, pinned: set[str]) -> int:
         """An open descriptor on the shard's file."""
         fd = self._files.get(path)
@@ -148,6 +155,19 @@ class CachedStore(FileStore):
         data = super()._index_bytes(shard, expected)
         self._cache.write(cpath, data)
         return data
+
+    def read_side_file(self, shard: ShardInfo, rel: str, size: int | None = None) -> bytes:
+        """A small file beside ``shard`` (see :meth:`wdsloader.io.store.Store.read_side_file`):
+        from the cache, else downloaded with the retries and deadline of the shards' reads and
+        kept in the cache."""
+        self._ensure_process()
+        with self._lock:
+            cpath = self._cache.path(self._url(rel), shard)
+            if (data := self._cache.read(cpath)) is not None:
+                return data
+            data = fetch_side_file(self._storage(), rel, size)
+            self._cache.write(cpath, data)
+            return data
 
     def _paths(self, shards: dict[str, ShardInfo]) -> dict[str, str]:
         paths = {rel: self._cache.path(self._url(rel), s) for rel, s in shards.items()}

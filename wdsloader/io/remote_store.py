@@ -6,16 +6,33 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from wdsloader.format import ShardInfo
 from wdsloader.io.fetch import ShardStore
 from wdsloader.io.ranges import Cut, Hole, Request, merge_requests, unique_shards
+from wdsloader.io.retry import RemoteFiles
 
-__all__ = ["RemoteStore"]
+__all__ = ["RemoteStore", "fetch_side_file"]
+
+
+def fetch_side_file(remote: RemoteFiles, rel: str, size: int | None) -> bytes:
+    """A small file under the root read whole with ``remote``'s retries and deadline: with a
+    known ``size``, its first ``size + 1`` bytes in one ranged request (see
+    :meth:`~wdsloader.io.store.Store.read_side_file`)."""
+    return remote.fetch(rel) if size is None else remote.fetch_upto(rel, size + 1)
 
 
 class RemoteStore(ShardStore):
     """Reads ranges of remote shards: overlapping or adjacent ranges of a shard merged, split
     into requests of at most ``max_request_bytes``, fetched ``concurrency`` at a time with the
     retries and deadline of :class:`~wdsloader.io.retry.RemoteFiles`."""
+
+    def read_side_file(self, shard: ShardInfo, rel: str, size: int | None = None) -> bytes:
+        """A small file beside ``shard`` (see :meth:`wdsloader.io.store.Store.read_side_file`),
+        with the retries and deadline of the shards' reads."""
+        self._ensure_process()
+        with self._lock:
+            remote = self._storage()
+        return fetch_side_file(remote, rel, size)
 
     def _read(self, reqs: list[Request]) -> list[bytes]:
         remote = self._storage()

@@ -1,8 +1,8 @@
 """The storage seam: what the batch reader asks of the shards' storage, and which implementation
 serves a dataset root.
 
-:class:`Store` is the protocol the read side uses (indexes, byte ranges into buffers, URLs for
-messages, redaction, close). Its implementations: :class:`~wdsloader.io.file_store.LocalStore`
+:class:`Store` is the protocol the read side uses (indexes, side files, byte ranges into
+buffers, URLs for messages, redaction, close). Its implementations: :class:`~wdsloader.io.file_store.LocalStore`
 (a local folder, read with ``pread``), :class:`~wdsloader.io.file_store.CachedStore` (a remote
 root whose shards are downloaded whole into ``cache_dir``, then read locally),
 :class:`~wdsloader.io.remote_store.RemoteStore` (ranged requests to any fsspec URL) and
@@ -72,6 +72,13 @@ class Store(Protocol):
 
     def load_indexes(self, shards: Sequence[ShardInfo]) -> None:
         """Read the indexes of ``shards`` not read yet, concurrently (before :meth:`index`)."""
+        ...
+
+    def read_side_file(self, shard: ShardInfo, rel: str, size: int | None = None) -> bytes:
+        """The whole of a small file beside ``shard`` (``rel``: its path under the root, e.g. the
+        key index ``a/.X.tar.wdskeys``), read with the store's retries, deadline and cache.
+        With ``size`` (known from the manifest) at most ``size + 1`` bytes are read, in one
+        request: a longer file shows as one byte too many. FileNotFoundError if it is absent."""
         ...
 
     def read_ranges(self, requests: Sequence[Request]) -> list[bytes]:

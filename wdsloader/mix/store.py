@@ -79,6 +79,10 @@ class MixStore:
         """Sample start offsets of a shard, then its end offset."""
         return self._store(shard).index(shard)
 
+    def read_side_file(self, shard: ShardInfo, rel: str, size: int | None = None) -> bytes:
+        """A small file beside ``shard``, read by the shard's own store."""
+        return self._store(shard).read_side_file(shard, rel, size)
+
     def load_indexes(self, shards: Sequence[ShardInfo]) -> None:
         """Read the indexes of ``shards`` not read yet, each source's concurrently."""
         groups: dict[int, list[ShardInfo]] = {}

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import datetime
 import json
+import re
 from collections.abc import Sequence
 from html import escape
 from typing import Any
@@ -37,13 +38,52 @@ image-rendering:auto;border:1px solid #ccd}.ok{color:#1a7f37;font-weight:600}
 
 def render_report(data: ReportData) -> str:
     """The whole page as one HTML string (credentials masked)."""
+    return _mask(data, _page(escape(data.where), _body(data)))
+
+
+def render_reports(datas: Sequence[ReportData]) -> str:
+    """One page for several datasets (e.g. the sources of a mix): a list of them, then each
+    one's report in its own section (``id="dataset-K"``, its element ids prefixed ``dK-``);
+    every dataset's credentials masked. One dataset: :func:`render_report`'s page."""
+    if len(datas) == 1:
+        return render_report(datas[0])
+    items, sections = [], []
+    for k, data in enumerate(datas):
+        body = _ID.sub(lambda m, k=k: f'id="d{k}-{m[1]}"', _body(data))  # type: ignore[misc]
+        where = escape(data.where)
+        items.append(
+            f'<li><a href="#dataset-{k}">{where}</a>: {data.manifest.num_samples:,} samples</li>'
+        )
+        sections.append(f'<section id="dataset-{k}">{body}</section>')
+    title = f"{len(datas)} datasets"
+    contents = f'<h1>{title}</h1><ul id="datasets">{"".join(items)}</ul>'
+    page = _page(title, contents + "\n".join(sections))
+    for data in datas:
+        page = _mask(data, page)
+    return page
+
+
+_ID = re.compile(r'id="([^"]*)"')
+
+
+def _page(title: str, body: str) -> str:
+    return "\n".join(
+        [
+            "<!DOCTYPE html>",
+            '<html lang="en"><head><meta charset="utf-8">',
+            f"<title>wdsloader report: {title}</title><style>{CSS}</style></head><body>",
+            body,
+            "</body></html>",
+        ]
+    )
+
+
+def _body(data: ReportData) -> str:
+    """One dataset's report: its title and sections."""
     m = data.manifest
     when = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     shown = "every row" if data.samples is None else f"up to {data.samples:,} rows"
     parts = [
-        "<!DOCTYPE html>",
-        '<html lang="en"><head><meta charset="utf-8">',
-        f"<title>wdsloader report: {escape(data.where)}</title><style>{CSS}</style></head><body>",
         f"<h1>{escape(data.where)}</h1>",
         f'<p class="muted">format {escape(m.format)} {escape(m.version)} · '
         f"{m.num_samples:,} samples · {_mb(m.num_bytes)} · statistics from {shown} per split "
@@ -53,9 +93,8 @@ def render_report(data: ReportData) -> str:
         *(_split_section(s, data) for s in data.splits),
         _build_section(data),
         _validation_section(data),
-        "</body></html>",
     ]
-    return _mask(data, "\n".join(p for p in parts if p))
+    return "\n".join(p for p in parts if p)
 
 
 def _mask(data: ReportData, page: str) -> str:

@@ -27,11 +27,12 @@ Hook = Callable[[dict[str, float], int], Any]
 class StageClock:
     """A worker's stage timings and I/O counts, added to its row of the control block."""
 
-    __slots__ = ("_io",)
+    __slots__ = ("_io", "_stats")
     IO = ("bytes_read", "requests", "cache_hits")
 
     def __init__(self, stats: Mapping[str, int]) -> None:
         """``stats``: the store's cumulative counts when the worker's pass begins."""
+        self._stats = stats
         self._io = {k: int(stats.get(k, 0)) for k in self.IO}
 
     @staticmethod
@@ -39,7 +40,11 @@ class StageClock:
         return time.perf_counter_ns()
 
     def io(self, control: Control, worker: int, stats: Mapping[str, int]) -> None:
-        """Add what the store read since the last call (its cumulative ``stats``)."""
+        """Add what the store read since the last call (its cumulative ``stats``). A store
+        starts new counters in a new process (a forked worker's first read): then everything
+        they hold is this pass's, not the difference with the parent's counts."""
+        if stats is not self._stats:
+            self._stats, self._io = stats, dict.fromkeys(self.IO, 0)
         now = {k: int(stats.get(k, 0)) for k in self.IO}
         control.add_metrics(worker, {k: now[k] - self._io[k] for k in self.IO})
         self._io = now

@@ -20,6 +20,8 @@ import numpy as np
 import pytest
 import torch
 
+from tests.http_server import http_server_fixture  # noqa: F401
+
 ROOT = Path(__file__).resolve().parents[1]
 MAX_TOKENS = 48
 N_DOCS = 160
@@ -268,6 +270,20 @@ def test_torchrun_two_ranks_two_workers(data, tmp_path) -> None:
         _assert_exactly_once(docs, keys)
     else:
         assert len(docs) < len(keys)
+
+
+def test_a_dropped_lengths_read_is_retried_through_the_store(http_server):
+    """The plan's lengths come through the dataset's store (its retries, deadline and cache),
+    not a bare filesystem read: a GET of a ``.wdslen`` cut short is retried."""
+    from tests.http_server import Faults
+    from wdsloader.io import ReadOptions
+
+    _build(http_server.root / "ds")
+    http_server.faults = Faults(first_gets=1, suffix=".wdslen")
+    loader = _loader(f"{http_server.url}/ds", read_options=ReadOptions(backoff=0))
+    gets = [r for r in http_server.requests() if r.path.endswith(".wdslen")]
+    assert [r.dropped for r in gets][:2] == [True, False]
+    assert sum(len(b["input_ids"]) for b in loader) == len(loader) * 3
 
 
 if __name__ == "__main__":

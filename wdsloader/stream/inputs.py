@@ -10,10 +10,9 @@ import numpy as np
 from wdsloader.curriculum.curriculum import stored_curriculum
 from wdsloader.errors import ManifestError
 from wdsloader.format import Manifest, ShardInfo
-from wdsloader.format.lengths import read_split_lengths
 from wdsloader.io.fetch import ReadOptions, ShardStore
 from wdsloader.io.manifest_io import load_manifest, manifest_where
-from wdsloader.io.storage import url_to_fs
+from wdsloader.io.side_files import read_split_lengths
 from wdsloader.io.store import open_store
 
 
@@ -38,6 +37,9 @@ def open_dataset(
 
 def read_source_lengths(options: ReadOptions, root: str, shards: Sequence[ShardInfo]) -> np.ndarray:
     """The lengths of ``shards``' samples under the dataset ``root`` (concatenated in order;
-    :func:`~wdsloader.format.lengths.read_split_lengths`)."""
-    fs, base = url_to_fs(root, options.storage_options_for(root))
-    return read_split_lengths(fs, base, shards)
+    read through a store, with its retries and deadline)."""
+    store = open_store(root, options)
+    try:
+        return read_split_lengths(store, shards)
+    finally:
+        store.close()

@@ -13,9 +13,9 @@ import numpy as np
 from wdsloader import plan
 from wdsloader.errors import ShardFormatError
 from wdsloader.format import Manifest
-from wdsloader.format.lengths import LENGTHS_FIELD, read_split_lengths
+from wdsloader.format.lengths import LENGTHS_FIELD
 from wdsloader.io.fetch import ShardStore
-from wdsloader.io.storage import url_to_fs
+from wdsloader.io.side_files import read_split_lengths
 from wdsloader.plan.packing import DocumentTooLongError, Packing
 from wdsloader.stream.config import LoaderConfig
 
@@ -89,9 +89,7 @@ def packed_config(
     the ``packed`` collator made with ``packing``'s options."""
     where = f"dataset {store.redact(store.root)}"
     _check(config, packing, manifest, where, collate_fn)
-    fs, root = url_to_fs(store.root, store.options.storage_options_for(store.root))
-    shards = manifest.split(config.split).shards
-    lengths = read_split_lengths(fs, root, shards)
+    lengths = read_split_lengths(store, manifest.split(config.split).shards)
     _too_long(lengths, packing, manifest, config.split)
     planner = plan.PackPlanner(config.plan, packing, lengths)
     options: dict[str, Any] = {

@@ -216,3 +216,23 @@ def test_all_ranks_over_two_processes_gives_the_slowest_ranks_wait_and_the_mean(
         assert group["max_wait_s"] == slow["wait_s"]
         for name, value in fast.items():
             assert group[name] == pytest.approx((value + slow[name]) / 2), name
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_mix_counts_every_sources_samples_bytes_and_a_slow_collate(built, tmp_path, workers):
+    from wdsloader import Mix, MixSource
+
+    other = tmp_path / "other"
+    items = [{"emb": np.full(64, -i, np.float32), "label": 7} for i in range(120)]
+    build_shards(items, other, shards=ShardOptions(max_count=40))
+    mix = Mix([MixSource(built, name="a", weight=2), MixSource(other, name="b", weight=1)])
+    loader = create_loader(mix, "train", 20, workers, collate_fn=slow_collate, seed=1)
+    n = sum(1 for _ in loader)
+    m = loader.metrics()
+    assert m["batches"] == n == len(loader) and m["samples"] == 20 * n
+    assert n * SLEEP <= m["collate_s"] < n * SLEEP + 1.0
+    sources = loader.dataset_obj.store.stores
+    if workers == 0:  # in process: every source's store counted, no byte twice
+        assert m["bytes_read"] == sum(s.stats["bytes_read"] for s in sources)
+        assert m["requests"] == sum(s.stats["requests"] for s in sources) > 0
+    assert m["bytes_read"] >= 20 * n * 64 * 4  # every sample's array at least once

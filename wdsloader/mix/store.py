@@ -4,7 +4,7 @@ store of its own dataset."""
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -38,6 +38,7 @@ class MixStore:
         self.shards = list(shards)
         self.store_of = [int(i) for i in store_of]
         self._owner = self._owners()
+        self._stats: tuple[tuple[int, ...], _SummedStats] | None = None
 
     def _owners(self) -> dict[int, Store]:
         return {id(s): self.stores[i] for s, i in zip(self.shards, self.store_of, strict=True)}
@@ -52,9 +53,19 @@ class MixStore:
             state["store_of"],
         )
         self._owner = self._owners()
+        self._stats = None
 
     def __repr__(self) -> str:
         return f"MixStore({self.stores!r})"
+
+    @property
+    def stats(self) -> Mapping[str, int]:
+        """Every source store's counts summed (``bytes_read``, ``requests`` ...): a live view,
+        the same object until a source store's counters are replaced (a worker's fresh ones)."""
+        key = tuple(id(getattr(s, "stats", None)) for s in self.stores)
+        if self._stats is None or self._stats[0] != key:
+            self._stats = (key, _SummedStats(self.stores))
+        return self._stats[1]
 
     def _store(self, shard: ShardInfo) -> Store:
         return self._owner[id(shard)]
@@ -181,3 +192,25 @@ def open_mix(
         shards=tuple(counts), split=split, lengths=lengths, **mix_options,
     )  # fmt: skip
     return store, merged, spec
+
+
+class _SummedStats(Mapping[str, int]):
+    """The sum of several stores' ``stats`` counters, read when asked."""
+
+    def __init__(self, stores: Sequence[Store]) -> None:
+        self._stores = stores
+
+    def _each(self) -> list[Mapping[str, int]]:
+        return [getattr(s, "stats", {}) for s in self._stores]
+
+    def __getitem__(self, key: str) -> int:
+        parts = [m[key] for m in self._each() if key in m]
+        if not parts:
+            raise KeyError(key)
+        return sum(parts)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(dict.fromkeys(k for m in self._each() for k in m))
+
+    def __len__(self) -> int:
+        return sum(1 for _ in self)

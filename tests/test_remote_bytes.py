@@ -265,3 +265,37 @@ def test_a_killed_reader_leaves_nothing_that_blocks_the_next_run(proxied, tmp_pa
     assert sum(got.values()) <= 1.05 * sum(sizes.values()), got
     assert sum(got[p] == sizes[p] for p in sizes) >= 6, got  # downloaded whole
     assert not list(cache.glob(".wds-tmp-*")) and not list(cache.glob(".wds-need-*"))
+
+
+@pytest.mark.parametrize(
+    "command",
+    [
+        ["validate"],
+        ["report", "--samples", "20"],
+        ["replay", "--epoch", "0", "--step", "1", "--batch-size", "8", "--num-workers", "2"],
+        ["dataset"],
+    ],
+)
+def test_no_head_or_list_per_shard_on_any_remote_path(proxied, tmp_path, command, capsys):
+    from wdsloader import ShardDataset
+    from wdsloader.cli.commands import main
+
+    url, direct, options, proxy = proxied
+    root, _, sizes = _dataset(url, direct)
+    if command == ["dataset"]:
+        ds = ShardDataset(root, "train", storage_options=options)
+        assert [ds[i]["__key__"] for i in (0, 100, 299)] == ["train0000000", "train0000100",
+                                                             "train0000299"]  # fmt: skip
+    else:
+        extra = ["-o", str(tmp_path / "r.html")] if command[0] == "report" else []
+        flags = [f"--storage-option={k}" for k in ("key=testing", "secret=testing")]
+        flags.append(
+            f"--storage-option=client_kwargs.endpoint_url={options['client_kwargs']['endpoint_url']}"
+        )
+        if command[0] != "replay":
+            flags.append("--split=train")
+        main([command[0], root, *command[1:], *extra, *flags])
+    log = proxy.snapshot(log=True)["log"]
+    per = [e[2:4] for e in per_shard(log, ("HEAD", "LIST"))]
+    # at most the split folder's one listing (a check that every shard is there), none per shard
+    assert len(per) <= 1 and all(k == "LIST" and "prefix=ds%2Ftrain%2F&" in t for k, t in per), per

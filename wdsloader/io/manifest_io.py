@@ -45,7 +45,7 @@ def load_manifest(
         with setup_errors_in_one_line(
             f"{os.fspath(root).rstrip('/')}/{MANIFEST_NAME}", storage_options
         ):
-            raw = _cat_whole(fs, target)
+            raw = cat_whole(fs, target)
     except StorageSetupError:
         raise
     except FileNotFoundError:
@@ -64,7 +64,7 @@ def load_manifest(
     return Manifest.from_dict(data, source=where)
 
 
-def _cat_whole(fs: Any, path: str) -> bytes:
+def cat_whole(fs: Any, path: str) -> bytes:
     """The whole file at ``path`` in one GET: s3fs otherwise asks the size first (a HEAD, and
     a LIST where the HEAD finds nothing) to split a large file into concurrent parts."""
     if getattr(fs, "max_concurrency", None) is not None:  # s3fs

@@ -129,6 +129,7 @@ def _two_ranks(root: str, options: dict, cache: str, limit: int | None, tmp_path
     return results
 
 
+@pytest.mark.slow  # two spawned ranks
 def test_two_ranks_of_two_workers_share_one_download(proxied, tmp_path):
     url, direct, options, proxy = proxied
     root, _, sizes = _dataset(url, direct)
@@ -141,6 +142,7 @@ def test_two_ranks_of_two_workers_share_one_download(proxied, tmp_path):
     assert [e[2] for e in per_shard(log, ("HEAD",))] == []
 
 
+@pytest.mark.slow  # two spawned ranks
 def test_a_bounded_cache_shared_by_two_ranks_holds_its_limit(proxied, tmp_path):
     url, direct, options, proxy = proxied
     root, manifest, sizes = _dataset(url, direct)

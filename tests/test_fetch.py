@@ -346,7 +346,8 @@ def test_cache_evicts_the_least_recently_used_and_never_a_shard_in_use(http_serv
     assert store.stats["evictions"] == 1
     assert cached["000000.tar"].exists() and not cached["000001.tar"].exists()
     assert [len(gets(http_server, s)) for s in (a, b, c)] == [1, 1, 1]
-    # room for one and a half shards: a call reading a (cached) and b keeps a, over the limit
+    # room for one and a half shards: a call reading a (cached) and b keeps a and reads b's
+    # range remotely (no room to cache it): the limit holds
     small = ShardStore(
         root, ReadOptions(cache_dir=str(tmp_path / "c2"), cache_limit_bytes=a.num_bytes * 3 // 2)
     )
@@ -355,7 +356,48 @@ def test_cache_evicts_the_least_recently_used_and_never_a_shard_in_use(http_serv
     assert out == expected(folder, [(a, 0, 512), (b, 0, 512)])
     assert small.stats["evictions"] == 0 and small.stats["cache_hits"] == 1
     assert [len(gets(http_server, s)) for s in (a, b)] == [2, 2]  # one each for this store
-    assert folder_bytes(tmp_path / "c2") == a.num_bytes + b.num_bytes
+    assert [p.stat().st_size for p in (tmp_path / "c2").glob("wds-*")] == [a.num_bytes]
+
+
+def test_cache_evicts_only_what_no_live_reader_still_needs(http_server, tmp_path):
+    root, m, folder = served_dataset(http_server, [20, 20, 20])
+    a, b, c = m.splits["train"].shards
+    cache = tmp_path / "cache"
+    options = ReadOptions(cache_dir=str(cache), cache_limit_bytes=int(2.5 * a.num_bytes))
+    store, reader = ShardStore(root, options), ShardStore(root, options)
+    reader.expect_reads([(a, 0, 3), (b, 2, 9)])  # another reader's pass: a, then b until 9
+    for shard in (b, a):  # b is now the least recently used
+        store.read_ranges([(shard, 0, 512)])
+    reader.reads_done(4)  # that reader read positions 0-3: done with a, still reads b
+    assert store.read_ranges([(c, 0, 512)]) == expected(folder, [(c, 0, 512)])
+    cached = sorted(p.name.rsplit("-", 1)[-1] for p in cache.glob("wds-*.tar"))
+    assert cached == ["000001.tar", "000002.tar"] and store.stats["evictions"] == 1  # a went
+    # every cached shard still needed (b by the reader, c by this store's next read): a's range
+    # is read remotely (no room), not downloaded, and nothing is evicted
+    store.expect_reads([(c, 0, 5)])
+    assert store.read_ranges([(a, 0, 512)]) == expected(folder, [(a, 0, 512)])
+    assert store.stats["evictions"] == 1 and gets(http_server, a)[-1].sent == 512
+    assert sorted(p.name.rsplit("-", 1)[-1] for p in cache.glob("wds-*.tar")) == cached
+    reader.close()  # its claims released: b may go now
+    store.expect_reads([(a, 0, 5)])
+    store.read_ranges([(a, 0, 512)])
+    assert store.stats["evictions"] == 2 and len(gets(http_server, a)) == 3  # a downloaded
+    store.close()  # claims released with the store
+    assert not list(cache.glob(".wds-need-*"))
+
+
+def test_a_cache_limit_below_a_shard_is_refused_naming_it(http_server, tmp_path):
+    root, m, _ = served_dataset(http_server, [20])
+    (a,) = m.splits["train"].shards
+    limit = a.num_bytes - 1
+    store = ShardStore(root, ReadOptions(cache_dir=str(tmp_path / "c"), cache_limit_bytes=limit))
+    with pytest.raises(ValueError) as err:
+        store.read_ranges([(a, 0, 512)])
+    assert str(err.value) == (
+        f"{root}/{a.path}: shard of {a.num_bytes} bytes does not fit cache_limit_bytes={limit}; "
+        "raise the limit to at least the largest shard, or read without cache_dir (ranged "
+        "requests)"
+    )
 
 
 def test_cache_names_differ_for_equal_basenames(http_server, tmp_path):

@@ -121,3 +121,21 @@ def test_the_dataset_asks_its_planner(data):
         assert _lists(ds.worker_batches(ds.epoch, 0, None)) == want
         seen = [b["idx"].tolist() for b in loader]
         assert sum(len(b) for b in seen) == sum(len(b) for b in want)
+
+
+def test_shard_uses_are_each_shards_first_and_last_batch():
+    from wdsloader.plan.uses import shard_uses
+
+    counts = (7, 0, 12, 5, 9)
+    cfg = PlanConfig(counts=counts, batch_size=4, num_workers=2, span=2, window=8, seed=1)
+    batches = plan.worker_batches(cfg, 0, 0, 1, None)
+    shard = [np.searchsorted(np.cumsum(counts), b, side="right") for b in batches]
+    want = {}
+    for i, ss in enumerate(shard):
+        for s in set(ss.tolist()):
+            first, _ = want.get(s, (i, i))
+            want[s] = (first, i)
+    got = shard_uses(batches, counts)
+    assert [(s, a, b) for s, a, b in got] == sorted(
+        ((s, a, b) for s, (a, b) in want.items()), key=lambda t: (t[1], t[0])
+    )

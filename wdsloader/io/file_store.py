@@ -11,10 +11,11 @@ from typing import ClassVar
 import numpy as np
 
 from wdsloader.format import ShardInfo
+from wdsloader.io.cache_ledger import Ledger, space_lock, streamed
 from wdsloader.io.fetch import ShardStore
 from wdsloader.io.options import ReadOptions
 from wdsloader.io.ranges import Cut, Request, pread, preadv_all, split_range, unique_shards
-from wdsloader.io.remote_store import fetch_side_file
+from wdsloader.io.remote_store import RemoteStore, _copy_cuts, fetch_side_file
 from wdsloader.io.shard_cache import ShardCache, hash_fd, pwrite_all
 from wdsloader.io.storage import join, url_to_fs
 
@@ -133,9 +134,17 @@ class LocalStore(FileStore):
         return join(self._local_base, shard.path)
 
 
+class _NoRoom(Exception):
+    """The cache limit leaves no room for a read's shards (all the rest is being read)."""
+
+
 class CachedStore(FileStore):
     """The shards of a remote root, each downloaded whole into ``options.cache_dir`` on first
-    use (a :class:`~wdsloader.io.shard_cache.ShardCache`), then read locally."""
+    use (a :class:`~wdsloader.io.shard_cache.ShardCache`), then read locally.
+
+    With ``cache_limit_bytes``, a reader that announces its pass (:meth:`expect_reads`,
+    :meth:`reads_done`) lets the cache evict what no reader of the node still needs first; a
+    read whose shards find no room is served by ranged requests instead, not cached."""
 
     def _init_runtime(self) -> None:
         super()._init_runtime()
@@ -147,6 +156,43 @@ class CachedStore(FileStore):
             fill=self._download_into,
             check=self._check_download,
         )
+        self._ledger: Ledger | None = None
+        self._ready: dict[str, str] | None = None  # cached paths of the call under way
+        self._streamed: set[str] = set()  # shards this pass reads remotely (no room)
+
+    @property
+    def plans_eviction(self) -> bool:
+        """True when the cache is bounded: readers then announce their passes."""
+        return self.options.cache_limit_bytes is not None
+
+    def expect_reads(self, uses: Sequence[tuple[ShardInfo, int, int]]) -> None:
+        """A new pass of this process reads each ``(shard, first, last)`` at positions (e.g.
+        batches) ``first`` to ``last``; see :meth:`reads_done`."""
+        self._ensure_process()
+        cache, self._streamed = self._cache, set()
+        claims = {
+            os.path.basename(cache.path(self._url(s.path), s)): (first, last)
+            for s, first, last in uses
+        }
+        if self._ledger is None:
+            with space_lock(cache.cache_dir):  # no process's scan sees it half made
+                self._ledger = Ledger(cache.cache_dir)
+                self._ledger.expect(claims)
+        else:
+            self._ledger.expect(claims)
+
+    def reads_done(self, position: int) -> None:
+        """The pass announced by :meth:`expect_reads` has read every position before
+        ``position``: the shards it no longer reads may be evicted first."""
+        if self._ledger is not None and self._pid == os.getpid():
+            self._ledger.done(position)
+
+    def close(self) -> None:
+        """Close open files, the thread pool, and release this process's claims."""
+        super().close()
+        if self._ledger is not None:
+            self._ledger.close()
+            self._ledger = None
 
     def _index_bytes(self, shard: ShardInfo, expected: int) -> bytes:
         cpath = self._cache.path(self._url(shard.idx_path), shard)
@@ -170,9 +216,115 @@ class CachedStore(FileStore):
             return data
 
     def _paths(self, shards: dict[str, ShardInfo]) -> dict[str, str]:
-        paths = {rel: self._cache.path(self._url(rel), s) for rel, s in shards.items()}
-        self._cache.ensure(list(shards.values()), paths, set(paths.values()))
+        ready = self._ready
+        if ready is not None and shards.keys() <= ready.keys():
+            return {rel: ready[rel] for rel in shards}
+        paths = self._placed(shards)
+        if len(paths) < len(shards):
+            raise _NoRoom
         return paths
+
+    def _placed(self, shards: dict[str, ShardInfo]) -> dict[str, str]:
+        """The cache paths of those of ``shards`` now cached (downloaded if there is room;
+        those that find none are left out). ValueError for a shard larger than the limit."""
+        limit = self.options.cache_limit_bytes
+        for shard in shards.values():
+            if limit is not None and shard.num_bytes > limit:
+                raise ValueError(
+                    f"{self.url(shard)}: shard of {shard.num_bytes} bytes does not fit "
+                    f"cache_limit_bytes={limit}; raise the limit to at least the largest shard, "
+                    "or read without cache_dir (ranged requests)"
+                )
+        cache = self._cache
+        paths = {rel: cache.path(self._url(rel), s) for rel, s in shards.items()}
+        # a shard this pass (or another reader's on the node) began to read remotely stays
+        # remote unless cached: no byte fetched twice
+        missing = [rel for rel in shards if not cache.lookup(paths[rel])]
+        if missing and self._ledger is not None:
+            node = streamed(cache.cache_dir)
+            self._streamed.update(r for r in missing if os.path.basename(paths[r]) in node)
+        todo = {r: s for r, s in shards.items() if r not in missing or r not in self._streamed}
+        if cache.ensure(list(todo.values()), {r: paths[r] for r in todo}, set(paths.values())):
+            placed = {rel: paths[rel] for rel in todo}
+        else:  # no room for all: as many as fit, one at a time
+            placed = {}
+            for rel, shard in todo.items():
+                if cache.ensure([shard], {rel: paths[rel]}, {*placed.values(), paths[rel]}):
+                    placed[rel] = paths[rel]
+        left = {rel for rel in shards if rel not in placed}
+        self._streamed |= left
+        if left and self._ledger is not None:
+            self._ledger.stream({os.path.basename(paths[rel]) for rel in left})
+        return placed
+
+    def _split(self, reqs: list[Request]) -> tuple[list[int], list[int]]:
+        """The requests whose shards are cached (read locally) and the others (read remotely:
+        no room in the cache for them); the cached paths are kept for this call."""
+        self._ready = paths = self._placed(unique_shards(reqs))
+        local = [i for i, (shard, _, _) in enumerate(reqs) if shard.path in paths]
+        return local, [i for i, (shard, _, _) in enumerate(reqs) if shard.path not in paths]
+
+    def _read(self, reqs: list[Request]) -> list[bytes]:
+        try:
+            local, remote = self._split(reqs)
+            if not remote:
+                return super()._read(reqs)
+            out: list[bytes] = [b""] * len(reqs)
+            for part, read in ((local, super()._read), (remote, self._read_remote)):
+                for i, data in zip(
+                    part, read([reqs[i] for i in part]) if part else [], strict=True
+                ):
+                    out[i] = data
+            return out
+        finally:
+            self._ready = None
+
+    def _read_remote(self, reqs: list[Request]) -> list[bytes]:
+        return RemoteStore._read(self, reqs)  # type: ignore[arg-type]
+
+    def _read_joined(
+        self,
+        reqs: list[Request],
+        positions: list[int],
+        total: int,
+        out: np.ndarray | None,
+        cuts: Sequence[Sequence[Cut]] | None,
+    ) -> bytes | np.ndarray:
+        with self._lock:
+            try:
+                local, remote = self._split(reqs)
+                if not remote:
+                    return super()._read_joined(reqs, positions, total, out, cuts)
+                return self._read_mixed(reqs, positions, total, out, cuts, local, remote)
+            finally:
+                self._ready = None
+
+    def _read_mixed(
+        self,
+        reqs: list[Request],
+        positions: list[int],
+        total: int,
+        out: np.ndarray | None,
+        cuts: Sequence[Sequence[Cut]] | None,
+        local: list[int],
+        remote: list[int],
+    ) -> np.ndarray:
+        """:meth:`_read_joined` of requests ``local`` read from cached copies and ``remote``
+        ones read by ranged requests."""
+        if out is not None and out.dtype == np.uint8 and out.ndim == 1 and len(out) >= total:
+            buf = out[:total]
+        else:
+            buf = np.empty(total, dtype=np.uint8)
+        view = memoryview(buf)  # type: ignore[arg-type]
+        if local:
+            sub = None if cuts is None else [cuts[i] for i in local]
+            self._read_files([reqs[i] for i in local], view, [positions[i] for i in local], sub)
+        for i, data in zip(remote, self._read_remote([reqs[i] for i in remote]), strict=True):
+            view[positions[i] : positions[i] + len(data)] = data
+            if cuts is not None:
+                _copy_cuts(view, [positions[i]], [cuts[i]])
+        self._count("bytes_read", total)
+        return buf
 
     def _fd(self, shard: ShardInfo, path: str, pinned: set[str]) -> int:
         """An open descriptor on the cached copy of the shard (downloaded if needed)."""

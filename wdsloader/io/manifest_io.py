@@ -46,7 +46,7 @@ def load_manifest(
         with setup_errors_in_one_line(
             f"{os.fspath(root).rstrip('/')}/{MANIFEST_NAME}", storage_options
         ):
-            raw = fs.cat_file(target)
+            raw = cat_whole(fs, target)
     except StorageSetupError:
         raise
     except FileNotFoundError:
@@ -63,6 +63,16 @@ def load_manifest(
     except ValueError as exc:  # JSONDecodeError, UnicodeDecodeError, an int of 5000 digits
         raise ManifestError(f"{where}: manifest is not valid JSON: {exc}") from None
     return Manifest.from_dict(data, source=where)
+
+
+def cat_whole(fs: Any, path: str) -> bytes:
+    """The whole file at ``path`` in one GET: s3fs otherwise asks the size first (a HEAD, and
+    a LIST where the HEAD finds nothing) to split a large file into concurrent parts."""
+    if getattr(fs, "max_concurrency", None) is not None:  # s3fs
+        data: bytes = fs.cat_file(path, max_concurrency=1)
+        return data
+    whole: bytes = fs.cat_file(path)
+    return whole
 
 
 def manifest_where(

@@ -20,9 +20,16 @@ class ReadOptions:
     ``concurrency`` remote requests at most are in flight at once (threads serve them; the S3
     client's connection pool is sized to it): remotely, many small requests (a first batch's
     samples) or large ones (whole spans) keep the link busy only with many in flight.
-    ``cache_dir`` keeps whole remote shards and indexes, ``cache_limit_bytes`` caps it (a
-    ValueError without ``cache_dir``). ``verify_checksum`` checks a shard's sha256 when it is
-    first downloaded into the cache or first opened.
+    ``cache_dir`` keeps whole remote shards and indexes; the ranks and workers of a node that
+    share it download each shard once (a per-file ``flock``). ``cache_limit_bytes`` caps the
+    folder at every moment, downloads under way included (a ValueError without ``cache_dir``):
+    room is made by evicting, least recently used first, only shards no reader of the node
+    still reads this epoch (each reader keeps a small ledger in the folder); a shard that finds
+    no room is read by ranged requests for the rest of that reader's pass (never downloaded
+    twice). A shard larger than the limit raises ValueError naming it at its first read. Locks
+    and ledgers of a killed process are released by the kernel or removed when found (see
+    ``docs/loading.md``, "Remote datasets and the shard cache"). ``verify_checksum`` checks a
+    shard's sha256 when it is first downloaded into the cache or first opened.
 
     Timeouts (seconds) bound a server that accepts a connection and never answers:
     ``connect_timeout`` for opening a connection, ``read_timeout`` for the wait for any bytes of

@@ -5,8 +5,17 @@ basenames from different roots never collide. Files appear only complete, so pro
 the folder; a file evicted by another process is downloaded again. A download holds a lock per
 file (``flock`` on a ``.wds-lock-*`` file, released by the kernel if the process dies, removed
 once the download is over): the workers and ranks of a node that share the folder download each
-shard once, the others wait for it and read the copy. Beyond the size limit the least
-recently used files (by mtime, touched on use) are evicted, never files a read is using.
+shard once, the others wait for it and read the copy.
+
+With a size limit, room is taken under one node-wide lock (:func:`~wdsloader.io.cache_ledger.
+space_lock`): a download reserves its full size (its temporary file is sized at once), so the
+files in the folder never add up to more than the limit. To make room, only files that no live
+reader of the node still reads this pass (:func:`~wdsloader.io.cache_ledger.needs`) are
+evicted, least recently used first, never the files of the read under way. When no room can be
+made, :meth:`ShardCache.ensure` says so and the store reads those ranges remotely instead: a
+shard is downloaded at most once per pass, and a byte read remotely costs no more than a
+download of it would. A process that is reading an evicted file keeps
+its descriptor: the bytes stay valid until it closes it (POSIX unlink-while-open).
 """
 
 from __future__ import annotations
@@ -18,19 +27,18 @@ import logging
 import os
 import posixpath
 import re
-import time
 import uuid
 from collections import OrderedDict
 from collections.abc import Callable, Iterator
 
 from wdsloader.format import ShardInfo
+from wdsloader.io.cache_ledger import held_by_another, needs, note_usage, space_lock
 
 logger = logging.getLogger(__name__)
 
 _CACHE_NAME = re.compile(r"^wds-[0-9a-f]{24}-")
 _TMP_PREFIX = ".wds-tmp-"
 _LOCK_PREFIX = ".wds-lock-"  # never evicted: a lock file names no cached file
-_STALE_TMP_S = 3600.0
 _HASH_CHUNK = 8 << 20
 
 
@@ -116,9 +124,12 @@ class ShardCache:
         return data
 
     def write(self, cpath: str, data: bytes) -> None:
-        """Put ``data`` in the cache as ``cpath``, evicting older files if needed."""
-        self.make_room(len(data), set())
-        fd, tmp = self._temp_file()
+        """Put ``data`` in the cache as ``cpath``, evicting files if needed (not cached when
+        no room can be made)."""
+        reserved = self._reserve([len(data)], set())
+        if reserved is None:
+            return
+        ((fd, tmp),) = reserved
         try:
             pwrite_all(fd, data, 0)
             os.replace(tmp, cpath)
@@ -127,16 +138,18 @@ class ShardCache:
             unlink_quietly(tmp)
 
     # -- shards read through descriptors ----------------------------------------------------------
-    def ensure(self, shards: list[ShardInfo], paths: dict[str, str], pinned: set[str]) -> None:
+    def ensure(self, shards: list[ShardInfo], paths: dict[str, str], pinned: set[str]) -> bool:
         """Hold descriptors on the cached copies (``paths[shard.path]``) of ``shards``,
-        downloading those not cached; files in ``pinned`` are not evicted."""
+        downloading those not cached; files in ``pinned`` are not evicted. False (nothing
+        downloaded) when the limit leaves no room for the missing ones."""
         missing = [s for s in shards if not self.lookup(paths[s.path])]
         if missing:  # one download per file for every process: lock, then look again
             with self._locked(sorted({paths[s.path] for s in missing})):
                 missing = [s for s in missing if not self.lookup(paths[s.path])]
-                if missing:
-                    self.download([(s, paths[s.path]) for s in missing], pinned)
+                if missing and not self.download([(s, paths[s.path]) for s in missing], pinned):
+                    return False
         self._count("cache_hits", len(shards) - len(missing))
+        return True
 
     @contextlib.contextmanager
     def _locked(self, cpaths: list[str]) -> Iterator[None]:
@@ -175,14 +188,15 @@ class ShardCache:
             return False
         return True
 
-    def download(self, items: list[tuple[ShardInfo, str]], pinned: set[str]) -> None:
+    def download(self, items: list[tuple[ShardInfo, str]], pinned: set[str]) -> bool:
         """Download whole shards into their cache paths (``(shard, path)`` items) and hold
-        descriptors on them; files in ``pinned`` are not evicted."""
-        self.make_room(sum(s.num_bytes for s, _ in items), pinned)
-        temps: list[tuple[ShardInfo, str, int, str]] = []
+        descriptors on them; files in ``pinned`` are not evicted. False (nothing downloaded)
+        when the limit leaves no room for them."""
+        reserved = self._reserve([s.num_bytes for s, _ in items], pinned)
+        if reserved is None:
+            return False
+        temps = [(s, cpath, fd, tmp) for (s, cpath), (fd, tmp) in zip(items, reserved, strict=True)]
         try:
-            for shard, cpath in items:
-                temps.append((shard, cpath, *self._temp_file()))
             self._fill([(shard, fd) for shard, _, fd, _ in temps])
             while temps:
                 shard, cpath, fd, tmp = temps[0]
@@ -196,54 +210,91 @@ class ShardCache:
             for _, _, fd, tmp in temps:
                 close_quietly(fd)
                 unlink_quietly(tmp)
+        return True
 
     def discard(self, cpath: str) -> None:
         """Remove a cached file (a corrupt copy), so the next use downloads it again."""
         self._files.forget(cpath)
         unlink_quietly(cpath)
 
-    # -- eviction ----------------------------------------------------------------------------------
-    def make_room(self, incoming: int, pinned: set[str]) -> None:
-        """Evict least recently used cached files, except ``pinned`` ones, until ``incoming``
-        more bytes fit the limit."""
-        limit, cache_dir = self.limit_bytes, self.cache_dir
-        if limit is None or not os.path.isdir(cache_dir):
-            return
+    # -- room ------------------------------------------------------------------------------------
+    def _reserve(self, sizes: list[int], pinned: set[str]) -> list[tuple[int, str]] | None:
+        """Temporary files of ``sizes`` bytes (descriptor, path; sized and locked now, so they
+        count towards the limit in every process), after evicting what must go; None when no
+        room can be made without evicting ``pinned`` files."""
+        if self.limit_bytes is None:
+            return [self._temp_file(0) for _ in sizes]
+        with space_lock(self.cache_dir):
+            incoming = sum(sizes)
+            total, candidates = self._scan(pinned)
+            evict = self._victims(total + incoming - self.limit_bytes, candidates)
+            if evict is None:
+                return None
+            for size, path in evict:
+                self._evict(path, size)
+            note_usage(self.cache_dir, total + incoming - sum(size for size, _ in evict))
+            return [self._temp_file(size) for size in sizes]
+
+    def _scan(self, pinned: set[str]) -> tuple[int, list[tuple[int, int, str]]]:
+        """Bytes in the folder (downloads under way at their full size) and the cached files
+        that may go, as ``(mtime, size, path)``; temporary files of dead processes removed."""
         total = 0
         candidates: list[tuple[int, int, str]] = []
-        now = time.time()
-        with os.scandir(cache_dir) as it:
+        with os.scandir(self.cache_dir) as it:
             for entry in it:
                 ours, temp = _CACHE_NAME.match(entry.name), entry.name.startswith(_TMP_PREFIX)
                 if not (ours or temp):
                     continue  # never touch files that are not ours
+                if temp and not held_by_another(entry.path):  # left by a crashed process
+                    unlink_quietly(entry.path)
+                    continue
                 try:
                     st = entry.stat(follow_symlinks=False)
                 except FileNotFoundError:
                     continue
-                if temp and now - st.st_mtime > _STALE_TMP_S:  # left by a crashed process
-                    unlink_quietly(entry.path)
-                    continue
-                total += st.st_size  # other processes' downloads in progress count too
+                total += st.st_size
                 if ours and entry.path not in pinned:
                     candidates.append((st.st_mtime_ns, st.st_size, entry.path))
-        for _, size, path in sorted(candidates):
-            if total + incoming <= limit:
-                break
-            self._files.forget(path)
-            total -= size
-            try:
-                os.unlink(path)
-            except FileNotFoundError:
-                continue  # another process evicted it first
-            self._count("evictions", 1)
-            logger.debug("evicted %s (%d bytes) from the shard cache", path, size)
+        return total, candidates
 
-    def _temp_file(self) -> tuple[int, str]:
+    def _victims(
+        self, excess: int, candidates: list[tuple[int, int, str]]
+    ) -> list[tuple[int, str]] | None:
+        """The files to evict to free ``excess`` bytes, as ``(size, path)``, least recently
+        used first, among those no live reader of the node still reads this pass; None when
+        they would not free enough. A file still needed is never evicted: a download then
+        would be a second one of it, where reading the ranges remotely costs no byte more."""
+        if excess <= 0:
+            return []
+        needed = needs(self.cache_dir)
+        out: list[tuple[int, str]] = []
+        for _, size, path in sorted(candidates):
+            if excess <= 0:
+                break
+            if os.path.basename(path) not in needed:
+                out.append((size, path))
+                excess -= size
+        return out if excess <= 0 else None
+
+    def _evict(self, path: str, size: int) -> None:
+        self._files.forget(path)
+        try:
+            os.unlink(path)
+        except FileNotFoundError:
+            return  # another process evicted it first
+        self._count("evictions", 1)
+        logger.debug("evicted %s (%d bytes) from the shard cache", path, size)
+
+    def _temp_file(self, size: int) -> tuple[int, str]:
+        """A new temporary file of ``size`` bytes (sparse), ``flock``-ed while this process
+        holds it (a file nobody holds is a crashed download's)."""
         os.makedirs(self.cache_dir, exist_ok=True)
         name = f"{_TMP_PREFIX}{os.getpid()}-{uuid.uuid4().hex[:16]}"
         tmp = os.path.join(self.cache_dir, name)
-        return os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644), tmp
+        fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        os.ftruncate(fd, size)
+        return fd, tmp
 
 
 def _lock_file(path: str) -> int:

@@ -29,6 +29,7 @@ from wdsloader.errors import SkipLimitError, WdsLoaderError
 from wdsloader.format import FieldSpec, Manifest, ShardInfo
 from wdsloader.io.store import Store
 from wdsloader.mix.runtime import MixPlanner, SourceTags
+from wdsloader.plan.uses import shard_uses
 from wdsloader.stream.config import LoaderConfig
 from wdsloader.stream.control import Control
 from wdsloader.stream.dataset_config import (
@@ -257,12 +258,18 @@ class ShardStreamDataset(IterableDataset):
         epoch, forced = self.control.epoch, self.control.forced
         refill, now = _Refill(), StageClock.now
         clock = StageClock(getattr(self.store, "stats", {}))
+        cache = self.store if getattr(self.store, "plans_eviction", False) else None
+        if cache is not None:  # a bounded cache: say when this pass reads each shard
+            uses = shard_uses(batches, self.config.counts)
+            cache.expect_reads([(self.shards[s], a, b) for s, a, b in uses])  # type: ignore[attr-defined]
         ahead = self.reader.read_ahead(batches, self.readahead_batches)
         try:
             index = 0  # of the batch in ``batches``
             while True:
                 t0 = now()
                 raws = ahead.next_group()
+                if cache is not None and raws is not None:
+                    cache.reads_done(index + len(raws))  # type: ignore[attr-defined]
                 self.control.add_metrics(worker, {"fetch_ns": now() - t0})
                 clock.io(self.control, worker, getattr(self.store, "stats", {}))
                 if raws is None:

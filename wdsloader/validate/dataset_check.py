@@ -23,7 +23,7 @@ from wdsloader.format.deflate import inflate_sample
 from wdsloader.format.index import INDEX_DTYPE
 from wdsloader.format.ustar import BLOCK
 from wdsloader.io.fetch import ReadOptions, ShardStore
-from wdsloader.io.manifest_io import load_manifest, manifest_where
+from wdsloader.io.manifest_io import cat_whole, load_manifest, manifest_where
 from wdsloader.io.storage import join, url_to_fs
 from wdsloader.progress import progress_bar
 from wdsloader.validate.batch import (
@@ -180,7 +180,7 @@ class _DatasetChecker:
         """The shard's sample offsets when its index is sound, else None (problems added)."""
         rel, n, size = shard.idx_path, shard.num_samples, shard.num_bytes
         try:
-            data = self.fs.cat_file(join(self.base, rel))
+            data = cat_whole(self.fs, join(self.base, rel))  # no HEAD for its size
         except FileNotFoundError:
             self.add("index", f"index file not found (shard {shard.path})", rel=rel)
             return None

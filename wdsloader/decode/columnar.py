@@ -30,6 +30,7 @@ from wdsloader.decode.gather import (
     key_strings,
     named_members,
     prefix_end,
+    walk_start,
 )
 from wdsloader.decode.parse import parse_sample
 from wdsloader.decode.placement import Placement, placed_values, restore
@@ -104,9 +105,14 @@ class ColumnarDecoder:
             ],
             dtype=np.int64,
         )
+        # per shard: where the walk over the headers of the other fields' members starts (one
+        # offset for shards whose layouts differ only from there on)
+        walk_from = np.array([walk_start(s.layout, exts) for s in shards], dtype=np.int64)
         self.layout_id, self.block_len = self._block_plan(len(shards))
         # where the members of the other fields lie: one walk over the batch's headers
-        self.finder = MemberFinder(shards, self.parse_from, decoder, self.others, self.sources)
+        self.finder = MemberFinder(
+            shards, walk_from, self.parse_from, decoder, self.others, self.sources
+        )
 
     @property
     def useful(self) -> bool:
@@ -126,7 +132,7 @@ class ColumnarDecoder:
         for s in range(nshards):
             sig = tuple(int(t.offsets[s]) for t in self.tables.values())
             if min(sig) >= 0:
-                ids[s] = seen.setdefault((*sig, int(self.parse_from[s])), len(seen))
+                ids[s] = seen.setdefault(sig, len(seen))
         if len(seen) != 1:
             return ids, 0
         s0 = int(np.flatnonzero(ids >= 0)[0])

@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 
 from wdsloader.decode.batch import RawBatch
-from wdsloader.decode.gather import FieldTable, gather_rows, key_strings
+from wdsloader.decode.gather import FieldTable, key_strings
 from wdsloader.format.ustar import (
     BLOCK,
     CHECKSUM,
@@ -71,6 +71,9 @@ class SampleTemplate:
         "fields",
         "key_len",
         "mask",
+        "npy_blocks",
+        "npy_const",
+        "npy_mask",
         "rel",
         "sizes",
         "variable",
@@ -101,12 +104,24 @@ class SampleTemplate:
         mask[variable, SIZE] = 0
         self.mask = mask.view(np.uint64)
         self.const = (headers & mask).view(np.uint64)
+        # the blocks that start with a gathered field's .npy header, compared as the headers
+        npy = [f for f in self.fields if len(f.npy)]
+        self.npy_blocks = np.array([f.at >> 9 for f in npy], dtype=np.int64)
+        rows = np.zeros((len(npy), BLOCK), dtype=np.uint8)
+        keep = np.zeros((len(npy), BLOCK), dtype=np.uint8)
+        for i, f in enumerate(npy):
+            rows[i, : len(f.npy)] = f.npy
+            keep[i, : len(f.npy)] = 0xFF
+        self.npy_const = rows.view(np.uint64)
+        self.npy_mask = keep.view(np.uint64)
 
     def read(self, buf: np.ndarray, start: np.ndarray, stop: np.ndarray) -> Read | None:
         """The batch of samples ``buf[start[j]:stop[j]]`` read by the template, or None when a
         sample differs from it in anything but its key, variable sizes and checksums."""
         n = len(start)
         if not n or (start & (BLOCK - 1)).any() or start.min() < 0:
+            return None
+        if int(stop.max()) > len(buf) or not buf.flags.c_contiguous:
             return None
         blocks = buf[: len(buf) // BLOCK * BLOCK].reshape(-1, BLOCK)
         index = (start >> 9)[:, None] + self.blocks
@@ -116,6 +131,10 @@ class SampleTemplate:
         words = headers.view(np.uint64)
         if ((words ^ self.const) & self.mask).any():
             return None
+        if len(self.npy_blocks):
+            npy = blocks[(start >> 9)[:, None] + self.npy_blocks].view(np.uint64)
+            if ((npy ^ self.npy_const) & self.npy_mask).any():
+                return None
         keys = headers[:, 0, : self.key_len]
         if (headers[:, 1:, : self.key_len] != keys[:, None]).any() or not _plain_keys(keys):
             return None
@@ -132,12 +151,7 @@ class SampleTemplate:
         ends = self.rel + BLOCK + (sizes + (BLOCK - 1)) // BLOCK * BLOCK
         if not (ends[:, :-1] == self.rel[1:]).all() or not (ends[:, -1] == stop - start).all():
             return None
-        gathered = {}
-        for field in self.fields:
-            values = _values(buf, start + field.at, field)
-            if values is None:
-                return None
-            gathered[field.name] = values
+        gathered = {field.name: _values(buf, start, field) for field in self.fields}
         found_at = {
             ext: (start + int(self.rel[i] + BLOCK), np.ascontiguousarray(sizes[:, i]))
             for ext, i in self.walked.items()
@@ -156,25 +170,24 @@ def _plain_keys(keys: np.ndarray) -> bool:
     )
 
 
-def _values(buf: np.ndarray, at: np.ndarray, field: _Field) -> Any:
-    """Field ``field`` of every sample whose member data starts at ``at``: its ``.npy``
-    headers checked, its bytes copied once into the batch array (``bytes`` for an undeclared
-    bytes field); None when a header differs."""
-    skip = len(field.npy)
-    if skip:
-        heads = gather_rows(buf, at, skip)
-        if heads is None or not (heads == field.npy).all():
-            return None
+def _values(buf: np.ndarray, start: np.ndarray, field: _Field) -> Any:
+    """Field ``field`` of the samples at ``start`` (multiples of 512 whose samples the
+    template checked, ``.npy`` headers included): its bytes copied once into the batch array
+    (``bytes`` for an undeclared bytes field)."""
+    at = field.at + len(field.npy)
     table = field.table
     if table.as_bytes:
-        if int(at.max()) + field.count > len(buf):
-            return None
         view = memoryview(buf)  # type: ignore[arg-type]
-        return [bytes(view[p : p + field.count]) for p in at.tolist()]
-    rows = gather_rows(buf, at + skip, field.count)
-    if rows is None:
-        return None
-    return rows.view(table.dtype).reshape(len(at), *table.shape)
+        return [bytes(view[p : p + field.count]) for p in (start + at).tolist()]
+    # row r of ``rows``: the field's bytes of a sample starting at byte 512 r
+    rows = np.ndarray(
+        ((len(buf) - at - field.count) // BLOCK + 1, field.count),
+        dtype=np.uint8,
+        buffer=buf,
+        offset=at,
+        strides=(BLOCK, 1),
+    )
+    return rows[start >> 9].view(table.dtype).reshape(len(start), *table.shape)
 
 
 def learn(
@@ -201,6 +214,8 @@ def learn(
         if span is None:
             return None
         skip, count = span
+        if skip > BLOCK or at & (BLOCK - 1):
+            return None
         npy = buf[start + at : start + at + skip].copy()
         fields.append(_Field(name, table, at, npy, count))
     for ext, (at, size) in walked.items():

@@ -66,6 +66,7 @@ class SampleTemplate:
     member; ``walked`` maps its extension to ``i``); ``fields``: the gathered fields."""
 
     __slots__ = (
+        "base_sum",
         "blocks",
         "const",
         "fields",
@@ -104,6 +105,9 @@ class SampleTemplate:
         mask[variable, SIZE] = 0
         self.mask = mask.view(np.uint64)
         self.const = (headers & mask).view(np.uint64)
+        # each header's checksum less its key and variable size bytes (the checksum field
+        # counted as spaces): the rest of its bytes are the template's
+        self.base_sum = (headers & mask).sum(axis=1, dtype=np.int64) + 8 * ord(" ")
         # the blocks that start with a gathered field's .npy header, compared as the headers
         npy = [f for f in self.fields if len(f.npy)]
         self.npy_blocks = np.array([f.at >> 9 for f in npy], dtype=np.int64)
@@ -138,16 +142,18 @@ class SampleTemplate:
         keys = headers[:, 0, : self.key_len]
         if (headers[:, 1:, : self.key_len] != keys[:, None]).any() or not _plain_keys(keys):
             return None
-        flat = headers.reshape(-1, BLOCK)
-        if not checksums_ok(flat).all():
-            return None
+        sums = self.base_sum + keys.sum(axis=1, dtype=np.int64)[:, None]
         sizes = np.broadcast_to(self.sizes, headers.shape[:2])
         if self.variable.any():
-            found = header_sizes(headers[:, self.variable].reshape(-1, BLOCK))
+            varying = headers[:, self.variable]
+            found = header_sizes(varying.reshape(-1, BLOCK))
             if found is None:
                 return None
             sizes = sizes.copy()
             sizes[:, self.variable] = found.reshape(n, -1)
+            sums[:, self.variable] += varying[:, :, SIZE].sum(axis=2, dtype=np.int64)
+        if not _checksums_are(headers[:, :, CHECKSUM], sums):
+            return None
         ends = self.rel + BLOCK + (sizes + (BLOCK - 1)) // BLOCK * BLOCK
         if not (ends[:, :-1] == self.rel[1:]).all() or not (ends[:, -1] == stop - start).all():
             return None
@@ -158,6 +164,17 @@ class SampleTemplate:
         }
         names = key_strings(headers[:, 0], np.full(n, self.key_len))
         return Read(names, gathered, found_at)
+
+
+_SHIFTS = np.array([15, 12, 9, 6, 3, 0], dtype=np.int64)
+
+
+def _checksums_are(fields: np.ndarray, sums: np.ndarray) -> bool:
+    """Whether every checksum field (``(n, k, 8)``) holds its header's byte sum ``sums`` in
+    the usual form (six octal digits and a NUL), as
+    :func:`wdsloader.format.ustar.checksums_ok` reads it; False may also be another form."""
+    digits = ((sums[:, :, None] >> _SHIFTS) & 7) + ord("0")
+    return bool((fields[:, :, :6] == digits).all() and (fields[:, :, 6] == 0).all())
 
 
 def _plain_keys(keys: np.ndarray) -> bool:

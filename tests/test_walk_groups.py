@@ -53,3 +53,18 @@ def test_mixed_layout_batches_are_walked_not_parsed_one_by_one(running_index):
     slow, parsed = _epoch(running_index, gather=False)
     assert parsed == batches
     assert slow.stats["parsed_samples"] == 300 and slow.stats["parsed_batches"] == 6
+
+
+def test_a_cls_width_in_some_layouts_only_keeps_one_gather_and_one_walk(running_index):
+    """Shards that differ only in whether ``.cls`` has a fixed offset: their samples are
+    gathered in one piece (one layout for the gathered fields) and every batch is walked once,
+    from one offset (the ``.cls`` header), with the steps of earlier batches."""
+    loader, batches = _epoch(running_index)
+    col = loader.dataset_obj.columnar
+    assert col is not None and col.block_len > 0
+    assert len(set(col.layout_id.tolist())) == 1
+    assert len(set(col.finder.walk_from.tolist())) == 1
+    assert [kind for kind, _ in col.finder.walks] == ["batch"]
+    assert loader.stats["parsed_samples"] == 0
+    _, parsed = _epoch(running_index, gather=False)
+    assert parsed == batches

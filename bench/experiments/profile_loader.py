@@ -75,7 +75,7 @@ def main() -> None:
         return col._find_others(r, keys, blocks[id(r)], h)
 
     def find_afresh(r: Any) -> Any:
-        col.walks.clear()  # no layout learned from an earlier batch: step by step
+        col.finder.walks.clear()  # no layout learned from an earlier batch: step by step
         return find(r)
 
     found = {id(r): find(r) for r in raws}

@@ -30,10 +30,12 @@ from wdsloader.decode.gather import (
     key_strings,
     named_members,
     prefix_end,
+    walk_start,
 )
 from wdsloader.decode.parse import parse_sample
 from wdsloader.decode.placement import Placement, placed_values, restore
 from wdsloader.decode.registry import SampleDecoder
+from wdsloader.decode.template import Read, Templates
 from wdsloader.decode.ungathered import Found, decode_fields
 from wdsloader.decode.variants import Variants
 from wdsloader.decode.walk import skip_pax
@@ -104,9 +106,17 @@ class ColumnarDecoder:
             ],
             dtype=np.int64,
         )
+        # per shard: where the walk over the headers of the other fields' members starts (one
+        # offset for shards whose layouts differ only from there on)
+        walk_from = np.array([walk_start(s.layout, exts) for s in shards], dtype=np.int64)
         self.layout_id, self.block_len = self._block_plan(len(shards))
         # where the members of the other fields lie: one walk over the batch's headers
-        self.finder = MemberFinder(shards, self.parse_from, decoder, self.others, self.sources)
+        self.finder = MemberFinder(
+            shards, walk_from, self.parse_from, decoder, self.others, self.sources
+        )
+        # per layout: the headers of a sample that passed every check, to check batches against
+        learns = variants is None and not self.optional and bool(self.block_len)
+        self.templates = Templates(self.tables, self.layout_id, walk_from) if learns else None
 
     @property
     def useful(self) -> bool:
@@ -126,7 +136,7 @@ class ColumnarDecoder:
         for s in range(nshards):
             sig = tuple(int(t.offsets[s]) for t in self.tables.values())
             if min(sig) >= 0:
-                ids[s] = seen.setdefault((*sig, int(self.parse_from[s])), len(seen))
+                ids[s] = seen.setdefault(sig, len(seen))
         if len(seen) != 1:
             return ids, 0
         s0 = int(np.flatnonzero(ids >= 0)[0])
@@ -165,11 +175,14 @@ class ColumnarDecoder:
     def _columns(self, raw: RawBatch, epoch: int, forced: int | None) -> Columns | NotGatherable:
         if raw.buf is None:
             return NotGatherable("a byte range of the batch could not be read")
+        read = self.templates.read(raw) if self.templates is not None else None
+        if read is not None:  # every header checked in one pass against its layout's template
+            return self._from_template(raw, read)
         block = self._block(raw)
-        read = self._heads(raw, block)
-        if isinstance(read, NotGatherable):
-            return read
-        keys, heads = read
+        first = self._heads(raw, block)
+        if isinstance(first, NotGatherable):
+            return first
+        keys, heads = first
         found: Found = {}
         if self.others:
             walked = self._find_others(raw, keys, block, heads)
@@ -193,7 +206,19 @@ class ColumnarDecoder:
             columns[name] = gathered[name] if name in gathered else decoded[name]
         columns.update(steered)
         parsed = len(keys) if isinstance(found, list) else 0  # members parsed one by one
+        if self.templates is not None and isinstance(found, dict) and block is not None:
+            self.templates.learn(raw, found, heads.ends)
         return Columns(columns, dict(sorted(errors.items())), parsed)
+
+    def _from_template(self, raw: RawBatch, read: Read) -> Columns:
+        """The batch's columns from what its template read (gathered fields, keys, where the
+        other fields' members lie), the other fields decoded as ever."""
+        errors: dict[int, WdsLoaderError] = {}
+        decoded = self._decode_others(raw, read.keys, read.found, errors) if self.others else {}
+        columns: dict[str, Any] = {"__key__": read.keys}
+        for name in self.fields:
+            columns[name] = read.gathered[name] if name in read.gathered else decoded[name]
+        return Columns(columns, dict(sorted(errors.items())), 0)
 
     def _steer(
         self,

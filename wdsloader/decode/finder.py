@@ -30,22 +30,25 @@ Walked = dict[str, tuple[np.ndarray, np.ndarray]]
 
 class MemberFinder:
     """Finds the members of the fields ``others`` (decoded by ``decoder``) in batches of
-    ``shards``; ``parse_from[s]``: where parsing starts in the samples of shard ``s``;
-    ``sources`` names each shard in errors."""
+    ``shards``; ``walk_from[s]``: where the walk over the headers starts in the samples of
+    shard ``s`` (:func:`wdsloader.decode.gather.walk_start`), ``parse_from[s]``: where parsing
+    them one by one starts when a walk fails; ``sources`` names each shard in errors."""
 
     def __init__(
         self,
         shards: Sequence[ShardInfo],
+        walk_from: np.ndarray,
         parse_from: np.ndarray,
         decoder: SampleDecoder,
         others: Sequence[str],
         sources: Sequence[str],
     ) -> None:
+        self.walk_from = walk_from
         self.parse_from = parse_from
         self.sources = sources
         self.wanted = {decoder.field_decoder(f)[0] for f in others}
         # per shard: its walk group (shards whose samples start the walk alike)
-        self.walk_group = walk_groups(shards, parse_from)
+        self.walk_group = walk_groups(shards, walk_from)
         # per whole-batch start offset or walk group: the headers its last walk passed
         self.walks: dict[tuple[str, int], WalkSteps] = {}
 
@@ -62,7 +65,7 @@ class MemberFinder:
         if any): ``{ext: (data positions, sizes)}`` from a walk, else a list of each sample's
         parsed members, else why the batch does not parse."""
         groups = self.walk_group[raw.shard]
-        starts = self.parse_from[raw.shard]
+        starts = self.walk_from[raw.shard]
         walked = None
         if not len(groups) or (starts == starts[0]).all():
             # one walk when every sample starts it at the same offset (layouts that differ
@@ -88,9 +91,8 @@ class MemberFinder:
         ``group`` keys the steps kept) found in one walk: in one pass where an earlier walk of
         the same key left its steps, else step by step."""
         assert raw.buf is not None
-        shards = raw.shard[rows]
-        parse_from = self.parse_from[shards]
-        starts, stops = raw.start[rows] + parse_from, raw.stop[rows]
+        walk_from = self.walk_from[raw.shard[rows]]
+        starts, stops = raw.start[rows] + walk_from, raw.stop[rows]
         steps = self.walks.get(group)
         if steps is not None:
             members = walk_steps(raw.buf, starts, stops, names, steps)
@@ -98,9 +100,9 @@ class MemberFinder:
                 return members
         first = None
         if block is not None:
-            at = int(parse_from[0])
+            at = int(walk_from[0])
             first = block[:, at : at + BLOCK] if block.shape[1] >= at + BLOCK else None
-        first_checked = bool((parse_from == 0).all())
+        first_checked = bool((walk_from == 0).all())
         walked = walk_members(raw.buf, starts, stops, names, first, first_checked)
         if walked is None:
             return None

@@ -16,7 +16,7 @@ header of this sample's member of that field (:func:`named_members`).
 from __future__ import annotations
 
 import functools
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -177,6 +177,23 @@ def prefix_end(layout: Mapping[str, Sequence[int]] | None) -> int:
     pos = 0
     while pos in by_header:
         pos = by_header[pos]
+    return pos
+
+
+def walk_start(layout: Mapping[str, Sequence[int]] | None, decoded: Collection[str]) -> int:
+    """Offset of the first member header a walk over a sample must pass to find the members
+    of the ``decoded`` extensions: the end of the constant-offset prefix (:func:`prefix_end`),
+    or the header of the first member of ``decoded`` inside that prefix. Shards whose layouts
+    differ only from there on (a ``.cls`` whose width is constant in some shards only) start
+    their walks at one offset."""
+    if not layout:
+        return 0
+    by_header = {
+        int(off) - BLOCK: (int(off) + padded(int(size)), ext) for ext, (off, size) in layout.items()
+    }
+    pos = 0
+    while pos in by_header and by_header[pos][1] not in decoded:
+        pos = by_header[pos][0]
     return pos
 
 

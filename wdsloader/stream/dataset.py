@@ -10,6 +10,7 @@ of :meth:`ShardStreamDataset._refill`, and the counters shared with the main pro
 from __future__ import annotations
 
 import logging
+import threading
 import weakref
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
@@ -29,6 +30,7 @@ from wdsloader.errors import SkipLimitError, WdsLoaderError
 from wdsloader.format import FieldSpec, Manifest, ShardInfo
 from wdsloader.io.store import Store
 from wdsloader.mix.runtime import MixPlanner, SourceTags
+from wdsloader.stream.ahead import DECODE_AHEAD, made_ahead
 from wdsloader.stream.config import LoaderConfig
 from wdsloader.stream.control import Control
 from wdsloader.stream.dataset_config import (
@@ -109,6 +111,8 @@ class ShardStreamDataset(IterableDataset):
         self.on_error, self.max_skipped = config.on_error, config.max_skipped
         self._last_skip = ""  # the last error skipped in this process
         self.readahead_batches = max(1, config.readahead_batches)
+        # batches decoded ahead on a thread at num_workers=0 (0: in the loop's thread)
+        self.decode_ahead = DECODE_AHEAD
         self.curriculum = config.curriculum
         self.control = Control(self.config.num_workers)
         self.control.epoch = config.epoch
@@ -230,7 +234,11 @@ class ShardStreamDataset(IterableDataset):
                 f"{self.config.num_workers}; build loaders with create_loader"
             )
         batches = self.worker_batches(self.control.epoch, worker, self.resume_point())
-        yield from self._iter_batches(batches, worker)
+        if info is None and self.decode_ahead and _in_main_thread(self.config.num_workers):
+            # no worker process: the batches are decoded on a thread while the loop's step runs
+            yield from made_ahead(self._iter_batches(batches, worker), self.decode_ahead)
+        else:
+            yield from self._iter_batches(batches, worker)
 
     def peek_batch(self) -> Any:
         """The first batch the next iteration yields, made in this process; what the loader
@@ -410,3 +418,9 @@ class ShardStreamDataset(IterableDataset):
                 f"(split {self.split!r}), more than max_skipped={self.max_skipped}; "
                 f"last error: {what}"
             )
+
+
+def _in_main_thread(num_workers: int) -> bool:
+    """Whether the batches of a plan for ``num_workers`` are being asked for by the process's
+    main thread with no worker (the training loop's, at ``num_workers=0``)."""
+    return num_workers == 1 and threading.current_thread() is threading.main_thread()

@@ -53,7 +53,7 @@ def test_num_workers_0_decodes_on_a_thread_with_the_same_batches(ds):
     rec = Recording()
     loader = create_loader(ds, "train", batch_size=8, seed=3, collate_fn=rec)
     got = _epoch(loader, rec)
-    assert rec.threads == {"wdsloader-decode"}  # never the loop's thread
+    assert rec.threads == {"wdsloader-ahead"}  # never the loop's thread
     assert rec.lead <= 2  # batch k is made once the loop took batch k - 2
     plain = create_loader(ds, "train", batch_size=8, seed=3, collate_fn=_DEFAULT)
     plain.dataset_obj.decode_ahead = 0
@@ -69,9 +69,9 @@ def test_a_broken_off_iteration_stops_the_thread_and_resumes_exactly(ds):
     it = iter(loader)
     first = [list(next(it)["__key__"]) for _ in range(3)]
     state = loader.state_dict()
-    assert any(t.name == "wdsloader-decode" for t in threading.enumerate())
+    assert any(t.name == "wdsloader-ahead" for t in threading.enumerate())
     it.close()
-    assert not any(t.name == "wdsloader-decode" for t in threading.enumerate())
+    assert not any(t.name == "wdsloader-ahead" for t in threading.enumerate())
     again = create_loader(ds, "train", batch_size=8, seed=3)
     again.load_state_dict(state)
     rest = [list(b["__key__"]) for b in again]
@@ -93,8 +93,8 @@ def test_a_decode_error_is_raised_in_the_loop_after_the_batches_before_it(ds):
     next(it), next(it)
     with pytest.raises(ValueError, match="collate refused batch 3"):
         next(it)
-    assert set(calls) == {"wdsloader-decode"}
-    assert not any(t.name == "wdsloader-decode" for t in threading.enumerate())
+    assert set(calls) == {"wdsloader-ahead"}
+    assert not any(t.name == "wdsloader-ahead" for t in threading.enumerate())
 
 
 def test_ahead_blocks_a_bounded_distance_ahead_and_closes_its_source_in_its_thread():

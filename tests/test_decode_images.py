@@ -250,3 +250,17 @@ def test_the_loader_gives_pillows_pixels_and_decode_size(jpeg_dataset, workers):
     finally:
         register_decoder("jpg", decode_image, replace=True)
     assert {tuple(b["image"].shape) for b in batches} == {(8, 24, 20, 3)}
+
+
+def test_a_jpeg_dataset_takes_the_whole_batch_path(jpeg_dataset):
+    """Images, labels and nothing gathered: the batch is still decoded as columns (one walk
+    finds the members; the images go straight into one batch array), with Pillow's pixels."""
+    pytest.importorskip("simplejpeg")
+    loader = create_loader(jpeg_dataset, "train", batch_size=8, seed=1)
+    batches = list(loader)
+    assert loader.stats["gathered_batches"] == len(batches) == 5
+    assert loader.stats["parsed_samples"] == 0
+    for batch in batches:
+        for key, image in zip(batch["__key__"], batch["image"], strict=True):
+            ref = _pillow(_jpeg(_photo(48, 40, int(key[1:]))))
+            _assert_pillows(image.numpy(), ref)

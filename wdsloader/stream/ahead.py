@@ -105,7 +105,7 @@ class Ahead(Generic[T]):
 def made_ahead(source: Iterator[Any], depth: int = DECODE_AHEAD) -> Iterator[Any]:
     """``source``'s items made on a thread (:class:`Ahead`), the thread stopped when this
     generator is closed or collected."""
-    ahead = Ahead(source, depth, name="decode")
+    ahead = Ahead(source, depth, name="ahead")
     try:
         yield from ahead
     finally:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import statistics
 from typing import Any
 
-from bench import systems
+from bench import busy, systems
 
 SETTINGS = {
     "ours": 'create_loader(path, "train", batch_size=256, num_workers=W, seed=0): planned '
@@ -39,6 +39,10 @@ SETTINGS = {
     "cpu": "samples/CPU-s: samples per second of CPU time of the reading process and its "
     "DataLoader workers (user + system): robust where other jobs share the cores, unlike "
     "samples/s; a read stopped at the time limit leaves workers that are not counted",
+    "busy": "busy consumer (bench/busy.py): after each batch the reading process does fixed "
+    "CPU work (matmul: numpy on one BLAS thread, releases the GIL; gil: pure Python, holds "
+    "it); waiting for data = time in next() on the loader after the first batch / time from "
+    "the first batch to the end",
     "shuffle": "dist/N: mean |source position difference| of consecutive samples over N "
     "(uniform permutation: 1/3); |rho|: Spearman between source order and stream order "
     "(uniform: ~0); both on what was read (the first part of the epoch for partial runs)",
@@ -66,6 +70,9 @@ NUMERIC = (
     "disk_over_payload",
     "disk_bytes",
     "cpu_seconds",
+    "wait_share",
+    "work_ms",
+    "step_work_ms",
 )
 
 
@@ -266,6 +273,8 @@ def summarize(doc: dict[str, Any]) -> dict[str, Any]:
             "status": "info",
         }
     )
+    for name, value, need in busy.targets(agg):
+        at_least(name, value, need)
     return {"measurements": agg, "targets": targets, "s3": s3_agg}
 
 
@@ -380,6 +389,7 @@ def markdown(doc: dict[str, Any]) -> str:
                 f"| {once} | {_n(a.get('dist_over_n'), '.3f')} | {_n(a.get('abs_rho'), '.3f')} |"
             )
     agg = doc["summary"]["measurements"]
+    lines += busy.markdown(agg, systems.TITLES, busy.WORK_TITLES)
     for workload, n in cfg["build_n"].items():
         builds = [(lbl, a) for lbl, a in agg.items() if lbl.startswith(f"build {workload} ")]
         if builds:

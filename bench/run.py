@@ -4,6 +4,7 @@
     python bench/run.py --quick         # small sizes, 1 repeat (seconds to a minute)
     python bench/run.py --only ours,webdataset,raw --workloads embed --parts read
     python bench/run.py --remote        # from S3 on loopback behind a latency proxy (bench/remote)
+    python bench/run.py --parts busy --busy matmul  # the consumer works per batch (bench/busy.py)
     make bench-quick                    # the same through .venv-bench (peers installed)
 
 Generates the workloads deterministically (bench/workloads.py), writes each with our builder
@@ -39,7 +40,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
 
-from bench import report, systems  # noqa: E402
+from bench import busy, report, systems  # noqa: E402
 from bench.workloads import BUILD_N, MEMORY_SMALL_FRACTION, WORKLOADS  # noqa: E402
 
 ALL_SYSTEMS = (
@@ -49,7 +50,7 @@ ALL_SYSTEMS = (
 DEFAULT_WORKLOADS = "embed,embed_running,embed_few,embed_arrays,blobs,jpeg"
 # workloads read with every num_workers of --workers (the others with 0 only)
 MULTI_WORKLOADS = ("embed", "embed_arrays", "jpeg")
-PARTS = ("read", "build", "memory", "s3", "gpu")
+PARTS = ("read", "busy", "build", "memory", "s3", "gpu")
 WORKER = os.path.join(ROOT, "bench", "worker.py")
 VERSIONED = (
     "wdsloader",
@@ -103,6 +104,17 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help=f"comma-separated, of: {', '.join(WORKLOADS)} (default {DEFAULT_WORKLOADS})",
     )
     p.add_argument("--parts", default=",".join(PARTS), help=f"subset of {','.join(PARTS)}")
+    p.add_argument(
+        "--busy",
+        default=",".join(busy.KINDS),
+        help="the busy part's consumer work per batch, comma-separated: matmul (a ~5 ms numpy "
+        "matmul on one thread), gil (~2 ms of pure Python holding the GIL); default both",
+    )
+    p.add_argument(
+        "--busy-workloads",
+        default=busy.WORKLOADS[0],
+        help=f"the workloads of --workloads read by the busy part (default {busy.WORKLOADS[0]})",
+    )
     p.add_argument(
         "--workers",
         default="0,2",
@@ -233,7 +245,7 @@ class Runner:
             try:
                 proc = subprocess.run(
                     [self.python, self.worker, json.dumps(spec), result_path],
-                    env=self.env,
+                    env={**self.env, **busy.ENV} if spec.get("busy") else self.env,
                     stdout=log,
                     stderr=subprocess.STDOUT,
                     stdin=subprocess.DEVNULL,
@@ -458,13 +470,17 @@ def main(argv: list[str] | None = None) -> int:
         flush=True,
     )
     sizes = {w: min(WORKLOADS[w].n(quick), args.max_samples or 2**62) for w in names}
+    busy_kinds = [k.strip() for k in args.busy.split(",") if k.strip()]
+    if set(busy_kinds) - set(busy.KINDS):
+        raise SystemExit(f"unknown --busy {args.busy!r}: choose from {', '.join(busy.KINDS)}")
+    busy_names = [w for w in args.busy_workloads.split(",") if w.strip() in names]
 
     def reads(workload: str, system: str) -> bool:
         return workload in systems.ONLY_WORKLOADS.get(system, (workload,))
 
     formats: dict[str, set[str]] = {w: set() for w in names}
     for w in names:
-        if "read" in parts:
+        if "read" in parts or ("busy" in parts and w in busy_names):
             formats[w] |= {systems.READ_FORMAT[s] for s in chosen if reads(w, s)}
         if "ours" in chosen and parts & {"memory", "s3", "gpu"} and w == "embed":
             formats[w].add("ours")
@@ -498,25 +514,30 @@ def main(argv: list[str] | None = None) -> int:
             chosen.remove(s)
 
     # 2. the measurements, round-robin over repeats
+    def read_spec(w: str, s: str, nw: int) -> dict[str, Any] | None:
+        if not reads(w, s):
+            return None
+        return {
+            "task": "raw" if s in systems.RAW else "read",
+            "system": s,
+            "workload": w,
+            "n": sizes[w],
+            "path": paths[(w, systems.READ_FORMAT[s])],
+            "workers": nw,
+            "max_seconds": args.max_seconds,
+        }
+
     runs: list[tuple[str, dict[str, Any]]] = []
     if "read" in parts:
         for w in names:
             for s in chosen:
-                if not reads(w, s):
-                    continue
                 multi = w in MULTI_WORKLOADS and s in systems.MULTI_WORKER
-                counts = worker_counts if multi else [0]
-                for nw in counts:
-                    spec = {
-                        "task": "raw" if s in systems.RAW else "read",
-                        "system": s,
-                        "workload": w,
-                        "n": sizes[w],
-                        "path": paths[(w, systems.READ_FORMAT[s])],
-                        "workers": nw,
-                        "max_seconds": args.max_seconds,
-                    }
-                    runs.append((f"read {w} {s} W{nw}", spec))
+                for nw in worker_counts if multi else [0]:
+                    spec = read_spec(w, s, nw)
+                    if spec is not None:
+                        runs.append((f"read {w} {s} W{nw}", spec))
+    if "busy" in parts:
+        runs += busy.specs(busy_kinds, busy_names, chosen, worker_counts, read_spec)
     if "memory" in parts and want_small:
         for w, n in (("embed-small", small_n), ("embed", sizes["embed"])):
             spec = {
@@ -596,6 +617,7 @@ def main(argv: list[str] | None = None) -> int:
             "build_n": {w: n["quick" if quick else "full"] for w, n in BUILD_N.items()},
             "memory_n": [small_n, sizes.get("embed")],
             "settings": report.SETTINGS,
+            "busy": {k: busy.WORK_TITLES[k] for k in busy_kinds} if "busy" in parts else {},
         },
         "systems": chosen,
         "missing": missing,

@@ -24,7 +24,7 @@ if ROOT not in sys.path:
 
 import numpy as np  # noqa: E402
 
-from bench import systems  # noqa: E402
+from bench import busy, systems  # noqa: E402
 from bench.workloads import WORKLOADS  # noqa: E402
 
 
@@ -85,6 +85,9 @@ def do_read(spec: dict[str, Any]) -> dict[str, Any]:
     import torch  # noqa: F401 - every reader feeds torch
 
     import_s = time.perf_counter() - t
+    consumer = busy.Consumer(spec["busy"]) if spec.get("busy") else None
+    work_ms = consumer.calibrate() if consumer is not None else None
+    clock = busy.StepClock()
     baseline = rss_now_mb()
     order: list[int] = []
     batches = 0
@@ -94,11 +97,18 @@ def do_read(spec: dict[str, Any]) -> dict[str, Any]:
     it = iter(loader)
     t_first = None
     stopped = False
-    for batch in it:
+    while True:
+        t_ask = time.perf_counter()
+        batch = next(it, None)
+        if batch is None:
+            break
         if t_first is None:
             t_first = time.perf_counter()
+        clock.waited(time.perf_counter() - t_ask, first=batches == 0)
         order.extend(wl.order(batch))
         batches += 1
+        if consumer is not None:
+            clock.work(consumer)  # a training step's CPU work
         if max_seconds is not None and time.perf_counter() - t0 > max_seconds:
             stopped = True
             break
@@ -130,6 +140,16 @@ def do_read(spec: dict[str, Any]) -> dict[str, Any]:
         "peak_rss_mb": peak_rss_mb(),
         "peak_rss_worker_mb": peak_rss_mb(resource.RUSAGE_CHILDREN) if workers else None,
         **stream_metrics(np.asarray(order, dtype=np.int64), n_total, complete),
+        **(
+            {}
+            if consumer is None
+            else {
+                "busy": consumer.kind,
+                "work_ms": work_ms,
+                "blas_threads": consumer.blas_threads,
+                **clock.result(t_end - t_first if t_first is not None else 0.0),
+            }
+        ),
     }
 
 

@@ -147,3 +147,34 @@ def test_suite_quick_mode(tmp_path):
     assert "## Targets" in md and "wdsloader" in md
     share = f"| {100 * ours['samples_per_s'] / limit:.1f}% |"  # the share of the raw limit
     assert share in md
+
+
+def test_busy_consumer_read_and_report(tmp_path):
+    """A busy read (bench/busy.py): the consumer's work runs after every batch, the read still
+    sees every sample once, and the report has the busy table with the wait share and the
+    ratio to a peer's run."""
+    if ROOT not in sys.path:
+        sys.path.insert(0, ROOT)
+    from bench import busy, report, systems, worker
+
+    n, path = 512, str(tmp_path / "ours")
+    systems.WRITE["ours"]("embed_running", n, path, 1, 4 * 2**20)
+    spec = {"task": "read", "system": "ours", "workload": "embed_running", "n": n,
+            "path": path, "workers": 0, "max_seconds": None, "busy": "gil"}  # fmt: skip
+    result = worker.do_read(spec)
+    assert result["exactly_once"] is True and result["busy"] == "gil"
+    assert result["work_ms"] > 0 and result["step_work_ms"] > 0
+    assert 0 <= result["wait_share"] <= 1
+    peer = {**result, "samples_per_s": result["samples_per_s"] / 2}
+    agg = {
+        busy.label("gil", "embed_running", "ours", 0): report.aggregate([result]),
+        busy.label("gil", "embed_running", "litdata", 0): report.aggregate([peer]),
+    }
+    ((name, ratio, need),) = busy.targets(agg)
+    assert "num_workers=0" in name and ratio == pytest.approx(2.0) and need == 1.5
+    md = "\n".join(busy.markdown(agg, systems.TITLES, busy.WORK_TITLES))
+    share = f"{100 * result['wait_share']:.0f}%"
+    assert "## Busy consumer (gil" in md and "| LitData | 0 |" in md and "| 2.0x |" in md
+    assert f"| wdsloader | 0 | {result['samples_per_s']:,.0f} | – | {share} |" in md
+    with pytest.raises(ValueError, match="unknown busy kind 'spin'"):
+        busy.Consumer("spin")

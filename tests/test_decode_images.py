@@ -182,6 +182,47 @@ def test_an_image_column_decodes_on_the_pool():
     assert batch_decoder(decode_image)(broken, positions, sizes) is None  # per sample: errors
 
 
+def _column(data: list[bytes]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    buf = np.frombuffer(b"".join(data), dtype=np.uint8)
+    sizes = np.array([len(d) for d in data])
+    return buf, np.concatenate([[0], np.cumsum(sizes)[:-1]]), sizes
+
+
+def test_jpegs_of_one_size_decode_straight_into_one_batch_array():
+    pytest.importorskip("simplejpeg")
+    data = [_jpeg(_photo(64, 48, i)) for i in range(7)]
+    buf, positions, sizes = _column(data)
+    for fn, shape in ((decode_image, (64, 48)), (ImageDecoder(decode_size=(30, 20)), (32, 24))):
+        out = batch_decoder(fn)(buf, positions, sizes)
+        # one array for the batch (the collator hands it on as it is: no stacking copy)
+        assert isinstance(out, np.ndarray) and out.shape == (7, *shape, 3) and out.base is None
+        for row, d in zip(out, data, strict=True):
+            np.testing.assert_array_equal(row, fn(d))
+    grey = [_jpeg(_photo(40, 32, i)[..., 0]) for i in range(3)]
+    out = batch_decoder(decode_image)(*_column(grey))
+    assert isinstance(out, np.ndarray) and out.shape == (3, 40, 32, 1)
+    # sizes that differ, or Pillow asked for: one array per image, as before
+    mixed = batch_decoder(decode_image)(*_column([*data[:2], JPEGS["444"]]))
+    assert isinstance(mixed, list) and [v.shape for v in mixed][2] == (120, 200, 3)
+    pil = batch_decoder(ImageDecoder(backend="pillow"))(buf, positions, sizes)
+    assert isinstance(pil, list) and len(pil) == 7
+
+
+def test_a_batch_array_image_that_fails_its_check_goes_sample_by_sample():
+    pytest.importorskip("simplejpeg")
+    from wdsloader.decode.checks import Then
+
+    data = [_jpeg(_photo(64, 48, i)) for i in range(6)]
+    third = decode_image(data[2])
+
+    def refuse_third(value):
+        if np.array_equal(value, third):
+            raise ValueError("not this one")
+        return value
+
+    assert batch_decoder(Then(decode_image, refuse_third))(*_column(data)) is None
+
+
 @pytest.fixture(scope="module")
 def jpeg_dataset(tmp_path_factory):
     root = tmp_path_factory.mktemp("jpg") / "ds"
@@ -209,3 +250,17 @@ def test_the_loader_gives_pillows_pixels_and_decode_size(jpeg_dataset, workers):
     finally:
         register_decoder("jpg", decode_image, replace=True)
     assert {tuple(b["image"].shape) for b in batches} == {(8, 24, 20, 3)}
+
+
+def test_a_jpeg_dataset_takes_the_whole_batch_path(jpeg_dataset):
+    """Images, labels and nothing gathered: the batch is still decoded as columns (one walk
+    finds the members; the images go straight into one batch array), with Pillow's pixels."""
+    pytest.importorskip("simplejpeg")
+    loader = create_loader(jpeg_dataset, "train", batch_size=8, seed=1)
+    batches = list(loader)
+    assert loader.stats["gathered_batches"] == len(batches) == 5
+    assert loader.stats["parsed_samples"] == 0
+    for batch in batches:
+        for key, image in zip(batch["__key__"], batch["image"], strict=True):
+            ref = _pillow(_jpeg(_photo(48, 40, int(key[1:]))))
+            _assert_pillows(image.numpy(), ref)

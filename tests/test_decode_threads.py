@@ -74,7 +74,7 @@ def test_a_broken_image_is_the_same_error_with_threads(images, tmp_path):
 def test_the_pool_is_not_pickled(images):
     loader = create_loader(images, "train", batch_size=8)
     rows = loader.dataset_obj.rows
-    list(loader)
+    rows._threads()  # made on first use (batches of one image size take the batch path)
     assert rows._pool is not None
     copy = pickle.loads(pickle.dumps(rows))
     assert copy._pool is None and copy.threads == IMAGE_THREADS

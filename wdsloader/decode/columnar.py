@@ -32,6 +32,7 @@ from wdsloader.decode.gather import (
     prefix_end,
     walk_start,
 )
+from wdsloader.decode.images import is_image_decoder
 from wdsloader.decode.parse import parse_sample
 from wdsloader.decode.placement import Placement, placed_values, restore
 from wdsloader.decode.registry import SampleDecoder
@@ -123,7 +124,16 @@ class ColumnarDecoder:
         """Whether whole batches are decoded here: a requested field is gathered, or is a
         bytes field (found by one walk over the batch's headers, not by parsing each
         sample)."""
-        return bool(self.tables) or bool(self.blobs)
+        return bool(self.tables) or bool(self.blobs) or self.images
+
+    @property
+    def images(self) -> bool:
+        """Whether a requested field is an image the image decoder decodes (a batch's images
+        are found by one walk and decoded straight into one batch array)."""
+        return any(is_image_decoder(getattr(fn, "fn", fn)) for fn in self._other_fns())
+
+    def _other_fns(self) -> list[Any]:
+        return [self.decoder.field_decoder(f)[1] for f in self.others]
 
     def _block_plan(self, nshards: int) -> tuple[np.ndarray, int]:
         """Per shard an id of its layout (-1: none), and the bytes of each sample to gather in

@@ -185,16 +185,21 @@ def decode_pool() -> ThreadPoolExecutor:
 
 def image_column(
     fn: Callable[[Any], Any], buf: Any, positions: np.ndarray, sizes: np.ndarray
-) -> list[Any] | None:
+) -> np.ndarray | list[Any] | None:
     """``fn`` (an image decoder, possibly with the schema's checks after it) of each member
-    ``buf[p : p + n]``, decoded on :func:`decode_pool`, in order; None when one raises (the
-    column is then decoded sample by sample, so that each error names its sample)."""
+    ``buf[p : p + n]``, in order: JPEGs of one size decoded straight into one ``(n, H, W, C)``
+    batch array (:func:`jpeg_batch`), else each decoded on :func:`decode_pool`; None when one
+    raises (the column is then decoded sample by sample, so that each error names its
+    sample)."""
     view = memoryview(buf)
     members: Sequence[memoryview] = [
         view[p : p + n] for p, n in zip(positions.tolist(), sizes.tolist(), strict=True)
     ]
     if len(members) < 2:
         return None
+    batch = jpeg_batch(fn, members)
+    if batch is not None:
+        return batch
 
     def one(member: memoryview) -> Any:
         try:
@@ -207,3 +212,50 @@ def image_column(
 
 
 _FAILED = object()
+
+
+def jpeg_batch(fn: Callable[[Any], Any], members: Sequence[memoryview]) -> np.ndarray | None:
+    """The JPEGs ``members`` decoded by simplejpeg straight into the rows of one ``uint8
+    (n, H, W, C)`` array (no array per image, no stacking copy; the same pixels ``fn`` gives),
+    split between the calling thread and :func:`decode_pool`; None unless ``fn`` is an image
+    decoder (and checks) that uses simplejpeg, simplejpeg is installed, and every member is a
+    JPEG of the first one's size and colour space that decodes and passes the checks."""
+    inner: Any = getattr(fn, "fn", None)  # a decode.checks.Then: the decoder, then its checks
+    post: Any = getattr(fn, "post", None)
+    dec, post = (inner, post) if is_image_decoder(inner) else (fn, None)
+    if not is_image_decoder(dec) or getattr(dec, "backend", "auto") == "pillow":
+        return None
+    sj = _simplejpeg()
+    if sj is None:
+        return None
+    size = getattr(dec, "decode_size", None)
+    try:
+        if any(bytes(m[:2]) != _JPEG_SOI for m in members):
+            return None
+        headers = {sj.decode_jpeg_header(m)[:3] for m in members}
+    except (ValueError, TypeError):
+        return None
+    if len(headers) != 1:
+        return None
+    ((height, width, space),) = headers
+    colorspace = _SIMPLE_COLORS.get(space)
+    if colorspace is None:
+        return None
+    s = 1 if size is None else dct_scale(height, width, size)
+    h, w = -(-height // s), -(-width // s)
+    out = np.empty((len(members), h, w, 3 if colorspace == "RGB" else 1), dtype=np.uint8)
+
+    def rows(lo: int, hi: int) -> bool:
+        try:
+            for j in range(lo, hi):
+                got = sj.decode_jpeg(members[j], colorspace, False, False, h, w, s, out[j])
+                if got.shape != out.shape[1:] or (post is not None and post(got) is not got):
+                    return False
+        except Exception:  # noqa: BLE001 - the column goes sample by sample, errors named there
+            return False
+        return True
+
+    cuts = np.linspace(0, len(members), IMAGE_THREADS + 1).astype(int).tolist()
+    futures = [decode_pool().submit(rows, a, b) for a, b in zip(cuts[1:-1], cuts[2:], strict=True)]
+    ok = rows(cuts[0], cuts[1])
+    return out if all([ok, *(f.result() for f in futures)]) else None

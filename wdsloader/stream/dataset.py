@@ -9,10 +9,11 @@ of :meth:`ShardStreamDataset._refill`, and the counters shared with the main pro
 
 from __future__ import annotations
 
+import functools
 import logging
+import threading
 import weakref
 from collections.abc import Callable, Generator, Iterator, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -30,6 +31,7 @@ from wdsloader.format import FieldSpec, Manifest, ShardInfo
 from wdsloader.io.store import Store
 from wdsloader.mix.runtime import MixPlanner, SourceTags
 from wdsloader.plan.uses import shard_uses
+from wdsloader.stream.ahead import DECODE_AHEAD, made_ahead
 from wdsloader.stream.config import LoaderConfig
 from wdsloader.stream.control import Control
 from wdsloader.stream.dataset_config import (
@@ -40,27 +42,11 @@ from wdsloader.stream.dataset_config import (
 )
 from wdsloader.stream.provenance import Provenance
 from wdsloader.stream.reader import BatchReader, close_store
+from wdsloader.stream.refill import Refill as _Refill
 from wdsloader.stream.state import resume_from_dict, resume_to_dict, shards_digest
 from wdsloader.stream.telemetry import StageClock
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(slots=True)
-class _Refill:
-    """The samples that stand in for batches whose every sample failed: found by searching
-    the worker's batches after ``searched_from`` (wrapping round) up to ``found``; every batch
-    in between failed too, so the same samples serve all of them."""
-
-    searched_from: int = -1
-    found: int = -1
-    samples: list[dict[str, Any]] | None = None
-
-    def covers(self, index: int) -> bool:
-        a, f = self.searched_from, self.found
-        if self.samples is None:
-            return False
-        return a < index < f if a < f else (index > a or index < f)
 
 
 class ShardStreamDataset(IterableDataset):
@@ -110,6 +96,8 @@ class ShardStreamDataset(IterableDataset):
         self.on_error, self.max_skipped = config.on_error, config.max_skipped
         self._last_skip = ""  # the last error skipped in this process
         self.readahead_batches = max(1, config.readahead_batches)
+        # batches decoded ahead on a thread at num_workers=0 (0: in the loop's thread)
+        self.decode_ahead = DECODE_AHEAD
         self.curriculum = config.curriculum
         self.control = Control(self.config.num_workers)
         self.control.epoch = config.epoch
@@ -232,12 +220,17 @@ class ShardStreamDataset(IterableDataset):
                 f"the DataLoader has {info.num_workers} workers but the plan was made for "
                 f"{self.config.num_workers}; build loaders with create_loader"
             )
-        yield from self.iter_worker(worker)
+        yield from self.iter_worker(worker, ahead=info is None)
 
-    def iter_worker(self, worker: int) -> Generator[Any, None, None]:
-        """The batches of plan worker ``worker`` in this iteration, made in this thread."""
+    def iter_worker(self, worker: int, *, ahead: bool = False) -> Generator[Any, None, None]:
+        """The batches of plan worker ``worker`` in this iteration, made in this thread
+        (``ahead``: in the training loop's process, decoded ahead on a thread when that pays)."""
         batches = self.worker_batches(self.control.epoch, worker, self.resume_point())
-        yield from self._iter_batches(batches, worker)
+        if ahead and self.decode_ahead and _in_main_thread(self.config.num_workers):
+            # no worker process: the batches are decoded on a thread while the loop's step runs
+            yield from made_ahead(self._iter_batches(batches, worker), self.decode_ahead)
+        else:
+            yield from self._iter_batches(batches, worker)
 
     def peek_batch(self) -> Any:
         """The first batch the next iteration yields, made in this process; what the loader
@@ -305,29 +298,9 @@ class ShardStreamDataset(IterableDataset):
         any (wrapping round to the worker's first batches). Those samples come twice this
         epoch; the rank still yields ``len(loader)`` batches, so resume and DDP stay exact."""
         self.control.add(worker, "skipped_batches")
-        if not refill.covers(index):
-            refill.searched_from, refill.samples = index, None
-            for step in range(1, len(batches)):
-                j = (index + step) % len(batches)
-                (raw,) = self.reader.read([batches[j]])
-                samples = self._decode_rows(raw, worker, epoch, forced, count=False)
-                if samples:
-                    refill.found, refill.samples = j, samples
-                    break
-            else:
-                raise SkipLimitError(
-                    f"on_error='skip': no sample of the {len(batches)} batches of worker "
-                    f"{worker} on rank {self.rank} could be decoded "
-                    f"(split {self.split!r}); last error: {self._last_skip}"
-                )
-        log.warning(
-            "every sample of batch %d of worker %d failed: yielding the %d samples of its "
-            "batch %d in its place",
-            index,
-            worker,
-            len(refill.samples or ()),
-            refill.found,
-        )
+        decode = functools.partial(self._decode_rows, worker=worker, epoch=epoch, forced=forced)
+        where = f"worker {worker} on rank {self.rank}"
+        refill.search(index, batches, self.reader, decode, where, self.split, self._last_skip)
         samples = [dict(sample) for sample in refill.samples or []]
         if self._tags is not None:
             self._tags.take(samples)
@@ -444,3 +417,9 @@ class ShardStreamDataset(IterableDataset):
 def _layout(batches: Sequence[np.ndarray], index: int) -> list[plan.packing.Pack] | None:
     """The packs of batch ``index`` when the plan packs (None otherwise)."""
     return batches.layout(index) if isinstance(batches, plan.PackBatches) else None
+
+
+def _in_main_thread(num_workers: int) -> bool:
+    """Whether the batches of a plan for ``num_workers`` are being asked for by the process's
+    main thread with no worker (the training loop's, at ``num_workers=0``)."""
+    return num_workers == 1 and threading.current_thread() is threading.main_thread()

@@ -165,8 +165,10 @@ def test_the_first_batch_waits_for_its_own_bytes_then_the_rest_of_its_window(htt
 
 
 def test_the_s3_connection_pool_holds_as_many_requests_as_are_in_flight():
-    assert ReadOptions().concurrency == 32  # many in flight by default
+    assert ReadOptions().concurrency is None  # derived from the path, up to 64 in flight
     options = {"key": "k", "secret": "s", "client_kwargs": {"endpoint_url": "http://127.0.0.1:9"}}
+    store = ShardStore("s3://bucket/ds", ReadOptions(storage_options=options))
+    assert store._storage().fs.config_kwargs["max_pool_connections"] == 64
     for concurrency in (24, 64):
         store = ShardStore(
             "s3://bucket/ds", ReadOptions(concurrency=concurrency, storage_options=options)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import sys
+from collections import deque
 from collections.abc import Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
@@ -221,11 +222,18 @@ class BatchReader:
         most :attr:`first_alone_bytes` is read whole."""
         if self.store.reads_locally:
             return ReadAhead(self, _groups(batches, 1, group))
+        budget = self.readahead_bytes()
         first = min(group, len(batches))  # the batches of the first window
         window = first * (len(batches[0]) if first else 0) * self.sample_bytes
         if window <= self.first_alone_bytes or group == 1:
-            return ReadAhead(self, _groups(batches, group, group))
-        return ReadAhead(self, _groups(batches, 1, group, group - 1))
+            return ReadAhead(self, _groups(batches, group, group), budget)
+        return ReadAhead(self, _groups(batches, 1, group, group - 1), budget)
+
+    def readahead_bytes(self) -> int:
+        """The store's read-ahead budget (its :meth:`~wdsloader.io.fetch.ShardStore.tuning`;
+        0, one group ahead, for a store that has none)."""
+        tuning = getattr(self.store, "tuning", None)
+        return int(tuning().readahead_bytes) if tuning is not None else 0
 
 
 def _groups(
@@ -244,47 +252,80 @@ def _groups(
 
 
 class ReadAhead:
-    """The reads of ``groups`` of batches on a thread, each taken from the iterator (so
-    computed) and submitted when the previous group is handed out (:meth:`next_group`); the
-    buffers come from the reader's :class:`BufferPool` (kept from pass to pass), so a group's buffer is reused once the caller dropped that
-    group's batches and nothing it yielded refers to them. :meth:`close` (always call it) closes the store's files once the
-    read under way is over."""
+    """The reads of ``groups`` of batches on a thread, one after the other, each group taken
+    from the iterator (so computed) when it is submitted; the buffers come from the reader's
+    :class:`BufferPool` (kept from pass to pass), so a group's buffer is reused once the
+    caller dropped that group's batches and nothing it yielded refers to them.
 
-    def __init__(self, reader: BatchReader, groups: Iterator[Sequence[np.ndarray]]) -> None:
+    At least one group is read ahead of the group handed out; remotely, more while the
+    groups read ahead and not handed out take at most ``budget`` bytes (estimated from the
+    manifest's mean sample size), so that the link stays busy while batches are decoded and
+    memory stays bounded. :meth:`close` (always call it) closes the store's files once the
+    reads under way are over."""
+
+    def __init__(
+        self, reader: BatchReader, groups: Iterator[Sequence[np.ndarray]], budget: int = 0
+    ) -> None:
         self.reader = reader
         self.pool = reader.pool
+        self.budget = budget
         self._groups = groups
         self._closer = _StoreCloser(reader.store)  # bound now: close may run at interpreter exit
         self._threads = ThreadPoolExecutor(max_workers=1, thread_name_prefix="wdsloader-read")
-        self._pending: Future[list[RawBatch]] | None = self._submit()
+        self._pending: deque[tuple[Future[list[RawBatch]], float]] = deque()
+        self._last = 0.0  # bytes of the last group submitted
+        self._done = False
+        self._top_up()
 
-    def _submit(self) -> Future[list[RawBatch]] | None:
-        group = next(self._groups, None)
-        if group is None:
-            return None
-        return self._threads.submit(self.reader.read, group, self.pool, True)
+    def _bytes(self, group: Sequence[np.ndarray]) -> float:
+        return sum(len(b) for b in group) * self.reader.sample_bytes
+
+    def _top_up(self) -> None:
+        """Submit groups while none is pending or the pending ones leave room in the budget
+        for one more (of the size of the last one submitted): a group is taken from the
+        iterator (computed) only when it is submitted."""
+        while not self._done:
+            pending = sum(b for _, b in self._pending)
+            if self._pending and pending + self._last > self.budget:
+                return
+            group = next(self._groups, None)
+            if group is None:
+                self._done = True
+                return
+            self._last = self._bytes(group)
+            future = self._threads.submit(self.reader.read, group, self.pool, True)
+            self._pending.append((future, self._last))
+
+    @property
+    def groups_ahead(self) -> int:
+        """Groups submitted and not handed out yet."""
+        return len(self._pending)
 
     def next_group(self) -> list[RawBatch] | None:
-        """The next group's batches (None after the last), and the following group's read
-        started. The caller drops its references to the group before asking for the next, so
-        that its buffer can serve the read after that."""
-        if self._pending is None:
+        """The next group's batches (None after the last), and more groups' reads started.
+        The caller drops its references to the group before asking for the next, so that its
+        buffer can serve a later read."""
+        if not self._pending:
             return None
-        raws = self._pending.result()
-        self._pending = self._submit()
+        future, _ = self._pending.popleft()
+        raws = future.result()
+        self._top_up()
         return raws
 
     def close(self) -> None:
-        """Stop reading ahead: an abandoned iteration does not wait for the read under way;
-        the store's files are closed once it is over (cancelled or done). No cancel_futures:
-        at interpreter exit its ``queue.Empty`` lookup fails on a torn-down module."""
-        pending, self._pending = self._pending, None
+        """Stop reading ahead: an abandoned iteration does not wait for the reads under way
+        (those not started are cancelled); the store's files are closed once they are over.
+        No cancel_futures: at interpreter exit its ``queue.Empty`` lookup fails on a
+        torn-down module."""
+        pending = [f for f, _ in self._pending]
+        self._pending.clear()
+        self._done = True
         self._threads.shutdown(wait=False)
-        if pending is None:
+        started = [f for f in pending if not f.cancel()]  # at most one runs (one thread)
+        if not started:
             self._closer()
         else:
-            pending.cancel()
-            pending.add_done_callback(self._closer)
+            started[-1].add_done_callback(self._closer)
 
 
 class _StoreCloser:

@@ -5,12 +5,14 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import re
 import subprocess
 import sys
 
 import pytest
 
 from tests.dataset_factory import write_dataset
+from tests.http_server import http_server_fixture  # noqa: F401
 from wdsloader.cli import BenchResult, batch_size_of, main, measure_loader
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -71,6 +73,29 @@ def test_bench_command_prints_the_three_numbers(tiny, capsys):
     out = capsys.readouterr().out
     assert "samples/s:" in out and "MB/s:" in out and "time to first batch:" in out
     assert "96 samples in 12 batches" in out  # drop_last for train: 100 -> 12 full batches
+
+
+def test_bench_of_a_remote_dataset_prints_what_it_chose_and_the_share_of_the_ceiling(
+    http_server, capsys
+):
+    manifest = write_dataset(str(http_server.root / "ds"), {"train": COUNTS})
+    shards = manifest.split("train").shards
+    url = f"{http_server.url}/ds"
+    argv = ["bench", url, "--split", "train", "--num-workers", "0", "--batch-size", "8"]
+    http_server.clear_log()
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    assert re.search(
+        r"measured path: +round trip \d+\.\d ms, - a connection", out
+    )  # no request large enough for a rate
+    assert re.search(r"chosen: +requests of \d+ MiB, \d+ in flight, \d+ MiB read ahead", out)
+    assert re.search(
+        r"ceiling: +[\d,.]+ MB/s \(parallel 16 MiB ranged GETs .*\): \d+% reached", out
+    )
+    # the ceiling: every shard read once more, whole, as ranged GETs (after the epoch's reads)
+    tars = [(r.path, r.start, r.stop) for r in http_server.requests() if r.path.endswith(".tar")]
+    whole = [(f"/ds/{s.path}", 0, s.num_bytes) for s in shards]
+    assert tars[-len(whole) :] == whole or sorted(tars[-len(whole) :]) == sorted(whole)
 
 
 def test_bench_command_passes_storage_options(tiny, capsys, monkeypatch):

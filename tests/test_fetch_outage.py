@@ -195,6 +195,50 @@ def test_a_tls_error_fails_at_once_saying_what_to_check():
     )
 
 
+class _Answers:
+    """A filesystem whose ``cat_file`` answers from ``answers`` in turn (bytes or errors)."""
+
+    protocol = "s3"
+
+    def __init__(self, *answers: object) -> None:
+        self.answers = list(answers)
+        self.calls: list[tuple[int, int]] = []
+
+    def cat_file(self, path: str, start: int, end: int) -> bytes:
+        self.calls.append((start, end))
+        answer = self.answers.pop(0)
+        if isinstance(answer, BaseException):
+            raise answer
+        return answer  # type: ignore[return-value]
+
+
+def _files(fs: _Answers, observed: list[tuple[int, float]] | None = None) -> RemoteFiles:
+    return RemoteFiles(
+        fs,
+        "b",
+        ReadOptions(backoff=0),
+        url=lambda r: f"s3://b/{r}",
+        count=lambda *a: None,
+        redact=str,
+        observe=None if observed is None else lambda n, s: observed.append((n, s)),
+    )
+
+
+def test_a_range_answered_whole_is_returned_as_it_came_and_retried_whole():
+    whole = bytes(range(200)) * 50
+    observed: list[tuple[int, float]] = []
+    files = _files(_Answers(whole), observed)
+    assert files.fetch("k", 100, 100 + len(whole)) is whole  # no copy of the bytes
+    assert [n for n, _ in observed] == [len(whole)]  # the store's probe sees the request
+    # a connection reset: the range asked for again, and the answer returned
+    fs = _Answers(ConnectionResetError(errno.ECONNRESET, "reset"), b"abcdefg")
+    assert _files(fs).fetch("k", 0, 7) == b"abcdefg"
+    assert fs.calls == [(0, 7), (0, 7)]
+    # an index read up to one byte past its size: a shorter file's bytes as they came
+    short = b"x" * 56
+    assert _files(_Answers(short)).fetch_upto("k.idx", 57) is short
+
+
 # -- an outage mid-epoch, through a real server ----------------------------------------------------
 @contextmanager
 def _outage_at(proxy: OutageProxy, target: str, monkeypatch) -> Iterator[list[str]]:

@@ -147,26 +147,45 @@ def test_the_first_batch_waits_for_its_own_bytes_then_the_rest_of_its_window(htt
     assert batches == reference  # the plan is unchanged: only the order of the reads
     # the first batch's samples, coalesced where adjacent: the first requests of the pass
     store = ShardStore(folder)
-    ids = np.array([int(k[len("train") :]) for k in batches[0]])
-    shard = np.searchsorted(np.cumsum(counts), ids, side="right")
-    local = ids - np.r_[0, np.cumsum(counts)][shard]
-    starts = [int(store.index(shards[s])[i]) for s, i in zip(shard, local, strict=True)]
-    stops = [int(store.index(shards[s])[i + 1]) for s, i in zip(shard, local, strict=True)]
-    runs = coalesce(shard, starts, stops)
-    first = {
-        (f"/first/{shards[k].path}", a, b)
-        for k, a, b in zip(runs.key.tolist(), runs.start.tolist(), runs.stop.tolist(), strict=True)
-    }
+
+    def runs_of(keys: list[str]) -> set[tuple[str, int, int]]:
+        ids = np.array([int(k[len("train") :]) for k in keys])
+        shard = np.searchsorted(np.cumsum(counts), ids, side="right")
+        local = ids - np.r_[0, np.cumsum(counts)][shard]
+        starts = [int(store.index(shards[s])[i]) for s, i in zip(shard, local, strict=True)]
+        stops = [int(store.index(shards[s])[i + 1]) for s, i in zip(shard, local, strict=True)]
+        runs = coalesce(shard, starts, stops)
+        keys_ = runs.key.tolist()
+        return {
+            (f"/first/{shards[k].path}", a, b)
+            for k, a, b in zip(keys_, runs.start.tolist(), runs.stop.tolist(), strict=True)
+        }
+
+    first = runs_of(batches[0])
     tars = [r for r in http_server.requests() if r.path.endswith(".tar")]
     assert {(r.path, r.start, r.stop) for r in tars[: len(first)]} == first
-    # and every byte of the samples once over the pass
+    # then the rest of the window: its spans whole (the first batch's samples in them read
+    # again), one request per run, not one on each side of each first-batch sample
+    window = [k for b in batches[:20] for k in b]  # 320 samples: 20 batches of 16
+    rest = runs_of([k for b in batches[1:20] for k in b])
+    whole = {
+        r
+        for r in runs_of(window)
+        if any(x[0] == r[0] and r[1] <= x[1] and x[2] <= r[2] for x in rest)
+    }
+    second = tars[len(first) : len(first) + len(whole)]
+    assert {(r.path, r.start, r.stop) for r in second} == whole
+    # every byte of the samples once over the pass, and the first batch's once more
     read = sum(r.sent for r in tars)
-    assert read == sum(int(store.index(s)[-1] - store.index(s)[0]) for s in shards)
+    once = sum(int(store.index(s)[-1] - store.index(s)[0]) for s in shards)
+    assert once < read <= once + sum(b - a for _, a, b in first)
 
 
 def test_the_s3_connection_pool_holds_as_many_requests_as_are_in_flight():
-    assert ReadOptions().concurrency == 32  # many in flight by default
+    assert ReadOptions().concurrency is None  # derived from the path, up to 64 in flight
     options = {"key": "k", "secret": "s", "client_kwargs": {"endpoint_url": "http://127.0.0.1:9"}}
+    store = ShardStore("s3://bucket/ds", ReadOptions(storage_options=options))
+    assert store._storage().fs.config_kwargs["max_pool_connections"] == 64
     for concurrency in (24, 64):
         store = ShardStore(
             "s3://bucket/ds", ReadOptions(concurrency=concurrency, storage_options=options)

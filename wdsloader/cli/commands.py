@@ -159,8 +159,29 @@ def _bench(args: argparse.Namespace) -> int:
     ]
     if result.peak_rss_mb is not None:
         lines.append(f"peak RSS:            {result.peak_rss_mb:,.0f} MB (main process)")
+    lines += _tuning_lines(result)
     print("\n".join(lines))
     return 0
+
+
+def _tuning_lines(result: Any) -> list[str]:
+    """What a remote read chose and the share of the path's ceiling it reached."""
+    t = result.tuning
+    if t is None:
+        return []
+    rtt = "-" if t["rtt_s"] is None else f"{t['rtt_s'] * 1e3:.1f} ms"
+    rate = "-" if t["bytes_per_s"] is None else f"{t['bytes_per_s'] / 1e6:,.0f} MB/s"
+    lines = [
+        f"measured path:       round trip {rtt}, {rate} a connection (main process)",
+        f"chosen:              requests of {t['request_bytes'] / 2**20:g} MiB, "
+        f"{t['concurrency']} in flight, {t['readahead_bytes'] / 2**20:g} MiB read ahead",
+    ]
+    if result.ceiling_mb_per_s:
+        lines.append(
+            f"ceiling:             {result.ceiling_mb_per_s:,.1f} MB/s (parallel 16 MiB ranged "
+            f"GETs of the same shards): {result.ceiling_share:.0%} reached"
+        )
+    return lines
 
 
 def _report(args: argparse.Namespace) -> int:

@@ -42,6 +42,7 @@ from wdsloader.io.shard_cache import OpenFiles
 from wdsloader.io.storage import url_to_fs
 from wdsloader.io.store import store_class
 from wdsloader.io.store_checks import StoreChecks
+from wdsloader.io.tuning import MAX_CONCURRENCY, Probe, Tuning, tune
 from wdsloader.redact import redact, secrets_of
 
 __all__ = ["STAT_KEYS", "ReadOptions", "Request", "ShardStore"]
@@ -67,7 +68,7 @@ class ShardStore(StoreChecks):
     """
 
     is_local: ClassVar[bool] = False
-    _PICKLED: ClassVar[tuple[str, ...]] = ("root", "options", "_shipped")
+    _PICKLED: ClassVar[tuple[str, ...]] = ("root", "options", "_shipped", "_measured")
     _SHIPS_INDEXES: ClassVar[bool] = True  # see ship_indexes
 
     def __new__(
@@ -82,6 +83,9 @@ class ShardStore(StoreChecks):
         self.root = text.rstrip("/") or text
         self.options = options if options is not None else ReadOptions()
         self._shipped: dict[str, np.ndarray] = {}  # indexes pickled with the store
+        # the path's round trip and rate measured here, pickled with the store (workers start
+        # tuned): (rtt_s, bytes_per_s)
+        self._measured: tuple[float | None, float | None] = (None, None)
         self._init_runtime()
 
     # -- process-local state ---------------------------------------------------------------------
@@ -98,6 +102,8 @@ class ShardStore(StoreChecks):
             offsets.flags.writeable = False  # unpickled arrays are writeable
             self._indexes[key] = offsets
         self._verified: set[str] = set()
+        self._probe = Probe(*self._measured)
+        self._tuned: Tuning | None = None  # fixed once the path is measured
         self._secrets = secrets_of(self.options.storage_options, self.root)
         self._shown_root = redact(self.root, self._secrets)
 
@@ -162,12 +168,36 @@ class ShardStore(StoreChecks):
                 connect_timeout=self.options.connect_timeout,
                 read_timeout=self.options.read_timeout,
                 client_retries=False,  # RemoteFiles retries, under the deadline
-                max_connections=self.options.concurrency,
+                max_connections=self.options.concurrency or MAX_CONCURRENCY,
             )
             self._remote = RemoteFiles(
-                fs, base, self.options, url=self._url, count=self._count, redact=self.redact
+                fs,
+                base,
+                self.options,
+                url=self._url,
+                count=self._count,
+                redact=self.redact,
+                observe=self._probe.add,
             )
         return self._remote
+
+    def tuning(self) -> Tuning:
+        """How remote reads go now: request size, requests in flight and read-ahead, derived
+        from the path measured on the first requests (:func:`wdsloader.io.tuning.tune`), the
+        values set in :class:`ReadOptions` kept; fixed once the path is measured."""
+        if self._tuned is not None:
+            return self._tuned
+        o, probe = self.options, self._probe
+        tuned = tune(
+            probe.rtt_s,
+            probe.bytes_per_s,
+            request_bytes=o.max_request_bytes,
+            concurrency=o.concurrency,
+            readahead_bytes=o.readahead_bytes,
+        )
+        if probe.measured:
+            self._tuned = tuned
+        return tuned
 
     def _count(self, key: str, n: int = 1) -> None:
         with self._stats_lock:
@@ -204,6 +234,7 @@ class ShardStore(StoreChecks):
         self.load_indexes(shards)
         with self._lock:
             self._shipped = {s.idx_path: self._indexes[s.idx_path] for s in shards}
+            self._measured = (self._probe.rtt_s, self._probe.bytes_per_s)
         return True
 
     def _load_index(self, shard: ShardInfo) -> np.ndarray:
@@ -309,10 +340,14 @@ class ShardStore(StoreChecks):
     # -- remote requests -------------------------------------------------------------------------
     def _run_all(self, fn: Callable[[_T], _R], items: Sequence[_T]) -> list[_R]:
         """``[fn(x) for x in items]`` on the thread pool; raises the first error once none runs."""
-        if len(items) <= 1 or self.options.concurrency == 1:
+        threads = self.tuning().concurrency
+        if len(items) <= 1 or threads == 1:
             return [fn(x) for x in items]
+        if self._pool is not None and self._pool._max_workers != threads:
+            self._pool.shutdown(wait=False)  # tuned since: none of its work is pending
+            self._pool = None
         if self._pool is None:
-            self._pool = ThreadPoolExecutor(self.options.concurrency, "wdsloader-fetch")
+            self._pool = ThreadPoolExecutor(threads, "wdsloader-fetch")
         futures = [self._pool.submit(fn, x) for x in items]
         _, pending = wait(futures, return_when=FIRST_EXCEPTION)
         for f in pending:

@@ -92,7 +92,7 @@ class LocalStore(FileStore):
     """The shards of a local folder (a path or ``file://`` URL)."""
 
     is_local: ClassVar[bool] = True
-    _PICKLED = ("root", "options", "_shipped", "_local_base")
+    _PICKLED = ("root", "options", "_shipped", "_measured", "_local_base")
     _SHIPS_INDEXES = False  # each worker reads the local index files it uses
 
     def __init__(self, root: str | os.PathLike[str], options: ReadOptions | None = None) -> None:
@@ -345,7 +345,7 @@ class CachedStore(FileStore):
     def _download_into(self, files: list[tuple[ShardInfo, int]]) -> None:
         """Write the whole of each shard into its descriptor, in parallel ranges."""
         remote = self._storage()
-        step = self.options.max_request_bytes
+        step = self.tuning().request_bytes
         jobs = [
             (fd, shard.path, s, min(s + step, shard.num_bytes))
             for shard, fd in files

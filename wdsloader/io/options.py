@@ -17,9 +17,14 @@ class ReadOptions:
     ``retries`` per request on transient errors (dropped or reset connections, timeouts, HTTP
     5xx/408/429, aiohttp payload errors, other ``OSError``; never on missing files, denied access
     or other client errors), after ``backoff`` seconds doubled each time, capped at 2 s.
-    ``concurrency`` remote requests at most are in flight at once (threads serve them; the S3
-    client's connection pool is sized to it): remotely, many small requests (a first batch's
-    samples) or large ones (whole spans) keep the link busy only with many in flight.
+    Remote reads are tuned from the path, measured on the first requests (round trip and one
+    connection's throughput; :func:`wdsloader.io.tuning.tune`): ``max_request_bytes`` per
+    ranged request (2-16 MiB), ``concurrency`` requests in flight (4-64; threads serve them,
+    the S3 client's connection pool is sized to the most) and ``readahead_bytes`` read ahead
+    of the batches being decoded (32-256 MiB). None (the default) means derived; a value set
+    here wins. Peak memory of a reading process (each DataLoader worker) is bounded by the
+    group of batches being decoded (one shuffle window) plus ``readahead_bytes`` (plus one
+    group when a single group is larger than the budget: at least one group is read ahead).
     ``cache_dir`` keeps whole remote shards and indexes; the ranks and workers of a node that
     share it download each shard once (a per-file ``flock``). ``cache_limit_bytes`` caps the
     folder at every moment, downloads under way included (a ValueError without ``cache_dir``):
@@ -48,8 +53,9 @@ class ReadOptions:
     connect_timeout: float = DEFAULT_CONNECT_TIMEOUT
     read_timeout: float = DEFAULT_READ_TIMEOUT
     deadline: float | None = 60.0
-    max_request_bytes: int = 8 * 2**20
-    concurrency: int = 32
+    max_request_bytes: int | None = None
+    concurrency: int | None = None
+    readahead_bytes: int | None = None
     cache_dir: str | None = None
     cache_limit_bytes: int | None = None
     verify_checksum: bool = False
@@ -58,8 +64,11 @@ class ReadOptions:
     def __post_init__(self) -> None:
         if self.retries < 0 or self.backoff < 0 or (self.cache_limit_bytes or 0) < 0:
             raise ValueError("retries, backoff and cache_limit_bytes must be >= 0")
-        if min(self.max_request_bytes, self.concurrency, self.max_open_files) < 1:
-            raise ValueError("max_request_bytes, concurrency and max_open_files must be >= 1")
+        tuned = (self.max_request_bytes, self.concurrency, self.readahead_bytes)
+        if min([v for v in tuned if v is not None] + [self.max_open_files]) < 1:
+            raise ValueError(
+                "max_request_bytes, concurrency, readahead_bytes and max_open_files must be >= 1"
+            )
         if not (self.connect_timeout > 0 and self.read_timeout > 0) or (
             self.deadline is not None and not self.deadline > 0
         ):

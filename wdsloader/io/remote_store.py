@@ -42,7 +42,7 @@ class RemoteStore(ShardStore):
                     self._check_digest(shard, self._hash_remote(shard))
                     self._verified.add(rel)
         segments = merge_requests(reqs)
-        step = self.options.max_request_bytes
+        step = self.tuning().request_bytes
         pieces = [
             (k, s, min(s + step, stop))
             for k, (_, start, stop, _) in enumerate(segments)

@@ -34,7 +34,8 @@ class RemoteFiles:
     """The files under ``base`` of the filesystem ``fs``, read as ``options`` say (retries,
     backoff, deadline). ``url`` shows a path relative to the root in messages, ``count`` adds
     to the store's counters (``requests``, ``bytes_fetched``, ``retries``), ``redact`` removes
-    credentials from text."""
+    credentials from text, ``observe`` receives each answered fetch's bytes and seconds (the
+    store's :class:`~wdsloader.io.tuning.Probe`)."""
 
     def __init__(
         self,
@@ -45,6 +46,7 @@ class RemoteFiles:
         url: Callable[[str], str],
         count: Callable[[str, int], None],
         redact: Callable[[object], str],
+        observe: Callable[[int, float], None] | None = None,
     ) -> None:
         self.fs = fs
         self.base = base
@@ -53,17 +55,25 @@ class RemoteFiles:
         self._url = url
         self._count = count
         self._redact = redact
+        self._observe = observe
 
     def fetch(self, rel: str, start: int = 0, stop: int | None = None) -> bytes:
         """Bytes [start, stop) of a file (the whole file if stop is None), retried on transient
         errors and resumed at the first byte not received. A file that ends before ``stop`` is
         truncated (:class:`ShardFormatError`)."""
-        return self._fetch(rel, start, stop, upto=False)
+        return self._timed(rel, start, stop, upto=False)
 
     def fetch_upto(self, rel: str, stop: int) -> bytes:
         """Bytes [0, stop) of a file, or all of it if it is shorter: a small file whose size is
         known in one ranged GET (no request for its size), with the retries of :meth:`fetch`."""
-        return self._fetch(rel, 0, stop, upto=True)
+        return self._timed(rel, 0, stop, upto=True)
+
+    def _timed(self, rel: str, start: int, stop: int | None, upto: bool) -> bytes:
+        t0 = time.perf_counter()
+        data = self._fetch(rel, start, stop, upto)
+        if self._observe is not None:
+            self._observe(len(data), time.perf_counter() - t0)
+        return data
 
     def _fetch(self, rel: str, start: int, stop: int | None, upto: bool) -> bytes:
         fs = self.fs
@@ -82,6 +92,10 @@ class RemoteFiles:
                     run_coro(fs, clock.remaining(), http_range(fs, path, pos, stop, buf))
                 else:
                     data = call_fs(fs, clock.remaining(), "cat_file", path, start=pos, end=stop)
+                    if not buf and (len(data) == stop - pos or (upto and len(data) < stop - pos)):
+                        # all of it in one answer: returned as it came (no copy)
+                        self._count("bytes_fetched", len(data))
+                        return data if isinstance(data, bytes) else bytes(data)
                     buf += data[: stop - pos]
             except Exception as exc:  # sorted by retry_or_raise: retried or raised, never lost
                 self._count("bytes_fetched", len(buf) - before)

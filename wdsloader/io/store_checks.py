@@ -19,6 +19,7 @@ from wdsloader.format import ShardInfo
 from wdsloader.io.options import ReadOptions
 from wdsloader.io.retry import RemoteFiles
 from wdsloader.io.shard_cache import hash_fd
+from wdsloader.io.tuning import Tuning
 
 logger = logging.getLogger("wdsloader.io.fetch")  # the store's log: one name for its modules
 
@@ -42,6 +43,9 @@ class StoreChecks:
         raise NotImplementedError
 
     def _storage(self) -> RemoteFiles:
+        raise NotImplementedError
+
+    def tuning(self) -> Tuning:
         raise NotImplementedError
 
     def _fd(self, shard: ShardInfo, path: str, pinned: set[str]) -> int:
@@ -107,7 +111,7 @@ class StoreChecks:
 
     def _hash_ranges(self, shard: ShardInfo) -> str:
         sha = hashlib.sha256()
-        step = self.options.max_request_bytes
+        step = self.tuning().request_bytes
         for start in range(0, shard.num_bytes, step):
             sha.update(self._storage().fetch(shard.path, start, min(start + step, shard.num_bytes)))
         return sha.hexdigest()

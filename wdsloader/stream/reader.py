@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import sys
+from collections import deque
 from collections.abc import Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
@@ -75,24 +76,21 @@ class BatchReader:
         self.pool.small_pages = bool(placement)
 
     def read(
-        self, batches: Sequence[np.ndarray], pool: BufferPool | None = None, place: bool = False
+        self,
+        batches: Sequence[np.ndarray],
+        pool: BufferPool | None = None,
+        place: bool = False,
+        cover: np.ndarray | None = None,
     ) -> list[RawBatch]:
         """The :class:`RawBatch` of each of ``batches``, read together (into a buffer of
         ``pool`` when the store reads local files; else a fresh one). With ``place``, the
         fields of :attr:`placement` go straight into batch arrays when the files are local
-        (:attr:`RawBatch.placed`: for the columnar decoder only)."""
+        (:attr:`RawBatch.placed`: for the columnar decoder only). The samples ``cover``
+        (read before) are read again where they lie between samples of ``batches`` in one
+        run (one request, not a request on each side of them)."""
         ids = np.concatenate(batches) if len(batches) > 1 else batches[0]
-        shard_idx, local = plan.shard_of(ids, self.counts)
-        starts = np.empty(len(ids), dtype=np.int64)
-        stops = np.empty(len(ids), dtype=np.int64)
-        used = np.unique(shard_idx)
-        self.store.load_indexes([self.shards[s] for s in used.tolist()])
-        for s in used:
-            mask = shard_idx == s
-            offsets = self.store.index(self.shards[s])
-            starts[mask] = offsets[local[mask]]
-            stops[mask] = offsets[local[mask] + 1]
-        runs = coalesce(shard_idx, starts, stops)
+        shard_idx, local, starts, stops = self._ranges(ids)
+        runs = self._runs(shard_idx, starts, stops, cover)
         run_of, run_start = runs.run_of, runs.start
         requests = [
             (self.shards[s], a, b)
@@ -143,6 +141,34 @@ class BatchReader:
         if self.inflate is not None:
             raws = [self.inflate(raw) for raw in raws]
         return raws
+
+    def _ranges(self, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """Each sample's shard, its index in the shard, and its byte range there."""
+        shard_idx, local = plan.shard_of(ids, self.counts)
+        starts = np.empty(len(ids), dtype=np.int64)
+        stops = np.empty(len(ids), dtype=np.int64)
+        used = np.unique(shard_idx)
+        self.store.load_indexes([self.shards[s] for s in used.tolist()])
+        for s in used:
+            mask = shard_idx == s
+            offsets = self.store.index(self.shards[s])
+            starts[mask] = offsets[local[mask]]
+            stops[mask] = offsets[local[mask] + 1]
+        return shard_idx, local, starts, stops
+
+    def _runs(
+        self, shard_idx: np.ndarray, starts: np.ndarray, stops: np.ndarray, cover: np.ndarray | None
+    ) -> Runs:
+        """The samples' ranges coalesced into runs; with ``cover``, the runs of the samples and
+        those of ``cover`` together, less the runs that hold none of the samples."""
+        if cover is None or not len(cover):
+            return coalesce(shard_idx, starts, stops)
+        c_shard, _, c_starts, c_stops = self._ranges(cover)
+        n = len(shard_idx)
+        both = coalesce(np.r_[shard_idx, c_shard], np.r_[starts, c_starts], np.r_[stops, c_stops])
+        kept = np.unique(both.run_of[:n])
+        run_of = np.searchsorted(kept, both.run_of[:n]).astype(np.int64)
+        return Runs(both.key[kept], both.start[kept], both.stop[kept], run_of)
 
     def _place(
         self,
@@ -216,16 +242,25 @@ class BatchReader:
         The first batch is read on its own, so that it waits for its own bytes only, not for
         its window's. Remotely its samples are then each a request (the window shuffle
         scatters them over the window's spans), and the rest of its window comes next (the
-        plan is unchanged: only the order of the reads), so that later groups are windows
-        again, read a few requests per span, and no byte is read twice; a first window of at
-        most :attr:`first_alone_bytes` is read whole."""
+        plan is unchanged: only the order of the reads), its spans read whole, the first
+        batch's bytes in them again (one request per span, not one on each side of each of
+        the first batch's samples: one batch's bytes twice a pass, not hundreds more
+        requests), so that later groups are windows again, read a few requests per span; a
+        first window of at most :attr:`first_alone_bytes` is read whole."""
         if self.store.reads_locally:
             return ReadAhead(self, _groups(batches, 1, group))
+        budget = self.readahead_bytes()
         first = min(group, len(batches))  # the batches of the first window
         window = first * (len(batches[0]) if first else 0) * self.sample_bytes
         if window <= self.first_alone_bytes or group == 1:
-            return ReadAhead(self, _groups(batches, group, group))
-        return ReadAhead(self, _groups(batches, 1, group, group - 1))
+            return ReadAhead(self, _groups(batches, group, group), budget)
+        return ReadAhead(self, _groups(batches, 1, group, group - 1), budget, cover_first=True)
+
+    def readahead_bytes(self) -> int:
+        """The store's read-ahead budget (its :meth:`~wdsloader.io.fetch.ShardStore.tuning`;
+        0, one group ahead, for a store that has none)."""
+        tuning = getattr(self.store, "tuning", None)
+        return int(tuning().readahead_bytes) if tuning is not None else 0
 
 
 def _groups(
@@ -244,47 +279,92 @@ def _groups(
 
 
 class ReadAhead:
-    """The reads of ``groups`` of batches on a thread, each taken from the iterator (so
-    computed) and submitted when the previous group is handed out (:meth:`next_group`); the
-    buffers come from the reader's :class:`BufferPool` (kept from pass to pass), so a group's buffer is reused once the caller dropped that
-    group's batches and nothing it yielded refers to them. :meth:`close` (always call it) closes the store's files once the
-    read under way is over."""
+    """The reads of ``groups`` of batches on a thread, one after the other, each group taken
+    from the iterator (so computed) when it is submitted; the buffers come from the reader's
+    :class:`BufferPool` (kept from pass to pass), so a group's buffer is reused once the
+    caller dropped that group's batches and nothing it yielded refers to them.
 
-    def __init__(self, reader: BatchReader, groups: Iterator[Sequence[np.ndarray]]) -> None:
+    At least one group is read ahead of the group handed out; remotely, more while the
+    groups read ahead and not handed out take at most ``budget`` bytes (estimated from the
+    manifest's mean sample size), so that the link stays busy while batches are decoded and
+    memory stays bounded. :meth:`close` (always call it) closes the store's files once the
+    reads under way are over."""
+
+    def __init__(
+        self,
+        reader: BatchReader,
+        groups: Iterator[Sequence[np.ndarray]],
+        budget: int = 0,
+        cover_first: bool = False,
+    ) -> None:
         self.reader = reader
         self.pool = reader.pool
+        self.budget = budget
         self._groups = groups
         self._closer = _StoreCloser(reader.store)  # bound now: close may run at interpreter exit
         self._threads = ThreadPoolExecutor(max_workers=1, thread_name_prefix="wdsloader-read")
-        self._pending: Future[list[RawBatch]] | None = self._submit()
+        self._pending: deque[tuple[Future[list[RawBatch]], float]] = deque()
+        self._last = 0.0  # bytes of the last group submitted
+        # the first group's samples, read again within the second's runs (its window)
+        self._cover: np.ndarray | None = None
+        self._submitted = 0
+        self._cover_first = cover_first
+        self._done = False
+        self._top_up()
 
-    def _submit(self) -> Future[list[RawBatch]] | None:
-        group = next(self._groups, None)
-        if group is None:
-            return None
-        return self._threads.submit(self.reader.read, group, self.pool, True)
+    def _bytes(self, group: Sequence[np.ndarray]) -> float:
+        return sum(len(b) for b in group) * self.reader.sample_bytes
+
+    def _top_up(self) -> None:
+        """Submit groups while none is pending or the pending ones leave room in the budget
+        for one more (of the size of the last one submitted): a group is taken from the
+        iterator (computed) only when it is submitted."""
+        while not self._done:
+            pending = sum(b for _, b in self._pending)
+            if self._pending and pending + self._last > self.budget:
+                return
+            group = next(self._groups, None)
+            if group is None:
+                self._done = True
+                return
+            self._last = self._bytes(group)
+            cover = self._cover if self._submitted == 1 else None
+            if self._cover_first and self._submitted == 0:
+                self._cover = np.concatenate(group)
+            future = self._threads.submit(self.reader.read, group, self.pool, True, cover)
+            self._pending.append((future, self._last))
+            self._submitted += 1
+
+    @property
+    def groups_ahead(self) -> int:
+        """Groups submitted and not handed out yet."""
+        return len(self._pending)
 
     def next_group(self) -> list[RawBatch] | None:
-        """The next group's batches (None after the last), and the following group's read
-        started. The caller drops its references to the group before asking for the next, so
-        that its buffer can serve the read after that."""
-        if self._pending is None:
+        """The next group's batches (None after the last), and more groups' reads started.
+        The caller drops its references to the group before asking for the next, so that its
+        buffer can serve a later read."""
+        if not self._pending:
             return None
-        raws = self._pending.result()
-        self._pending = self._submit()
+        future, _ = self._pending.popleft()
+        raws = future.result()
+        self._top_up()
         return raws
 
     def close(self) -> None:
-        """Stop reading ahead: an abandoned iteration does not wait for the read under way;
-        the store's files are closed once it is over (cancelled or done). No cancel_futures:
-        at interpreter exit its ``queue.Empty`` lookup fails on a torn-down module."""
-        pending, self._pending = self._pending, None
+        """Stop reading ahead: an abandoned iteration does not wait for the reads under way
+        (those not started are cancelled); the store's files are closed once they are over.
+        No cancel_futures: at interpreter exit its ``queue.Empty`` lookup fails on a
+        torn-down module."""
+        pending = [f for f, _ in self._pending]
+        self._pending.clear()
+        self._done = True
         self._threads.shutdown(wait=False)
-        if pending is None:
+        started = [f for f in pending if not f.cancel()]  # at most one runs (one thread)
+        if not started:
             self._closer()
         else:
-            pending.cancel()
-            pending.add_done_callback(self._closer)
+            started[-1].add_done_callback(self._closer)
 
 
 class _StoreCloser:

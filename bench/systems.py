@@ -215,7 +215,7 @@ def ours_schema(workload: str) -> dict[str, Any]:
 
 def write_ours(workload: str, n: int, out: str, workers: int, shard_bytes: int) -> None:
     from bench.torch_source import GeneratedTorchDataset
-    from build_shards import build_shards
+    from build_shards import ShardOptions, build_shards
 
     per_sample = WORKLOADS[workload].field_bytes + 1024
     count = max(1, shard_bytes // per_sample)
@@ -223,8 +223,7 @@ def write_ours(workload: str, n: int, out: str, workers: int, shard_bytes: int) 
         GeneratedTorchDataset(workload, n),
         out,
         schema=ours_schema(workload),
-        shard_max_count=count,
-        shard_max_bytes=shard_bytes,
+        shards=ShardOptions(max_count=count, max_bytes=shard_bytes),
         workers=workers,  # the default block size: the same shards for any worker count
     )
 

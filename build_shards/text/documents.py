@@ -10,8 +10,8 @@ from typing import Any
 
 import numpy as np
 
-from build_shards.text.pack import _ENCODE_BATCH, PackStats, _separators, logger
-from build_shards.text.tokens import encode_batch, token_dtype, vocab_size
+from build_shards.text.pack import _ENCODE_BATCH, PackStats, logger, token_setup
+from build_shards.text.tokens import encode_batch
 
 __all__ = ["document_samples"]
 
@@ -31,14 +31,10 @@ def document_samples(
     :mod:`build_shards.text`); an empty one (no ids, no separators) is left out. ``stats``
     counts documents and tokens (``chunks``: the samples written)."""
     stats = PackStats() if stats is None else stats
-    bos, eos = _separators(tokenizer, add_special_tokens, bos_id, eos_id)
-    out_dtype = np.dtype(dtype) if dtype is not None else token_dtype(vocab_size(tokenizer))
-    if out_dtype.kind not in "iu":
-        raise ValueError(f"dtype must be an integer type, got {out_dtype}")
-    max_id = np.iinfo(out_dtype).max
-    stats.bos_id, stats.eos_id, stats.dtype = bos, eos, out_dtype.name
-    head = [bos] if bos is not None else []
-    tail = [eos] if eos is not None else []
+    out_dtype, max_id, head, tail = token_setup(
+        tokenizer, stats, add_special_tokens=add_special_tokens, dtype=dtype, bos_id=bos_id,
+        eos_id=eos_id,
+    )  # fmt: skip
     it = iter(documents)
     while batch := list(itertools.islice(it, _ENCODE_BATCH)):
         for ids in encode_batch(tokenizer, batch):

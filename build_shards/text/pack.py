@@ -52,6 +52,28 @@ def _separators(
     return bos, eos
 
 
+def token_setup(
+    tokenizer: Any,
+    stats: PackStats,
+    *,
+    add_special_tokens: bool,
+    dtype: Any,
+    bos_id: int | None,
+    eos_id: int | None,
+) -> tuple[np.dtype[Any], int, list[int], list[int]]:
+    """The token dtype (``dtype`` or the vocabulary's :func:`token_dtype`; an integer type, else
+    ValueError), its largest id, and the ids put before and after each document (recorded in
+    ``stats``)."""
+    bos, eos = _separators(tokenizer, add_special_tokens, bos_id, eos_id)
+    out_dtype = np.dtype(dtype) if dtype is not None else token_dtype(vocab_size(tokenizer))
+    if out_dtype.kind not in "iu":
+        raise ValueError(f"dtype must be an integer type, got {out_dtype}")
+    stats.bos_id, stats.eos_id, stats.dtype = bos, eos, out_dtype.name
+    head = [bos] if bos is not None else []
+    tail = [eos] if eos is not None else []
+    return out_dtype, int(np.iinfo(out_dtype).max), head, tail
+
+
 def pack_tokens(
     documents: Iterable[str],
     tokenizer: Any,
@@ -78,14 +100,10 @@ def pack_tokens(
     """
     stride = check_lengths(seq_length, stride)
     stats = PackStats() if stats is None else stats
-    bos, eos = _separators(tokenizer, add_special_tokens, bos_id, eos_id)
-    out_dtype = np.dtype(dtype) if dtype is not None else token_dtype(vocab_size(tokenizer))
-    if out_dtype.kind not in "iu":
-        raise ValueError(f"dtype must be an integer type, got {out_dtype}")
-    max_id = np.iinfo(out_dtype).max
-    stats.bos_id, stats.eos_id, stats.dtype = bos, eos, out_dtype.name
-    head = [bos] if bos is not None else []
-    tail = [eos] if eos is not None else []
+    out_dtype, max_id, head, tail = token_setup(
+        tokenizer, stats, add_special_tokens=add_special_tokens, dtype=dtype, bos_id=bos_id,
+        eos_id=eos_id,
+    )  # fmt: skip
     window = seq_length + 1
 
     buf = np.empty(0, dtype=out_dtype)

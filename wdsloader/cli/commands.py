@@ -257,7 +257,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return commands[args.command](args)
     except Exception as exc:  # user errors and storage set-up mistakes: one line, exit 2
-        shown = setup_error(exc, _datasets(args)[0], _options(args)) or exc
+        shown = setup_error(exc, (_datasets(args) or [""])[0], _options(args)) or exc
         if not isinstance(shown, (WdsLoaderError, ValueError, OSError)):
             raise  # a bug: its traceback
         print(f"wdsloader: error: {redact(shown, _secrets(args))}", file=sys.stderr)

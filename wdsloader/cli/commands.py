@@ -21,6 +21,7 @@ EPILOG = """examples:
   wdsloader bench ./my_dataset --num-workers 8 --batch-size 256 --max-batches 200
   wdsloader replay ./my_dataset --epoch 3 --step 812 --rank 17 --world-size 64 \\
       --batch-size 256 --num-workers 8 --seed 0 --out ./step812   # the samples of that step
+  wdsloader replay --mix mix.json --epoch 3 --step 812 --batch-size 256   # a mix's step
   wdsloader report ./my_dataset -o report.html --validate   # one HTML page: stats, previews
 """
 

@@ -238,9 +238,9 @@ def test_a_mix_counts_every_sources_samples_bytes_and_a_slow_collate(built, tmp_
     assert m["bytes_read"] >= 20 * n * 64 * 4  # every sample's array at least once
 
 
-@pytest.mark.parametrize("workers", [0, 2])
-def test_a_mix_counts_each_sources_samples_per_epoch(built, tmp_path, workers):
-    from wdsloader import Mix, MixSource
+@pytest.mark.parametrize(("workers", "mode"), [(0, "process"), (2, "process"), (2, "thread")])
+def test_a_mix_counts_each_sources_samples_per_epoch(built, tmp_path, workers, mode):
+    from wdsloader import Mix, MixSource, WorkerOptions
 
     other = tmp_path / "other"
     build_shards([{"emb": np.zeros(64, np.float32), "label": 7}] * 90, other,
@@ -249,7 +249,9 @@ def test_a_mix_counts_each_sources_samples_per_epoch(built, tmp_path, workers):
         [MixSource(built, name="a", weight=2), MixSource(other, name="b", repeat=1.5)],
         source_field="src",
     )
-    loader = create_loader(mix, "train", 20, workers, seed=1, drop_last=False)
+    loader = create_loader(
+        mix, "train", 20, workers, seed=1, drop_last=False, workers=WorkerOptions(mode=mode)
+    )
     for epoch in range(2):
         loader.set_epoch(epoch)
         src = torch.cat([batch["src"] for batch in loader]).tolist()

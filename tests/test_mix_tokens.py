@@ -355,3 +355,26 @@ def test_a_changed_lengths_file_is_refused_naming_the_source_shard_and_file(toke
         f"source 'short': shard {shard.path}: lengths {shard.lengths_path}: sha256 "
     )
     assert "differs from the manifest's" in str(err.value)
+
+
+def test_the_replay_command_replays_a_token_mixs_steps(token_data, capsys):
+    from wdsloader import ShardDataset
+    from wdsloader.cli.commands import main
+
+    names = ("short", "long")
+    index = {}
+    for name in names:
+        ds = ShardDataset(token_data / name, fields=[])
+        index[name] = {ds[i]["__key__"]: i for i in range(len(ds))}
+    loader = _token_loader(token_data, num_workers=2)
+    loader.set_epoch(1)
+    want = []
+    for b in loader:
+        pairs = zip(b["src"].tolist(), b["__key__"], strict=True)
+        want.append([f"{names[s]}\t{index[names[s]][k]}\t{k}" for s, k in pairs])
+    argv = [str(token_data / n) for n in names]
+    argv += ["--unit", "tokens", "--epoch-tokens", "3000", "--weights", "1,1", "--epoch", "1"]
+    argv += ["--batch-size", "8", "--num-workers", "2", "--seed", "5"]
+    for step in (0, len(want) - 1):
+        assert main(["replay", *argv, "--step", str(step)]) == 0
+        assert capsys.readouterr().out.splitlines() == want[step]

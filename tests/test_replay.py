@@ -164,3 +164,157 @@ def test_replay_on_s3_and_the_command_without_credentials(built, s3_bucket, tmp_
     written = {p.name: p.read_bytes() for p in (tmp_path / "o").iterdir()}
     local = ShardDataset(built["a"])
     assert written == {f"{index[k]:09d}.x.json": local.members(index[k])[1]["x.json"] for k in keys}
+
+
+def _mix_lines(loader, index, epoch, names):
+    """``source<TAB>index<TAB>key`` of each batch the mixed loader yields in ``epoch``."""
+    loader.set_epoch(epoch)
+    out = []
+    for batch in loader:
+        srcs = [names[s] for s in batch["src"].tolist()]
+        out.append(
+            [f"{n}\t{index[n][k]}\t{k}" for n, k in zip(srcs, batch["__key__"], strict=True)]
+        )
+    return out
+
+
+def _replay(argv, capsys):
+    from wdsloader.cli.commands import main
+
+    assert main(["replay", *argv]) == 0, capsys.readouterr().err
+    return capsys.readouterr().out.splitlines()
+
+
+@pytest.mark.parametrize(("world", "workers", "batch"), [(1, 0, 16), (2, 2, 7), (3, 1, 5)])
+def test_the_replay_command_over_a_mix(built, tmp_path, capsys, world, workers, batch):
+    import json
+
+    from wdsloader.mix.mix_file import mix_to_dict
+
+    index = {"wiki": _index_of_key(built["a"]), "code": _index_of_key(built["b"])}
+    sources = [MixSource(built["a"], name="wiki", weight=0.7),
+               MixSource(built["b"], name="code", weight=0.3)]  # fmt: skip
+    spec = tmp_path / "mix.json"
+    spec.write_text(json.dumps(mix_to_dict(Mix(sources, epoch_samples=150))))
+    by_args = [str(built["a"]), str(built["b"]), "--weights", "0.7,0.3", "--names", "wiki,code"]
+    by_args += ["--epoch-samples", "150"]
+    for rank in range(world):
+        mix = Mix(sources, epoch_samples=150, source_field="src")
+        loader = create_loader(
+            mix, "train", batch, workers, shuffle=True, seed=5,
+            topology=Topology(rank=rank, world_size=world),
+        )  # fmt: skip
+        for epoch in (0, 2):
+            yielded = _mix_lines(loader, index, epoch, ("wiki", "code"))
+            common = ["--epoch", str(epoch), "--rank", str(rank), "--world-size", str(world)]
+            common += ["--batch-size", str(batch), "--num-workers", str(workers), "--seed", "5"]
+            for step in (0, len(yielded) // 2, len(yielded) - 1):
+                at = [*common, "--step", str(step)]
+                assert _replay([*by_args, *at], capsys) == yielded[step], (rank, epoch, step)
+                assert _replay(["--mix", str(spec), *at], capsys) == yielded[step]
+    out = tmp_path / "o"
+    lines = _replay(["--mix", str(spec), *at, "--out", str(out)], capsys)
+    want: dict[str, set[str]] = {"wiki": set(), "code": set()}
+    for line in lines:
+        name, i, _ = line.split("\t")
+        want[name].add(f"{int(i):09d}.x.json")
+    got = {p.name: {f.name for f in p.iterdir()} for p in out.iterdir()}
+    assert got == {n: files for n, files in want.items() if files}
+
+
+def test_the_replay_command_over_a_mix_after_a_resume(built, tmp_path, capsys):
+    import json
+
+    index = {"a": _index_of_key(built["a"]), "b": _index_of_key(built["b"])}
+    spec = {"sources": [{"url": str(built["a"]), "samples": 40},
+                        {"url": str(built["b"]), "repeat": 1.5}]}  # fmt: skip
+    (tmp_path / "mix.json").write_text(json.dumps(spec))
+    mix = Mix([MixSource(built["a"], samples=40), MixSource(built["b"], repeat=1.5)],
+              source_field="src")  # fmt: skip
+    loader = create_loader(mix, "train", 9, 2, shuffle=True, seed=8)
+    loader.set_epoch(1)
+    it = iter(loader)
+    for _ in range(4):
+        next(it)
+    state = loader.state_dict()
+    del it
+    again = create_loader(mix, "train", 9, 2, shuffle=True, seed=8)
+    again.load_state_dict(state)
+    rest = _mix_lines(again, index, 1, ("a", "b"))
+    assert len(rest) == 14 - 4  # 40 + 91 samples: 14 full batches of 9
+    argv = ["--mix", str(tmp_path / "mix.json"), "--epoch", "1", "--batch-size", "9"]
+    argv += ["--num-workers", "2", "--seed", "8"]
+    for step in (4, 9, 13):
+        assert _replay([*argv, "--step", str(step)], capsys) == rest[step - 4], step
+
+
+@pytest.mark.parametrize(
+    ("argv", "error"),
+    [
+        (["A", "B", "--weights", "1"], "--weights '1': 1 values for 2 DATASETs"),
+        (
+            ["A", "--mix", "m.json"],
+            "--mix holds the sources and the mix's options: not with DATASET arguments",
+        ),  # fmt: skip
+        ([], "give a DATASET (several for a mix) or --mix MIX.JSON"),
+        (["--mix", "{}"], "mix.json: unknown keys ['source']"),
+        (["--mix", "[]"], "mix.json: expected a JSON object, got list"),
+        (
+            ["--mix", '{"sources": [{"url": "A", "weight": 1, "samples": 3}]}'],
+            "mix.json: sources[0]: MixSource 'A': give one of weight=, samples= or repeat=",
+        ),
+    ],
+)
+def test_replay_arguments_that_do_not_fit_name_the_flag(tmp_path, capsys, argv, error):
+    from wdsloader.cli.commands import main
+
+    if "--mix" in argv and argv[-1] != "m.json":
+        spec = tmp_path / "mix.json"
+        spec.write_text(argv[-1].replace("{}", '{"source": []}'))
+        argv = [*argv[:-1], str(spec)]
+    assert main(["replay", *argv, "--epoch", "0", "--step", "0", "--batch-size", "2"]) == 2
+    assert error in capsys.readouterr().err
+
+
+def test_the_replay_command_over_an_s3_mix_never_shows_credentials(
+    built, s3_bucket, tmp_path, capsys
+):
+    import json
+
+    import s3fs
+
+    bucket, options = s3_bucket
+    options = {**options, "key": "AKIDMIXREPLAY", "secret": "mix-replay-secret"}
+    fs = s3fs.S3FileSystem(**options)
+    for name in ("a", "b"):
+        fs.put(str(built[name]), f"{bucket}/{name}", recursive=True)
+    spec = {"sources": [{"url": f"{bucket}/a", "weight": 2}, {"url": f"{bucket}/b", "weight": 1}],
+            "epoch_samples": 60}  # fmt: skip
+    (tmp_path / "mix.json").write_text(json.dumps(spec))
+    index = {"a": _index_of_key(built["a"]), "b": _index_of_key(built["b"])}
+    mix = Mix([MixSource(built["a"], weight=2), MixSource(built["b"], weight=1)],
+              epoch_samples=60, source_field="src")  # fmt: skip
+    loader = create_loader(mix, "train", 8, 2, seed=6, topology=Topology(rank=1, world_size=2))
+    want = _mix_lines(loader, index, 1, ("a", "b"))[2]
+    argv = ["--mix", str(tmp_path / "mix.json"), "--epoch", "1", "--rank", "1"]
+    argv += ["--world-size", "2", "--batch-size", "8", "--num-workers", "2", "--seed", "6"]
+    argv += ["--storage-option=key=AKIDMIXREPLAY", "--storage-option=secret=mix-replay-secret"]
+    argv += [
+        f"--storage-option=client_kwargs.endpoint_url={options['client_kwargs']['endpoint_url']}"
+    ]
+    out = tmp_path / "o"
+    from wdsloader.cli.commands import main
+
+    assert main(["replay", *argv, "--step", "2", "--out", str(out)]) == 0
+    printed, err = capsys.readouterr()
+    assert printed.splitlines() == want
+    assert "mix-replay-secret" not in printed + err and "AKIDMIXREPLAY" not in printed + err
+    files = {f"{p.parent.name}/{p.name}": p.read_bytes() for p in out.glob("*/*")}
+    assert files == {
+        f"{n}/{int(i):09d}.x.json": ShardDataset(built[n]).members(int(i))[1]["x.json"]
+        for n, i, _ in (line.split("\t") for line in want)
+    }
+    assert main(["replay", *argv, "--step", "99"]) == 2  # past the end: an error, masked
+    _, err = capsys.readouterr()
+    assert "step 99 is past its end" in err
+    assert "mix-replay-secret" not in err and "AKIDMIXREPLAY" not in err

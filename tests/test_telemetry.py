@@ -236,3 +236,26 @@ def test_a_mix_counts_every_sources_samples_bytes_and_a_slow_collate(built, tmp_
         assert m["bytes_read"] == sum(s.stats["bytes_read"] for s in sources)
         assert m["requests"] == sum(s.stats["requests"] for s in sources) > 0
     assert m["bytes_read"] >= 20 * n * 64 * 4  # every sample's array at least once
+
+
+@pytest.mark.parametrize(("workers", "mode"), [(0, "process"), (2, "process"), (2, "thread")])
+def test_a_mix_counts_each_sources_samples_per_epoch(built, tmp_path, workers, mode):
+    from wdsloader import Mix, MixSource, WorkerOptions
+
+    other = tmp_path / "other"
+    build_shards([{"emb": np.zeros(64, np.float32), "label": 7}] * 90, other,
+                 shards=ShardOptions(max_count=40))  # fmt: skip
+    mix = Mix(
+        [MixSource(built, name="a", weight=2), MixSource(other, name="b", repeat=1.5)],
+        source_field="src",
+    )
+    loader = create_loader(
+        mix, "train", 20, workers, seed=1, drop_last=False, workers=WorkerOptions(mode=mode)
+    )
+    for epoch in range(2):
+        loader.set_epoch(epoch)
+        src = torch.cat([batch["src"] for batch in loader]).tolist()
+        m = loader.metrics()  # this epoch's, not the loader's totals (stats)
+        assert (m["samples/a"], m["samples/b"]) == (src.count(0), src.count(1))
+        assert m["samples/b"] == 135 and m["samples/a"] + m["samples/b"] == m["samples"]
+    assert loader.stats["samples/b"] == 270

@@ -21,6 +21,7 @@ EPILOG = """examples:
   wdsloader bench ./my_dataset --num-workers 8 --batch-size 256 --max-batches 200
   wdsloader replay ./my_dataset --epoch 3 --step 812 --rank 17 --world-size 64 \\
       --batch-size 256 --num-workers 8 --seed 0 --out ./step812   # the samples of that step
+  wdsloader replay --mix mix.json --epoch 3 --step 812 --batch-size 256   # a mix's step
   wdsloader report ./my_dataset -o report.html --validate   # one HTML page: stats, previews
 """
 
@@ -257,7 +258,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return commands[args.command](args)
     except Exception as exc:  # user errors and storage set-up mistakes: one line, exit 2
-        shown = setup_error(exc, _datasets(args)[0], _options(args)) or exc
+        shown = setup_error(exc, (_datasets(args) or [""])[0], _options(args)) or exc
         if not isinstance(shown, (WdsLoaderError, ValueError, OSError)):
             raise  # a bug: its traceback
         print(f"wdsloader: error: {redact(shown, _secrets(args))}", file=sys.stderr)

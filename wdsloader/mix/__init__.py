@@ -3,6 +3,7 @@ sources mixed sample by sample (a :class:`Mix` of :class:`MixSource`, planned by
 :mod:`wdsloader.plan.mix` and dealt into batches by a registered :class:`BatchingStrategy`)."""
 
 from wdsloader.lazy import moved_names
+from wdsloader.mix.mix_file import load_mix, mix_from_dict, mix_to_dict
 from wdsloader.mix.multi import MixStep, MultiDataLoader
 from wdsloader.mix.multi_state import LoaderProgress, MultiState
 from wdsloader.mix.options import Mix
@@ -46,9 +47,12 @@ __all__ = [
     "MixSource",
     "epoch_schedule",
     "epoch_steps",
+    "load_mix",
     "mix_epoch",
+    "mix_from_dict",
     "mix_names",
     "mix_quotas_for",
+    "mix_to_dict",
     "register_batching_strategy",
     "register_sampling_strategy",
     "unregister_batching_strategy",

@@ -109,7 +109,7 @@ class WdsDataLoader(DataLoader):
         self._started_from: plan.Resume | None = None
         self._yielded = 0
         self._played: dict[int, plan.Resume] = {}  # epochs played from a resume point
-        self.telemetry = Telemetry()
+        self.telemetry = Telemetry(counters=self.dataset_obj.counters)
         self.worker_mode = worker_mode if self.num_workers > 0 else "process"
         self._free: list[list[ShardStreamDataset | None]] = []  # thread workers' datasets
 
@@ -256,9 +256,9 @@ class WdsDataLoader(DataLoader):
         """Where this rank's time went in the current (or last) epoch's iteration: ``wait_s``
         (the training loop waited in ``next`` for batches), ``fetch_s``, ``decode_s`` and
         ``collate_s`` (summed over workers: with workers, they overlap the wait), bytes read,
-        requests, cache hits, samples and batches. ``all_ranks=True`` (every rank must call
-        it: a collective) gives the mean over the process group and ``max_wait_s``, the
-        slowest rank's wait."""
+        requests, cache hits, samples and batches; reading a mix, ``samples/<name>`` per
+        source. ``all_ranks=True`` (every rank must call it: a collective) gives the mean over
+        the process group and ``max_wait_s``, the slowest rank's wait."""
         out = self.telemetry.metrics(self.dataset_obj.control)
         return all_ranks_metrics(out) if all_ranks else out
 

@@ -59,20 +59,28 @@ class Telemetry:
     epoch: int = 0
     base: dict[str, int] = field(default_factory=dict)
     hooks: list[tuple[Hook, int]] = field(default_factory=list)
+    # the dataset's counters (with a mix also ``samples/<name>``); None: the control block's
+    counters: Callable[[], Mapping[str, int]] | None = None
+
+    def _now(self, control: Control) -> dict[str, int]:
+        counters = control.counters() if self.counters is None else self.counters()
+        return {**control.metrics(), **counters}
 
     def start(self, epoch: int, control: Control) -> None:
         """An epoch's iteration begins: the metrics count from here."""
         self.epoch, self.wait_ns, self.batches = epoch, 0, 0
-        self.base = {**control.metrics(), **control.counters()}
+        self.base = self._now(control)
 
     def waited(self, ns: int) -> None:
         self.wait_ns += ns
         self.batches += 1
 
     def metrics(self, control: Control) -> dict[str, float]:
-        """This rank's metrics of the current (or last) epoch's iteration."""
-        now = {**control.metrics(), **control.counters()}
+        """This rank's metrics of the current (or last) epoch's iteration; reading a mix, also
+        ``samples/<name>``: each source's samples."""
+        now = self._now(control)
         d = {k: now[k] - self.base.get(k, 0) for k in now}
+        per_source = {k: float(v) for k, v in d.items() if k.startswith("samples/")}
         return {
             "epoch": float(self.epoch),
             "wait_s": self.wait_ns / 1e9,
@@ -84,6 +92,7 @@ class Telemetry:
             "cache_hits": float(d["cache_hits"]),
             "samples": float(d["samples"]),
             "batches": float(self.batches),
+            **per_source,
         }
 
     def after_batch(self, control: Control) -> None:

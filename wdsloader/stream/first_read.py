@@ -13,9 +13,10 @@ from wdsloader.io.store import Store
 from wdsloader.plan.coalesce import Runs
 
 # the first batch's read takes at most this many bytes of gaps between its samples (bytes of
-# its window, read early rather than twice: at 1 Gbit/s about 0.13 s, against a request per
-# sample, whose CPU and round trips cost more)
-FIRST_GAP_BYTES = 16 << 20
+# its window's next batches, read early rather than twice; the rule of FIRST_ALONE_BYTES: at
+# 1 Gbit/s about as long as a request per sample, whose CPU and round trips cost more; at 40 ms
+# RTT this took the bench's first batch from 2.1 s (16 MiB) to 1.55 s)
+FIRST_GAP_BYTES = 32 << 20
 # a gap merged into a run is at most this long where the path is not measured yet (measured:
 # the bytes a connection receives in one round trip, at least this)
 FIRST_MAX_GAP = 1 << 20

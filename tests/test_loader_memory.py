@@ -113,7 +113,7 @@ def _to_first_read(roots: list, kind: str, resume: bool) -> tuple[float, int]:
     ds = loader.dataset_obj
     asked: list[int] = []
 
-    def read(batches, pool=None, place=False, cover=None):
+    def read(batches, pool=None, place=False, prefetch=None):
         asked.append(len(batches))
         raise _FirstRead
 

@@ -63,8 +63,8 @@ def seen(monkeypatch):
     got: list[set[str]] = []
     original = reader_module.BatchReader.read
 
-    def spy(self, batches, pool=None, place=False, cover=None):
-        raws = original(self, batches, pool, place, cover)
+    def spy(self, batches, pool=None, place=False, prefetch=None):
+        raws = original(self, batches, pool, place, prefetch)
         got.extend(set(r.placed) for r in raws)
         return raws
 

@@ -160,7 +160,7 @@ class PlannedBatches(Sequence):
 
 def test_the_read_ahead_asks_the_plan_for_one_group_ahead_only(ds):
     reader = create_loader(ds, "train", batch_size=1).dataset_obj.reader
-    reader.read = lambda group, pool=None, place=False, cover=None: [int(b[0]) for b in group]
+    reader.read = lambda group, pool=None, place=False, prefetch=None: [int(b[0]) for b in group]
     batches = PlannedBatches(10**5)
     ahead = reader.read_ahead(batches, 4)
     try:

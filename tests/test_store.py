@@ -22,7 +22,6 @@ from wdsloader.io.file_store import CachedStore, LocalStore
 from wdsloader.io.remote_store import RemoteStore
 from wdsloader.io.store import STORES, register_store, store_kind
 from wdsloader.mix.store import MixStore
-from wdsloader.plan.coalesce import coalesce
 
 
 @pytest.mark.parametrize(
@@ -130,55 +129,6 @@ def test_indexes_are_read_in_parallel_once_per_loader_not_per_worker(http_server
     )
     assert not gate.broken
     assert not [r for r in http_server.requests() if r.method == "HEAD"]
-
-
-def test_the_first_batch_waits_for_its_own_bytes_then_the_rest_of_its_window(http_server):
-    counts = [150, 150, 150, 150]
-    url, manifest, folder = _served(http_server, counts, "first")
-    shards = manifest.split("train").shards
-    kw = dict(batch_size=16, seed=5, shuffle_window=320, span=10, drop_last=False)
-    loader = create_loader(url, "train", **kw)
-    # a window this small would be read whole (as fast either way); over 32 MiB it is not
-    assert loader.dataset_obj.reader.first_alone_bytes == 32 << 20
-    loader.dataset_obj.reader.first_alone_bytes = 0
-    reference = [b["__key__"] for b in create_loader(str(folder), "train", **kw)]
-    http_server.clear_log()
-    batches = [b["__key__"] for b in loader]
-    assert batches == reference  # the plan is unchanged: only the order of the reads
-    # the first batch's samples, coalesced where adjacent: the first requests of the pass
-    store = ShardStore(folder)
-
-    def runs_of(keys: list[str]) -> set[tuple[str, int, int]]:
-        ids = np.array([int(k[len("train") :]) for k in keys])
-        shard = np.searchsorted(np.cumsum(counts), ids, side="right")
-        local = ids - np.r_[0, np.cumsum(counts)][shard]
-        starts = [int(store.index(shards[s])[i]) for s, i in zip(shard, local, strict=True)]
-        stops = [int(store.index(shards[s])[i + 1]) for s, i in zip(shard, local, strict=True)]
-        runs = coalesce(shard, starts, stops)
-        keys_ = runs.key.tolist()
-        return {
-            (f"/first/{shards[k].path}", a, b)
-            for k, a, b in zip(keys_, runs.start.tolist(), runs.stop.tolist(), strict=True)
-        }
-
-    first = runs_of(batches[0])
-    tars = [r for r in http_server.requests() if r.path.endswith(".tar")]
-    assert {(r.path, r.start, r.stop) for r in tars[: len(first)]} == first
-    # then the rest of the window: its spans whole (the first batch's samples in them read
-    # again), one request per run, not one on each side of each first-batch sample
-    window = [k for b in batches[:20] for k in b]  # 320 samples: 20 batches of 16
-    rest = runs_of([k for b in batches[1:20] for k in b])
-    whole = {
-        r
-        for r in runs_of(window)
-        if any(x[0] == r[0] and r[1] <= x[1] and x[2] <= r[2] for x in rest)
-    }
-    second = tars[len(first) : len(first) + len(whole)]
-    assert {(r.path, r.start, r.stop) for r in second} == whole
-    # every byte of the samples once over the pass, and the first batch's once more
-    read = sum(r.sent for r in tars)
-    once = sum(int(store.index(s)[-1] - store.index(s)[0]) for s in shards)
-    assert once < read <= once + sum(b - a for _, a, b in first)
 
 
 def test_the_s3_connection_pool_holds_as_many_requests_as_are_in_flight():

@@ -3,6 +3,7 @@ group of batches ahead of the decoders."""
 
 from __future__ import annotations
 
+import itertools
 import logging
 import sys
 from collections import deque
@@ -21,6 +22,7 @@ from wdsloader.io.buffers import BufferPool
 from wdsloader.io.ranges import Cut, Hole, Piece
 from wdsloader.io.store import Store
 from wdsloader.plan.coalesce import Runs, coalesce
+from wdsloader.stream.first_read import SERVES, Prefetch, max_gap, widen
 from wdsloader.stream.inflate import Inflater
 
 log = logging.getLogger(__name__)
@@ -80,17 +82,23 @@ class BatchReader:
         batches: Sequence[np.ndarray],
         pool: BufferPool | None = None,
         place: bool = False,
-        cover: np.ndarray | None = None,
+        prefetch: Prefetch | None = None,
     ) -> list[RawBatch]:
         """The :class:`RawBatch` of each of ``batches``, read together (into a buffer of
         ``pool`` when the store reads local files; else a fresh one). With ``place``, the
         fields of :attr:`placement` go straight into batch arrays when the files are local
-        (:attr:`RawBatch.placed`: for the columnar decoder only). The samples ``cover``
-        (read before) are read again where they lie between samples of ``batches`` in one
-        run (one request, not a request on each side of them)."""
+        (:attr:`RawBatch.placed`: for the columnar decoder only). With ``prefetch``, the
+        first read widens its runs over small gaps and leaves their bytes there; the next read
+        takes those bytes from it, its runs spanning them (one request on each side of them
+        at most, none for bytes read before)."""
         ids = np.concatenate(batches) if len(batches) > 1 else batches[0]
         shard_idx, local, starts, stops = self._ranges(ids)
-        runs = self._runs(shard_idx, starts, stops, cover)
+        held = prefetch is not None and prefetch.kept
+        first = prefetch is not None and prefetch.fresh
+        runs = self._runs(shard_idx, starts, stops, prefetch if held else None)
+        if first and prefetch is not None:
+            prefetch.fresh = False
+            runs = self._widen(runs, shard_idx, starts, stops, prefetch)
         run_of, run_start = runs.run_of, runs.start
         requests = [
             (self.shards[s], a, b)
@@ -108,7 +116,12 @@ class BatchReader:
             # compressed shards hold no field's bytes as they are: nothing is placed
             if place and self.placement and self.store.reads_locally and self.inflate is None:
                 cuts = self._place(batches, ids, starts, stops, shard_idx, runs, placed)
-            joined, run_pos = self.store.read_joined(requests, out, cuts)
+            if held and prefetch is not None:
+                joined, run_pos = prefetch.read_joined(self.store, requests)
+            else:
+                joined, run_pos = self.store.read_joined(requests, out, cuts)
+                if first and prefetch is not None:
+                    prefetch.keep(requests, joined, run_pos)
             del out, cuts
             self._read_bytes(batches, placed, shard_idx)
             buf = np.frombuffer(joined, dtype=np.uint8)
@@ -156,14 +169,33 @@ class BatchReader:
             stops[mask] = offsets[local[mask] + 1]
         return shard_idx, local, starts, stops
 
-    def _runs(
-        self, shard_idx: np.ndarray, starts: np.ndarray, stops: np.ndarray, cover: np.ndarray | None
+    def _widen(
+        self,
+        runs: Runs,
+        shard_idx: np.ndarray,
+        starts: np.ndarray,
+        stops: np.ndarray,
+        prefetch: Prefetch,
     ) -> Runs:
-        """The samples' ranges coalesced into runs; with ``cover``, the runs of the samples and
-        those of ``cover`` together, less the runs that hold none of the samples."""
-        if cover is None or not len(cover):
+        """``runs`` widened over the gaps whose bytes are samples of ``prefetch.window`` (read
+        next, so read once), none when it has no samples."""
+        if prefetch.window is None or not len(prefetch.window):
+            return runs
+        w_shard, _, w_starts, w_stops = self._ranges(prefetch.window)
+        both = coalesce(np.r_[shard_idx, w_shard], np.r_[starts, w_starts], np.r_[stops, w_stops])
+        # the run of both that holds each run: a gap is the window's between runs in one
+        outer = np.empty(len(runs.key), dtype=np.int64)
+        outer[runs.run_of] = both.run_of[: len(shard_idx)]
+        return widen(runs, max_gap(self.store), prefetch.budget, outer[1:] == outer[:-1])
+
+    def _runs(
+        self, shard_idx: np.ndarray, starts: np.ndarray, stops: np.ndarray, held: Prefetch | None
+    ) -> Runs:
+        """The samples' ranges coalesced into runs; with ``held``, the runs of the samples and
+        its ranges together, less the runs that hold none of the samples."""
+        if held is None:
             return coalesce(shard_idx, starts, stops)
-        c_shard, _, c_starts, c_stops = self._ranges(cover)
+        c_shard, c_starts, c_stops = held.ranges({s.path: i for i, s in enumerate(self.shards)})
         n = len(shard_idx)
         both = coalesce(np.r_[shard_idx, c_shard], np.r_[starts, c_starts], np.r_[stops, c_stops])
         kept = np.unique(both.run_of[:n])
@@ -240,13 +272,13 @@ class BatchReader:
         """The batches' reads, a group of ``group`` batches at a time, one group ahead.
 
         The first batch is read on its own, so that it waits for its own bytes only, not for
-        its window's. Remotely its samples are then each a request (the window shuffle
-        scatters them over the window's spans), and the rest of its window comes next (the
-        plan is unchanged: only the order of the reads), its spans read whole, the first
-        batch's bytes in them again (one request per span, not one on each side of each of
-        the first batch's samples: one batch's bytes twice a pass, not hundreds more
-        requests), so that later groups are windows again, read a few requests per span; a
-        first window of at most :attr:`first_alone_bytes` is read whole."""
+        its window's. Remotely its samples (the window shuffle scatters them over the
+        window's spans) are read in few requests, each spanning the small gaps between
+        samples of a shard (:func:`~wdsloader.stream.first_read.widen`, all in parallel),
+        and the rest of its window comes next (the plan is unchanged: only the order of the
+        reads), its spans read whole except the bytes the first read holds (taken from it:
+        no byte fetched twice), so that later groups are windows again, read a few requests
+        per span; a first window of at most :attr:`first_alone_bytes` is read whole."""
         if self.store.reads_locally:
             return ReadAhead(self, _groups(batches, 1, group))
         budget = self.readahead_bytes()
@@ -254,7 +286,8 @@ class BatchReader:
         window = first * (len(batches[0]) if first else 0) * self.sample_bytes
         if window <= self.first_alone_bytes or group == 1:
             return ReadAhead(self, _groups(batches, group, group), budget)
-        return ReadAhead(self, _groups(batches, 1, group, group - 1), budget, cover_first=True)
+        prefetch = Prefetch(max_gap(self.store))
+        return ReadAhead(self, _groups(batches, 1, group, group - 1), budget, prefetch)
 
     def readahead_bytes(self) -> int:
         """The store's read-ahead budget (its :meth:`~wdsloader.io.fetch.ShardStore.tuning`;
@@ -295,7 +328,7 @@ class ReadAhead:
         reader: BatchReader,
         groups: Iterator[Sequence[np.ndarray]],
         budget: int = 0,
-        cover_first: bool = False,
+        prefetch: Prefetch | None = None,
     ) -> None:
         self.reader = reader
         self.pool = reader.pool
@@ -305,11 +338,15 @@ class ReadAhead:
         self._threads = ThreadPoolExecutor(max_workers=1, thread_name_prefix="wdsloader-read")
         self._pending: deque[tuple[Future[list[RawBatch]], float]] = deque()
         self._last = 0.0  # bytes of the last group submitted
-        # the first group's samples, read again within the second's runs (its window)
-        self._cover: np.ndarray | None = None
+        # the bytes the first group's read holds for the second's (its window)
+        self._prefetch = prefetch
         self._submitted = 0
-        self._cover_first = cover_first
         self._done = False
+        if prefetch is not None:  # the first read spans gaps of the next reads' samples only
+            ahead = [g for g in (next(groups, None) for _ in range(SERVES + 1)) if g is not None]
+            later = [b for g in ahead[1:] for b in g]
+            prefetch.window = np.concatenate(later) if later else None
+            self._groups = itertools.chain(ahead, groups)
         self._top_up()
 
     def _bytes(self, group: Sequence[np.ndarray]) -> float:
@@ -328,10 +365,8 @@ class ReadAhead:
                 self._done = True
                 return
             self._last = self._bytes(group)
-            cover = self._cover if self._submitted == 1 else None
-            if self._cover_first and self._submitted == 0:
-                self._cover = np.concatenate(group)
-            future = self._threads.submit(self.reader.read, group, self.pool, True, cover)
+            prefetch = self._prefetch if self._submitted <= SERVES else None
+            future = self._threads.submit(self.reader.read, group, self.pool, True, prefetch)
             self._pending.append((future, self._last))
             self._submitted += 1
 

@@ -386,6 +386,37 @@ def test_cache_evicts_only_what_no_live_reader_still_needs(http_server, tmp_path
     assert not list(cache.glob(".wds-need-*"))
 
 
+@pytest.mark.parametrize("claims", ['{"at": 0, "need": {"wds-', "[]", '{"need": 7}'])
+def test_an_unreadable_claims_file_of_a_live_reader_is_ignored(
+    http_server, tmp_path, caplog, claims
+):
+    """A live reader's claims that do not parse (written by hand, cut short) claim nothing, with
+    a warning naming the file, and an unreadable peak counts as none: they raised
+    JSONDecodeError/TypeError in every reader of the node that needed room."""
+    import fcntl
+
+    root, m, folder = served_dataset(http_server, [20, 20, 20])
+    shards = m.splits["train"].shards
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    (cache / ".wds-need-1-abc.json").write_text(claims)
+    (cache / ".wds-usage.json").write_text('{"peak": null}')  # the peak: as unreadable
+    fd = os.open(cache / ".wds-need-1-abc.lock", os.O_RDWR | os.O_CREAT)
+    fcntl.flock(fd, fcntl.LOCK_EX)  # its reader is alive
+    try:
+        options = ReadOptions(
+            cache_dir=str(cache), cache_limit_bytes=int(1.5 * shards[0].num_bytes)
+        )
+        store = ShardStore(root, options)
+        for shard in shards:
+            whole = [(shard, 0, shard.num_bytes)]
+            assert store.read_ranges(whole) == expected(folder, whole)
+        assert store.stats["evictions"] == 2
+        assert f"{cache}/.wds-need-1-abc.json" in caplog.text
+    finally:
+        os.close(fd)
+
+
 def test_a_cache_limit_below_a_shard_is_refused_naming_it(http_server, tmp_path):
     root, m, _ = served_dataset(http_server, [20])
     (a,) = m.splits["train"].shards
@@ -427,6 +458,24 @@ def test_cache_redownloads_a_file_evicted_by_another_process(http_server, tmp_pa
     b = ShardStore(root, ReadOptions(cache_dir=str(cache)))  # shares the folder
     assert b.read_ranges(whole) == expected(folder, whole)
     assert b.stats["cache_hits"] == 1 and len(gets(http_server, shard)) == 2
+
+
+def test_a_cached_copy_of_the_wrong_size_is_downloaded_again(http_server, tmp_path):
+    """A cached copy cut short (a full disk, a partial copy of the folder) is not read: it
+    gave 'truncated' errors naming the remote shard on every run; it is downloaded again."""
+    root, m, folder = served_dataset(http_server, [20])
+    shard = m.splits["train"].shards[0]
+    cache = tmp_path / "cache"
+    whole = [(shard, 0, shard.num_bytes)]
+    assert ShardStore(root, ReadOptions(cache_dir=str(cache))).read_ranges(whole) == expected(
+        folder, whole
+    )
+    (copy,) = [p for p in cache.iterdir() if p.name.endswith(".tar")]
+    copy.write_bytes(copy.read_bytes()[: shard.num_bytes // 2])
+    store = ShardStore(root, ReadOptions(cache_dir=str(cache)))
+    assert store.read_ranges(whole) == expected(folder, whole)
+    assert store.stats["cache_misses"] == 1 and len(gets(http_server, shard)) == 2
+    assert copy.stat().st_size == shard.num_bytes
 
 
 def test_checksums_catch_a_corrupt_shard(http_server, tmp_path):

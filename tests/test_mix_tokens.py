@@ -213,6 +213,16 @@ def test_a_weight_schedule_over_epochs_moves_the_token_shares():
     assert shares[0] > 0.85 and shares[-1] < 0.15 and shares == sorted(shares, reverse=True)
 
 
+def test_a_schedule_that_weights_a_source_without_tokens_later_is_refused_at_once():
+    """The schedule's key epochs are checked when the plan is made (it raised at epoch 1,
+    after a whole epoch of training)."""
+    lengths = [np.arange(1, 11, dtype=np.uint32), np.zeros(4, np.uint32)]
+    sources = [MixSource("a", name="a"), MixSource("b", name="b")]
+    weights = linear({"a": 1.0, "b": 0.0}, {"a": 0.5, "b": 0.5}, epochs=4)
+    with pytest.raises(ValueError, match=r"sources \['b'\] have no tokens \(every length is 0\)"):
+        TokenPlan(sources, lengths, weights=weights)
+
+
 def test_token_mix_options_are_checked():
     a = MixSource("x/a", weight=1.0)
     with pytest.raises(

@@ -192,6 +192,38 @@ def test_errors_name_the_field_and_the_shard(data, tmp_path) -> None:
         _loader(data, collate_fn="default")
 
 
+def test_a_document_longer_than_its_recorded_length_is_refused(tmp_path) -> None:
+    """Shards changed after their lengths were recorded (a sample now longer): the plan packs
+    only the recorded tokens, and the rest of the document was silently left out."""
+    from build_shards import SampleOptions, ShardOptions, build_shards
+    from wdsloader import Packing
+
+    def build(out: Path, long: int) -> None:
+        docs = [{"__key__": f"d{i}", "input_ids": _tokens(i)[:5]} for i in range(8)]
+        docs[3]["input_ids"] = _tokens(3)[:long]
+        build_shards(
+            docs, out, splits={"train": 1.0}, shards=ShardOptions(max_count=40),
+            samples=SampleOptions(lengths="input_ids"),
+        )  # fmt: skip
+
+    build(tmp_path / "recorded", 4)
+    build(tmp_path / "now", 9)
+    shard = "train/.train-00000-000.tar.wdslen"
+    (tmp_path / "now" / shard).write_bytes((tmp_path / "recorded" / shard).read_bytes())
+    sha = {d: json.loads((tmp_path / d / "manifest.json").read_text()) for d in ("recorded", "now")}
+    text = (tmp_path / "now" / "manifest.json").read_text()
+    old, new = (
+        sha[d]["splits"]["train"]["shards"][0]["lengths_sha256"] for d in ("now", "recorded")
+    )
+    (tmp_path / "now" / "manifest.json").write_text(text.replace(old, new))
+    loader = _loader(tmp_path / "now", packing=Packing(max_tokens=16, window=8), batch_size=1)
+    with pytest.raises(
+        ValueError,
+        match=r"sample 'd3' .* has 9 tokens in 'input_ids', but the plan packs its tokens up to 4",
+    ):
+        list(loader)
+
+
 def test_collate_options_reach_the_packed_collator(data) -> None:
     from wdsloader import DecodeOptions
 

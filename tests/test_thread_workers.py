@@ -257,3 +257,36 @@ def test_threads_pack_as_processes_do(tmp_path):
         got[mode] = [(b["input_ids"].tolist(), b["document_ids"].tolist()) for b in packed]
     assert got["thread"] == got["process"]
     assert got["thread"]
+
+
+def test_close_returns_when_a_thread_fails_closing_its_batches(monkeypatch):
+    """A worker whose batches fail to close (an error in their clean-up) after close() made
+    room for the batch it was handing over: its error went into the full queue and close()
+    waited for it forever. Nothing blocks once close() was called."""
+    import queue
+
+    from wdsloader.stream import threads
+
+    blocked = threading.Event()
+
+    class Watched(queue.Queue):
+        def put(self, item, block=True, timeout=None):
+            if block and self.full():
+                blocked.set()  # the worker waits for room
+            super().put(item, block, timeout)
+
+    class Source:
+        def iter_worker(self, worker):
+            try:
+                yield from range(100)
+            finally:
+                raise RuntimeError("clean-up failed")
+
+    monkeypatch.setattr(threads.queue, "Queue", Watched)
+    workers = threads.ThreadWorkers(None, [Source()], prefetch=1)  # type: ignore[arg-type, list-item]
+    assert next(workers) == 0
+    blocked.wait()  # batch 2 waits for room (batch 1 fills the queue)
+    closer = threading.Thread(target=workers.close)
+    closer.start()
+    closer.join(timeout=30)
+    assert not closer.is_alive() and worker_threads() == []

@@ -4,6 +4,7 @@ bounded by its byte budget, counted at the server."""
 
 from __future__ import annotations
 
+import math
 import pickle
 
 import numpy as np
@@ -52,6 +53,37 @@ def test_the_probe_takes_the_round_trip_from_small_requests_and_the_rate_from_la
     probe.add(1 << 20, 0.041 + (1 << 20) / 100e6)
     probe.add(2 << 20, 0.041 + (2 << 20) / 50e6)  # a slower one: the best rate counts
     assert probe.measured and probe.bytes_per_s == pytest.approx(100e6)
+
+
+@pytest.mark.parametrize(
+    ("rtt", "rate"),
+    [(math.nan, 1e8), (0.01, math.nan), (math.inf, 1e8), (0.01, math.inf), (0.01, 0.0),
+     (-1.0, 1e8)],
+)  # fmt: skip
+def test_measurements_that_are_not_ones_give_the_unmeasured_tuning(rtt, rate):
+    """NaN, infinite, negative or zero measurements: the defaults (NaN/inf raised ValueError or
+    OverflowError from the store's tuning)."""
+    got = tune(rtt, rate, concurrency=5)
+    assert (got.request_bytes, got.concurrency, got.readahead_bytes) == (
+        UNMEASURED.request_bytes, 5, UNMEASURED.readahead_bytes,
+    )  # fmt: skip
+
+
+def test_absurd_but_finite_measurements_stay_within_the_bounds():
+    got = tune(1e300, 1e300)  # overflowed to inf inside the rules
+    assert (got.request_bytes, got.concurrency, got.readahead_bytes) == (16 * MiB, 64, 256 * MiB)
+    assert tune(0.0, 1e8).request_bytes == 2 * MiB  # a round trip of 0: the smallest request
+
+
+def test_the_probe_ignores_requests_without_a_measured_time():
+    probe = Probe()
+    probe.add(800, 0.0)  # a coarse clock: 0 s (a bulk one raised ZeroDivisionError)
+    probe.add(1 << 20, 0.0)
+    probe.add(1 << 20, math.nan)
+    assert (probe.rtt_s, probe.bytes_per_s) == (None, None)
+    probe.add(800, 0.01)
+    probe.add(1 << 20, 0.01 + (1 << 20) / 100e6)
+    assert probe.bytes_per_s == pytest.approx(100e6)
 
 
 def _served(server: RangeHTTPServer, counts: list[int], name: str):

@@ -108,7 +108,8 @@ class PackedCollator:
         """The rows of a batch the plan packed (``create_loader(packing=...)``): ``layout`` is
         its packs, each piece's ``doc`` a split-wide sample id (``__index__``); ``batch`` the
         samples read (or their columns). A piece of a sample that was skipped is padding; a
-        sample shorter than its planned piece is a ValueError naming its key."""
+        sample whose tokens do not end where its recorded length says (shorter than a piece, or
+        longer than its last) is a ValueError naming its key."""
         samples = _as_samples(batch)
         by_index = {int(s["__index__"]): (i, s) for i, s in enumerate(samples)}
         docs: list[np.ndarray] = []
@@ -120,19 +121,21 @@ class PackedCollator:
             for piece in pack:
                 if piece.doc not in by_index:
                     continue  # skipped (on_error="skip"): its tokens are padding
+                i, sample = by_index[piece.doc]
                 if piece.doc not in where:
-                    i, sample = by_index[piece.doc]
                     (tokens,) = _rows([sample], self.field)
-                    if piece.stop > tokens.size:
-                        raise ValueError(
-                            f"packed: sample {sample_key(sample, i)} (split index {piece.doc}) "
-                            f"has {tokens.size} tokens in {self.field!r}, but the plan packs "
-                            f"its tokens up to {piece.stop} (its recorded length): the lengths "
-                            "side file does not match the shard"
-                        )
                     where[piece.doc] = len(docs)
                     docs.append(tokens)
                     meta.append({"__key__": sample.get("__key__")})
+                size = docs[where[piece.doc]].size
+                # a piece shorter than a row is the document's last: it ends where the tokens do
+                if piece.stop > size or (piece.length < self.max_tokens and piece.stop != size):
+                    raise ValueError(
+                        f"packed: sample {sample_key(sample, i)} (split index {piece.doc}) "
+                        f"has {size} tokens in {self.field!r}, but the plan packs its "
+                        f"tokens up to {piece.stop} (its recorded length): the lengths side "
+                        "file does not match the shard"
+                    )
                 row.append(Piece(where[piece.doc], piece.start, piece.stop))
             rows.append(tuple(row))
         out = self._batch(meta, docs, rows)

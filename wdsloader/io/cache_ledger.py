@@ -141,10 +141,28 @@ def _live(cache_dir: str) -> Iterator[dict[str, Any]]:
             continue
         try:
             with open(path) as f:
-                claims: dict[str, Any] = json.load(f)
+                claims = json.load(f)
         except FileNotFoundError:  # not written yet, or released meanwhile
             continue
+        except ValueError:  # not JSON (cut short, or not written by a ledger)
+            claims = None
+        if not _well_formed(claims):
+            logger.warning(
+                "shard cache: %s is not a reader's claims (a JSON object with 'need'): "
+                "ignored, it claims no file",
+                path,
+            )
+            continue
         yield claims
+
+
+def _well_formed(claims: Any) -> bool:
+    """Whether ``claims`` has the form :meth:`Ledger._write` gives them."""
+    return (
+        isinstance(claims, dict)
+        and isinstance(claims.get("need"), dict)
+        and isinstance(claims.get("streamed", []), list)
+    )
 
 
 def _remove_dead(path: str, lock: str) -> None:
@@ -169,5 +187,5 @@ def cache_usage(cache_dir: str) -> dict[str, int]:
     try:
         with open(os.path.join(cache_dir, _USAGE)) as f:
             return {"peak": int(json.load(f)["peak"])}
-    except (FileNotFoundError, ValueError, KeyError):
+    except (FileNotFoundError, ValueError, KeyError, TypeError):
         return {"peak": 0}

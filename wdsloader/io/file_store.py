@@ -239,7 +239,7 @@ class CachedStore(FileStore):
         paths = {rel: cache.path(self._url(rel), s) for rel, s in shards.items()}
         # a shard this pass (or another reader's on the node) began to read remotely stays
         # remote unless cached: no byte fetched twice
-        missing = [rel for rel in shards if not cache.lookup(paths[rel])]
+        missing = [rel for rel, s in shards.items() if not cache.lookup(paths[rel], s.num_bytes)]
         if missing and self._ledger is not None:
             node = streamed(cache.cache_dir)
             self._streamed.update(r for r in missing if os.path.basename(paths[r]) in node)

@@ -142,10 +142,10 @@ class ShardCache:
         """Hold descriptors on the cached copies (``paths[shard.path]``) of ``shards``,
         downloading those not cached; files in ``pinned`` are not evicted. False (nothing
         downloaded) when the limit leaves no room for the missing ones."""
-        missing = [s for s in shards if not self.lookup(paths[s.path])]
+        missing = [s for s in shards if not self.lookup(paths[s.path], s.num_bytes)]
         if missing:  # one download per file for every process: lock, then look again
             with self._locked(sorted({paths[s.path] for s in missing})):
-                missing = [s for s in missing if not self.lookup(paths[s.path])]
+                missing = [s for s in missing if not self.lookup(paths[s.path], s.num_bytes)]
                 if missing and not self.download([(s, paths[s.path]) for s in missing], pinned):
                     return False
         self._count("cache_hits", len(shards) - len(missing))
@@ -167,14 +167,22 @@ class ShardCache:
                 unlink_quietly(lock)
                 close_quietly(fd)  # closing releases the lock
 
-    def lookup(self, cpath: str) -> bool:
-        """Whether a complete copy is cached; if so, its descriptor is held and it is marked
-        recently used."""
+    def lookup(self, cpath: str, size: int | None = None) -> bool:
+        """Whether a complete copy is cached (of ``size`` bytes, when given); if so, its
+        descriptor is held and it is marked recently used. A copy of another size (cut short
+        outside this cache: a full disk, a partial copy of the folder) is removed."""
         try:
             os.utime(cpath)
             st = os.stat(cpath)
         except FileNotFoundError:  # never cached, or evicted by another process
             self._files.forget(cpath)
+            return False
+        if size is not None and st.st_size != size:
+            logger.warning(
+                "shard cache: %s has %d bytes, not the shard's %d: removed, downloaded again",
+                cpath, st.st_size, size,
+            )  # fmt: skip
+            self.discard(cpath)
             return False
         fd = self._files.get(cpath)
         if fd is not None:

@@ -69,6 +69,14 @@ def _clamp(value: float, low: int, high: int) -> int:
     return int(min(high, max(low, value)))
 
 
+def _usable(rtt_s: float | None, bytes_per_s: float | None) -> bool:
+    """Whether a round trip and a rate are measurements the rules can take: finite, the round
+    trip >= 0 and the rate > 0."""
+    if rtt_s is None or bytes_per_s is None:
+        return False
+    return math.isfinite(rtt_s) and math.isfinite(bytes_per_s) and rtt_s >= 0 < bytes_per_s
+
+
 def tune(
     rtt_s: float | None,
     bytes_per_s: float | None,
@@ -81,21 +89,21 @@ def tune(
     ``bytes_per_s`` (see the module's text); :data:`UNMEASURED` values where either is None.
     ``request_bytes``, ``concurrency`` and ``readahead_bytes`` given (not None) are kept; the
     measurements are returned as given."""
-    if rtt_s is None or bytes_per_s is None or bytes_per_s <= 0:
+    if not _usable(rtt_s, bytes_per_s):  # unmeasured, or not a measurement (NaN, inf, <= 0)
         base = UNMEASURED
         size, inflight, ahead = base.request_bytes, base.concurrency, base.readahead_bytes
     else:
+        assert rtt_s is not None and bytes_per_s is not None
         rtt = max(rtt_s, 1e-5)
-        wanted = TRANSFER_SHARE / (1 - TRANSFER_SHARE) * rtt * bytes_per_s
+        wanted = min(TRANSFER_SHARE / (1 - TRANSFER_SHARE) * rtt * bytes_per_s, MAX_REQUEST_BYTES)
         size = _clamp(
             2 ** math.ceil(math.log2(max(wanted, 1))), MIN_REQUEST_BYTES, MAX_REQUEST_BYTES
         )
         if request_bytes is not None:
             size = request_bytes
         seconds = rtt + size / bytes_per_s  # one request's time
-        inflight = _clamp(
-            math.ceil(TARGET_BYTES_PER_S * seconds / size), MIN_CONCURRENCY, MAX_CONCURRENCY
-        )
+        needed = min(TARGET_BYTES_PER_S * seconds / size, MAX_CONCURRENCY)
+        inflight = _clamp(math.ceil(needed), MIN_CONCURRENCY, MAX_CONCURRENCY)
         if concurrency is not None:
             inflight = concurrency
         ahead = _clamp(inflight * size, MIN_READAHEAD_BYTES, MAX_READAHEAD_BYTES)
@@ -126,6 +134,8 @@ class Probe:
 
     def add(self, nbytes: int, seconds: float) -> None:
         """Record one answered request of ``nbytes`` that took ``seconds``."""
+        if not (math.isfinite(seconds) and seconds > 0):
+            return  # no time measured (a coarse clock): neither a round trip nor a rate
         with self._lock:
             if nbytes <= SMALL_BYTES and (self.rtt_s is None or seconds < self.rtt_s):
                 self.rtt_s = seconds

@@ -78,7 +78,8 @@ class TokenPlan:
             self.sources, self.totals, weights=weights, epoch_samples=epoch_tokens, split=split
         )
         self._streams: tuple[tuple[int, int], tuple[TokenStream, ...]] | None = None
-        self.quotas(0)  # the options' errors (weights, a source without tokens) at once
+        for epoch in sorted({0, *(weights.key_epochs() if weights is not None else ())}):
+            self.quotas(epoch)  # the options' errors (weights, a source without tokens) at once
 
     def __getstate__(self) -> dict[str, Any]:
         return {k: v for k, v in self.__dict__.items() if k != "_streams"} | {"_streams": None}

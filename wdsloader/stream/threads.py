@@ -14,6 +14,7 @@ walks and resume counts on.
 from __future__ import annotations
 
 import atexit
+import contextlib
 import copy
 import queue
 import sys
@@ -138,16 +139,25 @@ class ThreadWorkers:
                         batch = pin_memory(batch)
                     if self._stop.is_set():
                         return
-                    out.put((_BATCH, batch))
+                    self._put(out, (_BATCH, batch))
                     del batch
                     if self._stop.is_set():
                         return
             finally:
                 batches.close()  # here: a generator is closed by the thread that runs it
-            out.put((_END, None))
+            self._put(out, (_END, None))
         except BaseException as exc:  # noqa: BLE001 - every error is the loop's to raise
             wrapped = ExceptionWrapper(where=f"in DataLoader worker thread {worker}")
-            out.put((_ERROR, (wrapped, exc)))
+            self._put(out, (_ERROR, (wrapped, exc)))
+
+    def _put(self, out: queue.Queue[tuple[int, Any]], item: tuple[int, Any]) -> None:
+        """Hand ``item`` to the loop; once :meth:`close` was called, only if there is room (it
+        made room for one put under way, and takes nothing more)."""
+        if not self._stop.is_set():
+            out.put(item)
+            return
+        with contextlib.suppress(queue.Full):
+            out.put_nowait(item)
 
     def close(self) -> None:
         """Stop the threads (each finishes the batch it is making) and wait for them; nothing

@@ -36,6 +36,33 @@ def test_the_tuning_follows_the_round_trip_and_the_rate(rtt, rate, size, infligh
     assert tune(rtt, rate) == Tuning(size, inflight, ahead, rtt, rate)
 
 
+def test_the_readers_of_a_node_share_its_link_and_memory():
+    """40 ms, 1 Gbit/s a connection: one reader alone takes 26 in flight and 256 MiB ahead; 8
+    ranks x 8 workers on a node take their share (0.40 requests each -> the 4 floor, 64 MiB
+    ahead each), not 64 x 256 MiB = 16 GiB between them."""
+    alone = tune(0.040, 125e6)
+    shared = tune(0.040, 125e6, readers=64)
+    assert (shared.request_bytes, shared.concurrency, shared.readahead_bytes) == (
+        16 * MiB, 4, 64 * MiB,
+    )  # fmt: skip
+    assert (alone.concurrency, alone.readahead_bytes) == (26, 256 * MiB)
+    assert tune(0.040, 125e6, readers=2).concurrency == 13  # half of one reader's 26
+
+
+def test_the_loader_counts_the_nodes_readers_and_workers_keep_the_count(http_server, monkeypatch):
+    from wdsloader import Topology, create_loader
+
+    write_dataset(str(http_server.root / "ds"), {"train": [10, 10, 10, 10]})
+    root = f"{http_server.url}/ds"
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "4")  # torchrun: 4 ranks on this node
+    loader = create_loader(root, "train", 4, 2, topology=Topology(rank=1, world_size=8))
+    store = loader.dataset_obj.store
+    assert store.readers == 4 * 2
+    assert pickle.loads(pickle.dumps(store)).readers == 8  # what a worker gets
+    alone = create_loader(root, "train", 4, 0)  # one process, no workers: the node's only one
+    assert alone.dataset_obj.store.readers == 1
+
+
 def test_explicit_values_win_and_nothing_measured_means_the_defaults():
     got = tune(0.040, 125e6, request_bytes=MiB, concurrency=3, readahead_bytes=5 * MiB)
     assert (got.request_bytes, got.concurrency, got.readahead_bytes) == (MiB, 3, 5 * MiB)

@@ -68,7 +68,7 @@ class ShardStore(StoreChecks):
     """
 
     is_local: ClassVar[bool] = False
-    _PICKLED: ClassVar[tuple[str, ...]] = ("root", "options", "_shipped", "_measured")
+    _PICKLED: ClassVar[tuple[str, ...]] = ("root", "options", "_shipped", "_measured", "readers")
     _SHIPS_INDEXES: ClassVar[bool] = True  # see ship_indexes
 
     def __new__(
@@ -86,6 +86,7 @@ class ShardStore(StoreChecks):
         # the path's round trip and rate measured here, pickled with the store (workers start
         # tuned): (rtt_s, bytes_per_s)
         self._measured: tuple[float | None, float | None] = (None, None)
+        self.readers = 1  # the node's reading processes sharing its link (see tune)
         self._init_runtime()
 
     # -- process-local state ---------------------------------------------------------------------
@@ -194,6 +195,7 @@ class ShardStore(StoreChecks):
             request_bytes=o.max_request_bytes,
             concurrency=o.concurrency,
             readahead_bytes=o.readahead_bytes,
+            readers=self.readers,
         )
         if probe.measured:
             self._tuned = tuned

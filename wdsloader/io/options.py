@@ -21,8 +21,9 @@ class ReadOptions:
     connection's throughput; :func:`wdsloader.io.tuning.tune`): ``max_request_bytes`` per
     ranged request (2-16 MiB), ``concurrency`` requests in flight (4-64; threads serve them,
     the S3 client's connection pool is sized to the most) and ``readahead_bytes`` read ahead
-    of the batches being decoded (32-256 MiB). None (the default) means derived; a value set
-    here wins. Peak memory of a reading process (each DataLoader worker) is bounded by the
+    of the batches being decoded (32-256 MiB), each reading process taking its share of the
+    node (its ranks, from ``LOCAL_WORLD_SIZE``, times their workers). None (the default) means
+    derived; a value set here wins. Peak memory of a reading process (each DataLoader worker) is bounded by the
     group of batches being decoded (one shuffle window) plus ``readahead_bytes`` (plus one
     group when a single group is larger than the budget: at least one group is read ahead).
     ``cache_dir`` keeps whole remote shards and indexes; the ranks and workers of a node that

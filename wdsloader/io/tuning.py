@@ -10,9 +10,11 @@ The rules (``rtt``: seconds; ``rate``: bytes/s of one connection):
   size where the transfer is 80% of its time, ``4 * rtt * rate``, rounded up to a power of two
   and kept within 2-16 MiB (smaller requests leave a slow path waiting; larger ones leave
   fewer requests to share a window's spans).
-- **concurrency**: enough requests in flight to carry :data:`TARGET_BYTES_PER_S` (a node's
-  link, 20 Gbit/s) at that size: ``target * (rtt + size / rate) / size``, within 4-64. A fast,
-  near path gets few threads (each costs CPU); a far one many.
+- **concurrency**: enough requests in flight to carry this process's share of
+  :data:`TARGET_BYTES_PER_S` (a node's link, 20 Gbit/s, shared by the node's ``readers``:
+  its ranks times their DataLoader workers) at that size: ``target / readers * (rtt + size /
+  rate) / size``, within 4-64. A fast, near path gets few threads (each costs CPU); a far one
+  many; a node of many reading processes few in each.
 - **read-ahead**: the bytes of that many requests, at least 32 MiB and at most
   :data:`MAX_READAHEAD_BYTES` (256 MiB): bytes read beyond the group of batches being decoded.
   Peak memory of a reading process is bounded by the group being decoded plus this budget.
@@ -84,11 +86,13 @@ def tune(
     request_bytes: int | None = None,
     concurrency: int | None = None,
     readahead_bytes: int | None = None,
+    readers: int = 1,
 ) -> Tuning:
     """The :class:`Tuning` for a path of round trip ``rtt_s`` and one connection's
     ``bytes_per_s`` (see the module's text); :data:`UNMEASURED` values where either is None.
     ``request_bytes``, ``concurrency`` and ``readahead_bytes`` given (not None) are kept; the
-    measurements are returned as given."""
+    measurements are returned as given. ``readers``: the node's reading processes that share
+    its link (and memory): the concurrency and read-ahead of each are its share."""
     if not _usable(rtt_s, bytes_per_s):  # unmeasured, or not a measurement (NaN, inf, <= 0)
         base = UNMEASURED
         size, inflight, ahead = base.request_bytes, base.concurrency, base.readahead_bytes
@@ -102,7 +106,8 @@ def tune(
         if request_bytes is not None:
             size = request_bytes
         seconds = rtt + size / bytes_per_s  # one request's time
-        needed = min(TARGET_BYTES_PER_S * seconds / size, MAX_CONCURRENCY)
+        target = TARGET_BYTES_PER_S / max(1, readers)
+        needed = min(target * seconds / size, MAX_CONCURRENCY)
         inflight = _clamp(math.ceil(needed), MIN_CONCURRENCY, MAX_CONCURRENCY)
         if concurrency is not None:
             inflight = concurrency

@@ -3,6 +3,7 @@ lengths of its documents when a token-weighted mix plans with them."""
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 
 import numpy as np
@@ -43,3 +44,24 @@ def read_source_lengths(options: ReadOptions, root: str, shards: Sequence[ShardI
         return read_split_lengths(store, shards)
     finally:
         store.close()
+
+
+def node_readers(world_size: int, num_workers: int) -> int:
+    """The processes (or worker threads) of this node that read the dataset: its ranks
+    (``LOCAL_WORLD_SIZE``, as torchrun sets it, when several ranks run) times each rank's
+    DataLoader workers (at least one reader each)."""
+    local = 1
+    if world_size > 1:
+        try:
+            local = max(1, int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
+        except ValueError:
+            local = 1
+    return local * max(1, num_workers)
+
+
+def share_node(store: object, readers: int) -> None:
+    """Tell ``store`` (each source's store of a mix) how many readers share the node's link,
+    so that each tunes its requests in flight and read-ahead to its share."""
+    for each in getattr(store, "stores", [store]):
+        if hasattr(each, "readers"):
+            each.readers = readers

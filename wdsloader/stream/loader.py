@@ -28,7 +28,7 @@ from wdsloader.stream.config import (
     resolve_config,
 )
 from wdsloader.stream.dataset import ShardStreamDataset
-from wdsloader.stream.inputs import open_dataset, read_source_lengths
+from wdsloader.stream.inputs import node_readers, open_dataset, read_source_lengths, share_node
 from wdsloader.stream.loader_options import LoaderOptions, loader_options
 from wdsloader.stream.options import (
     DecodeOptions,
@@ -405,6 +405,7 @@ def create_loader(
     )  # fmt: skip
     rank, world = options.topology.resolve(distributed)
     store, manifest, mix = open_source(root, options)
+    share_node(store, node_readers(world, options.num_workers))
     config = resolve_config(
         manifest, options, rank=rank, world_size=world, remote=not store.reads_locally, mix=mix
     )

@@ -17,6 +17,7 @@ from wdsloader.decode.batch import Columns, NotGatherable
 from wdsloader.errors import DecodeError
 from wdsloader.io.buffers import BufferPool
 from wdsloader.stream import reader as reader_module
+from wdsloader.stream.ahead import DECODE_AHEAD
 
 COUNTS = [24, 16]
 
@@ -119,7 +120,9 @@ def test_a_batch_kept_alive_is_not_overwritten_by_later_reads(ds, json_decoder, 
         del later
     assert [v.tobytes() for v in views] == [meta_bytes(i, 0) for i in range(4)]
     assert [s["__key__"] for s in kept] == [f"train{i:07d}" for i in range(4)]
-    assert loader.stats["gathered_batches"] == 4
+    # batches are decoded ahead on a thread at num_workers=0: the counters may be up to
+    # DECODE_AHEAD + 1 batches past the loop's
+    assert 4 <= loader.stats["gathered_batches"] <= 4 + DECODE_AHEAD + 1
     (pool,) = CountingPool.made
     # the batches dropped gave their buffers back, and later reads reused them
     rest = list(it)

@@ -71,11 +71,19 @@ class OutageProxy:
         self.down()
 
     def _accept(self, listener: socket.socket) -> None:
+        # a thread blocked in accept() is not always woken when another thread closes the
+        # socket: wait in short slices and look whether down() took this listener away
+        listener.settimeout(0.1)
         while True:
             try:
                 client, _ = listener.accept()
+            except TimeoutError:
+                if self._listener is listener:
+                    continue
+                return
             except OSError:  # closed by down()
                 return
+            client.settimeout(None)
             try:
                 server = socket.create_connection(self.target)
             except OSError:

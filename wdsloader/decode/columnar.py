@@ -95,7 +95,7 @@ class ColumnarDecoder:
             self.tables = field_tables(schema, [*raw, *blobs], dims, shards, raw, blobs)
         self.others = [f for f in fields if f not in self.tables]
         self.optional = frozenset(f for f in self.others if schema[f].optional)
-        self.blobs = tuple(f for f in blobs if f in self.others)  # of varying size: walked
+        self.blobs = tuple(f for f in [*raw, *blobs] if f in self.others)  # sizes vary: walked
         # the batch arrays of long rows: reused once nothing holds a batch (no page faults)
         self.out_pool = BufferPool(keep=4)
         # per shard: where parsing starts for the fields that are not gathered

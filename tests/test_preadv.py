@@ -303,13 +303,36 @@ def test_read_buffers_with_holes_are_mapped_in_small_pages(root, tmp_path):
     pool = BufferPool()
     pool.small_pages = True
     block = pool.lease(8 * 2**20)
-    chain = [block]  # the array, its lease, the block, the block's buffer
+    backing = _backing(block)
+    assert isinstance(backing, mmap.mmap) and len(backing) >= 8 * 2**20
+
+
+def _backing(array):
+    """The object at the end of a leased array's chain: its lease, the block, its buffer."""
+    chain = [array]
     while not isinstance(chain[-1], mmap.mmap) and len(chain) < 6:
         last = chain[-1]
-        chain.append(
-            last.obj if isinstance(last, memoryview) else getattr(last, "base", None) or last.block
-        )
-    assert isinstance(chain[-1], mmap.mmap) and len(chain[-1]) >= 8 * 2**20
+        nxt = last.obj if isinstance(last, memoryview) else getattr(last, "base", None)
+        nxt = nxt if nxt is not None else getattr(last, "block", None)
+        if nxt is None:
+            break
+        chain.append(nxt)
+    return chain[-1]
+
+
+def test_batch_arrays_are_mapped_populated_and_workers_get_an_empty_pool_alike(root):
+    """Batch arrays of long rows come from a pool whose large blocks are faulted in when made
+    (``MAP_POPULATE``), not while the reads copy into them; a worker's copy keeps that."""
+    pool = create_loader(root, "train", batch_size=8).dataset_obj.columnar.out_pool
+    assert pool.populate and not pool.small_pages
+    block = pool.lease(8 * 2**20)
+    backing = _backing(block)
+    assert isinstance(backing, mmap.mmap) and len(backing) >= 8 * 2**20
+    block[:] = 7  # writable, and every byte there
+    assert int(block.sum()) == 7 * 8 * 2**20
+    copy = pickle.loads(pickle.dumps(pool))
+    assert copy.populate and copy.free == 0
+    assert not isinstance(_backing(BufferPool().lease(8 * 2**20)), mmap.mmap)  # numpy's
 
 
 def test_worker_processes_place_fields_too(root):

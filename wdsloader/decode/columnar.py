@@ -97,7 +97,7 @@ class ColumnarDecoder:
         self.optional = frozenset(f for f in self.others if schema[f].optional)
         self.blobs = tuple(f for f in [*raw, *blobs] if f in self.others)  # sizes vary: walked
         # the batch arrays of long rows: reused once nothing holds a batch (no page faults)
-        self.out_pool = BufferPool(keep=4)
+        self.out_pool = BufferPool(keep=4, populate=True)
         # per shard: where parsing starts for the fields that are not gathered
         exts = [schema[f].ext.lower() for f in self.others]
         self.parse_from = np.array(

@@ -445,5 +445,6 @@ class ColumnarDecoder:
     def _decode_others(
         self, raw: RawBatch, keys: list[str], found: Found, errors: dict[int, WdsLoaderError]
     ) -> dict[str, list[Any]]:
-        """Decode the fields that are not gathered (see :func:`decode_fields`)."""
-        return decode_fields(raw, keys, found, self.others, self.decoder, self.sources, errors)
+        """Decode the fields that are not gathered (:func:`decode_fields`; into the pool)."""
+        fields, pool = self.others, self.out_pool
+        return decode_fields(raw, keys, found, fields, self.decoder, self.sources, errors, pool)

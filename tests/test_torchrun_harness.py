@@ -1,0 +1,60 @@
+"""The torchrun harness of the distributed tests: each rank's output comes back, a failing rank's
+stderr shows in the failure, and a run past its timeout is killed with its ranks."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from tests.torchrun_harness import run_torchrun, start_torchrun
+
+pytestmark = pytest.mark.slow
+
+SCRIPT = """
+import os, sys, threading
+rank = os.environ["RANK"]
+print(f"out of rank {rank} of {os.environ['WORLD_SIZE']}: {sys.argv[1:]}")
+print(f"err of rank {rank}", file=sys.stderr)
+if rank == os.environ.get("FAIL_RANK"):
+    raise SystemExit(f"rank {rank} fails on purpose")
+if os.environ.get("HANG"):
+    open(f"pid{rank}", "w").write(str(os.getpid()))
+    threading.Event().wait()
+"""
+
+
+def test_each_ranks_stdout_comes_back(tmp_path):
+    script = tmp_path / "ranks.py"
+    script.write_text(SCRIPT)
+    outs = run_torchrun(script, "--x", "1", nproc=3, cwd=tmp_path)
+    assert outs == [f"out of rank {r} of 3: ['--x', '1']\n" for r in range(3)]
+
+
+def test_a_failing_rank_shows_every_ranks_stderr(tmp_path, monkeypatch):
+    script = tmp_path / "ranks.py"
+    script.write_text(SCRIPT)
+    monkeypatch.setenv("FAIL_RANK", "1")
+    with pytest.raises(AssertionError) as err:
+        run_torchrun(script, nproc=2)
+    text = str(err.value)
+    assert "--- local rank 0 stderr:\nerr of rank 0\n" in text
+    assert "--- local rank 1 stderr:\nerr of rank 1\nrank 1 fails on purpose" in text
+    assert "--- torchrun (exit 1):" in text
+
+
+def test_a_run_past_its_timeout_is_killed_with_its_ranks(tmp_path, monkeypatch):
+    script = tmp_path / "ranks.py"
+    script.write_text(SCRIPT)
+    monkeypatch.setenv("HANG", "1")
+    launch = start_torchrun(script, nproc=2, cwd=tmp_path, timeout=20)
+    with pytest.raises(
+        AssertionError, match=r"torchrun ran past 20 s\n--- torchrun \(exit "
+    ) as err:
+        launch.wait()
+    assert launch.proc.returncode is not None
+    assert "err of rank 0" in str(err.value) or not (tmp_path / "pid0").exists()
+    for pid_file in tmp_path.glob("pid*"):  # the ranks that started are gone
+        pid = int(pid_file.read_text())
+        with pytest.raises(ProcessLookupError):
+            os.kill(pid, 0)

@@ -92,7 +92,7 @@ class LocalStore(FileStore):
     """The shards of a local folder (a path or ``file://`` URL)."""
 
     is_local: ClassVar[bool] = True
-    _PICKLED = ("root", "options", "_shipped", "_measured", "readers", "_local_base")
+    _PICKLED: ClassVar[tuple[str, ...]] = (*FileStore._PICKLED, "_local_base")
     _SHIPS_INDEXES = False  # each worker reads the local index files it uses
 
     def __init__(self, root: str | os.PathLike[str], options: ReadOptions | None = None) -> None:

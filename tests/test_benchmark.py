@@ -174,6 +174,32 @@ def test_suite_quick_mode(tmp_path):
     assert share in md
 
 
+def test_busy_targets_are_the_busy_runs_of_ours_only():
+    """The targets table has a busy row per busy kind, workload and num_workers ours ran; the
+    other runs (plain reads, memory, builds) give none (they gave "busy consumer ()" rows)."""
+    if ROOT not in sys.path:
+        sys.path.insert(0, ROOT)
+    from bench import busy
+
+    rate = {"samples_per_s": 100.0}
+    agg = {
+        "read embed ours W0": rate,
+        "read embed webdataset W0": rate,
+        "memory embed ours W2": rate,
+        "build embed ours W0": rate,
+        busy.label("matmul", "embed_running", "ours", 2): {"samples_per_s": 300.0},
+        busy.label("matmul", "embed_running", "mosaic", 2): {"samples_per_s": 100.0},
+        busy.label("matmul", "embed_running", "webdataset", 2): {"samples_per_s": 150.0},
+        busy.label("gil", "embed_running", "ours", 0): {"samples_per_s": 50.0},
+    }
+    assert busy.targets(agg) == [
+        ("busy consumer (gil), embed_running, num_workers=0: ours >= 1.5x the best peer", None,
+         1.5),
+        ("busy consumer (matmul), embed_running, num_workers=2: ours >= 1.5x the best peer",
+         2.0, 1.5),
+    ]  # fmt: skip
+
+
 def test_busy_consumer_read_and_report(tmp_path):
     """A busy read (bench/busy.py): the consumer's work runs after every batch, the read still
     sees every sample once, and the report has the busy table with the wait share and the

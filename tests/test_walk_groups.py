@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from build_shards import ShardOptions, build_shards
-from wdsloader import create_loader
+from wdsloader import DecodeOptions, create_loader
 
 
 @pytest.fixture(scope="module")
@@ -67,4 +67,80 @@ def test_a_cls_width_in_some_layouts_only_keeps_one_gather_and_one_walk(running_
     assert [kind for kind, _ in col.finder.walks] == ["batch"]
     assert loader.stats["parsed_samples"] == 0
     _, parsed = _epoch(running_index, gather=False)
+    assert parsed == batches
+
+
+def _write_adopted(folder, first: int, n: int, per_shard: int, order=None) -> None:
+    """Tars as webdataset's ShardWriter writes them (a PAX header before every member, from the
+    float mtime), adopted: members ``.cls`` (4 digits: at a fixed offset), ``.emb.npy``,
+    ``.meta.json``; keys ``wNNNNN``. ``order(i)``: the member order of sample ``i``."""
+    import io
+    import tarfile
+
+    from build_shards.adopt import adopt
+
+    folder.mkdir(parents=True)
+    for s in range(0, n, per_shard):
+        with tarfile.open(folder / f"shard-{s // per_shard:04d}.tar", "w", format=tarfile.PAX_FORMAT) as tf:  # fmt: skip
+            for i in range(first + s, first + min(s + per_shard, n)):
+                npy = io.BytesIO()
+                np.save(npy, np.full(8, i, dtype=np.float32))
+                members = {
+                    "cls": str(i).encode(),
+                    "emb.npy": npy.getvalue(),
+                    "meta.json": json.dumps({"i": i, "s": "y" * (i % 5)}).encode(),
+                }
+                for ext in order(i) if order else members:
+                    info = tarfile.TarInfo(f"w{i:05d}.{ext}")
+                    info.size, info.mtime = len(members[ext]), 1.5
+                    tf.addfile(info, io.BytesIO(members[ext]))
+    adopt(folder)
+
+
+def test_built_and_adopted_shards_in_one_mix_stay_on_the_whole_batch_path(running_index, tmp_path):
+    """A mix of built shards (a ``.cls`` of 1-3 digits, in the layout of some shards only) and
+    adopted ones (PAX headers, another member order, longer keys): every batch mixes shards of
+    several layouts; each layout group is gathered and walked on its own, and the batches equal
+    those of parsing every sample."""
+    from wdsloader.mix import MixSource
+
+    _write_adopted(tmp_path / "adopted", 1000, 200, 100)
+    mix = [MixSource(str(running_index), repeat=1), MixSource(str(tmp_path / "adopted"), repeat=1)]
+    loader, batches = _epoch(mix)
+    assert sorted(c for cls, _, _ in batches for c in cls) == [*range(300), *range(1000, 1200)]
+    for cls, emb, meta in batches:
+        assert cls == [int(e) for e in emb] == meta
+    assert loader.stats["gathered_batches"] == len(batches) == 10
+    assert loader.stats["parsed_samples"] == 0 and loader.stats["parsed_batches"] == 0
+    col = loader.dataset_obj.columnar
+    assert col is not None and len(set(col.group.tolist())) >= 2
+    slow, parsed = _epoch(mix, decode=DecodeOptions(gather=False))
+    assert parsed == batches
+    assert slow.stats["parsed_samples"] == 500
+    # whole batches, keys and every field, as the parser gives them
+    rows = DecodeOptions(gather=False)
+    fast_all = [_whole(b) for b in create_loader(mix, "train", 50, shuffle=True, seed=3)]
+    slow_all = [
+        _whole(b) for b in create_loader(mix, "train", 50, shuffle=True, seed=3, decode=rows)
+    ]
+    assert fast_all == slow_all
+
+
+def _whole(batch) -> dict:
+    return {
+        name: value.tolist() if hasattr(value, "tolist") else list(value)
+        for name, value in batch.items()
+    }
+
+
+def test_a_batch_parsed_sample_by_sample_is_not_counted_as_gathered(tmp_path):
+    """Samples whose variable members come in two orders: no walk finds them for the whole
+    batch, each sample is parsed; ``loader.stats`` says so (parsed, not gathered)."""
+    order = lambda i: ("emb.npy", "cls", "meta.json") if i % 2 else ("emb.npy", "meta.json", "cls")  # noqa: E731
+    _write_adopted(tmp_path / "ds", 0, 100, 100, order)
+    loader, batches = _epoch(tmp_path / "ds")
+    assert loader.dataset_obj.columnar is not None and len(batches) == 2
+    assert loader.stats["parsed_batches"] == 2 and loader.stats["parsed_samples"] == 100
+    assert loader.stats["gathered_batches"] == 0
+    _, parsed = _epoch(tmp_path / "ds", decode=DecodeOptions(gather=False))
     assert parsed == batches

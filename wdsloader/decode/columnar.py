@@ -32,7 +32,7 @@ from wdsloader.decode.gather import (
     walk_start,
 )
 from wdsloader.decode.images import is_image_decoder
-from wdsloader.decode.layouts import block_plan, layout_groups, merge, sub_batch
+from wdsloader.decode.layouts import block_plan, by_rows, layout_groups
 from wdsloader.decode.parse import parse_sample
 from wdsloader.decode.placement import Placement, placed_values, restore
 from wdsloader.decode.registry import SampleDecoder
@@ -154,26 +154,13 @@ class ColumnarDecoder:
         """
         groups = self.group[raw.shard]
         if len(groups) and (groups != groups[0]).any():
-            out = self._by_group(raw, groups, epoch, forced)
+            rows = [np.flatnonzero(groups == g) for g in np.unique(groups).tolist()]
+            out = by_rows(raw, rows, lambda sub: self._columns(sub, epoch, forced))
         else:
             out = self._columns(raw, epoch, forced)
         if isinstance(out, NotGatherable) and raw.placed:
             restore(raw.buf, raw.placed)
         return out
-
-    def _by_group(
-        self, raw: RawBatch, groups: np.ndarray, epoch: int, forced: int | None
-    ) -> Columns | NotGatherable:
-        """A batch whose samples come from shards of several layout groups, decoded one group
-        at a time (:mod:`wdsloader.decode.layouts`), its columns put back in batch order."""
-        parts = []
-        for group in np.unique(groups).tolist():
-            rows = np.flatnonzero(groups == group)
-            part = self._columns(sub_batch(raw, rows), epoch, forced)
-            if isinstance(part, NotGatherable):
-                return part
-            parts.append((rows, part))
-        return merge(parts, len(raw))
 
     def _columns(self, raw: RawBatch, epoch: int, forced: int | None) -> Columns | NotGatherable:
         if raw.buf is None:

@@ -11,12 +11,12 @@ because its shards differ.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
 
-from wdsloader.decode.batch import Columns, RawBatch
+from wdsloader.decode.batch import Columns, NotGatherable, RawBatch
 from wdsloader.decode.gather import LARGE_ROW, FieldTable
 from wdsloader.decode.placement import Placed
 from wdsloader.errors import WdsLoaderError
@@ -83,6 +83,23 @@ def sub_batch(raw: RawBatch, rows: np.ndarray) -> RawBatch:
         raw.local[rows],
         placed,
     )
+
+
+def by_rows(
+    raw: RawBatch,
+    groups: Sequence[np.ndarray],
+    decode: Callable[[RawBatch], Columns | NotGatherable],
+) -> Columns | NotGatherable:
+    """The batch ``raw`` decoded one group of its rows at a time (``groups``: the rows of
+    each), by ``decode``, its columns put back in batch order; why a group cannot be, if one
+    cannot."""
+    parts = []
+    for rows in groups:
+        part = decode(sub_batch(raw, rows))
+        if isinstance(part, NotGatherable):
+            return part
+        parts.append((rows, part))
+    return merge(parts, len(raw))
 
 
 def merge(parts: Sequence[tuple[np.ndarray, Columns]], n: int) -> Columns:

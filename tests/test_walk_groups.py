@@ -70,10 +70,11 @@ def test_a_cls_width_in_some_layouts_only_keeps_one_gather_and_one_walk(running_
     assert parsed == batches
 
 
-def _write_adopted(folder, first: int, n: int, per_shard: int, order=None) -> None:
+def _write_adopted(folder, first: int, n: int, per_shard: int, order=None, broken=None) -> None:
     """Tars as webdataset's ShardWriter writes them (a PAX header before every member, from the
     float mtime), adopted: members ``.cls`` (4 digits: at a fixed offset), ``.emb.npy``,
-    ``.meta.json``; keys ``wNNNNN``. ``order(i)``: the member order of sample ``i``."""
+    ``.meta.json``; keys ``wNNNNN``. ``order(i)``: the member order of sample ``i``; sample
+    ``broken`` has a JSON member that does not decode."""
     import io
     import tarfile
 
@@ -88,7 +89,7 @@ def _write_adopted(folder, first: int, n: int, per_shard: int, order=None) -> No
                 members = {
                     "cls": str(i).encode(),
                     "emb.npy": npy.getvalue(),
-                    "meta.json": json.dumps({"i": i, "s": "y" * (i % 5)}).encode(),
+                    "meta.json": b"{oops" if i == broken else json.dumps({"i": i}).encode(),
                 }
                 for ext in order(i) if order else members:
                     info = tarfile.TarInfo(f"w{i:05d}.{ext}")
@@ -144,3 +145,27 @@ def test_a_batch_parsed_sample_by_sample_is_not_counted_as_gathered(tmp_path):
     assert loader.stats["gathered_batches"] == 0
     _, parsed = _epoch(tmp_path / "ds", decode=DecodeOptions(gather=False))
     assert parsed == batches
+
+
+def test_an_error_in_a_mixed_layout_batch_names_its_shard_sample_and_field(running_index, tmp_path):
+    """A sample that does not decode, in a batch decoded layout group by group: the error (or
+    the skip) is that sample's, as when every sample is parsed."""
+    from wdsloader import ErrorPolicy
+    from wdsloader.errors import DecodeError
+    from wdsloader.mix import MixSource
+
+    _write_adopted(tmp_path / "adopted", 1000, 200, 100, broken=1150)
+    mix = [MixSource(str(running_index), repeat=1), MixSource(str(tmp_path / "adopted"), repeat=1)]
+    messages = []
+    for gather in (True, False):
+        with pytest.raises(DecodeError) as err:
+            _epoch(mix, decode=DecodeOptions(gather=gather))
+        messages.append(str(err.value))
+    assert messages[0] == messages[1]
+    assert "shard-0001.tar" in messages[0] and "'w01150'" in messages[0] and "meta" in messages[0]
+    skip = ErrorPolicy(on_error="skip")
+    fast, batches = _epoch(mix, errors=skip)
+    slow, parsed = _epoch(mix, errors=skip, decode=DecodeOptions(gather=False))
+    assert batches == parsed and 1150 not in {c for cls, _, _ in batches for c in cls}
+    assert fast.stats["skipped_samples"] == slow.stats["skipped_samples"] == 1
+    assert fast.stats["parsed_samples"] == 0

@@ -169,3 +169,25 @@ def test_an_error_in_a_mixed_layout_batch_names_its_shard_sample_and_field(runni
     assert batches == parsed and 1150 not in {c for cls, _, _ in batches for c in cls}
     assert fast.stats["skipped_samples"] == slow.stats["skipped_samples"] == 1
     assert fast.stats["parsed_samples"] == 0
+
+
+def test_layout_groups_that_start_their_walks_alike_keep_their_steps_apart(tmp_path, monkeypatch):
+    """Two adopted sources whose layouts differ (``.emb.npy`` first or second) but whose walks
+    both start at the first header: each group walks step by step once, then every batch of it
+    checks the steps of its own group in one pass (no walk thrown away for the other's)."""
+    from wdsloader.decode import finder
+    from wdsloader.mix import MixSource
+
+    _write_adopted(tmp_path / "a", 1000, 200, 100)
+    _write_adopted(tmp_path / "b", 2000, 200, 100, lambda i: ("emb.npy", "cls", "meta.json"))
+    walks = []
+    step_by_step = finder.walk_members
+    monkeypatch.setattr(finder, "walk_members", lambda *a, **k: walks.append(1) or step_by_step(*a, **k))  # fmt: skip
+    mix = [MixSource(str(tmp_path / "a"), repeat=1), MixSource(str(tmp_path / "b"), repeat=1)]
+    loader, batches = _epoch(mix)
+    col = loader.dataset_obj.columnar
+    assert col is not None and len(set(col.finder.walk_from.tolist())) == 1
+    assert len(set(col.group.tolist())) == 2 and len(batches) == 8
+    assert len(walks) == 2 and loader.stats["parsed_samples"] == 0
+    _, parsed = _epoch(mix, decode=DecodeOptions(gather=False))
+    assert parsed == batches

@@ -113,7 +113,7 @@ class ColumnarDecoder:
         self.group = layout_groups(self.layout_id, walk_from)
         # where the members of the other fields lie: one walk over the batch's headers
         self.finder = MemberFinder(
-            shards, walk_from, self.parse_from, decoder, self.others, self.sources
+            shards, walk_from, self.parse_from, decoder, self.others, self.sources, self.group
         )
         # per layout: the headers of a sample that passed every check, to check batches against
         learns = variants is None and not self.optional and bool(self.block_lens.any())

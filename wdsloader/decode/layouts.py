@@ -117,6 +117,8 @@ def merge(parts: Sequence[tuple[np.ndarray, Columns]], n: int) -> Columns:
 
 
 def _column(parts: Sequence[tuple[np.ndarray, Any]], n: int) -> Any:
+    """One column of ``n`` rows from the groups' ``(rows, values)`` (an array's rows become
+    the items of a list when the groups' values differ in kind, as the row decoder's are)."""
     first = parts[0][1]
     if isinstance(first, np.ndarray) and all(
         isinstance(v, np.ndarray) and v.dtype == first.dtype and v.shape[1:] == first.shape[1:]

@@ -156,6 +156,7 @@ def test_suite_quick_mode(tmp_path):
     ours = agg["read embed ours W0"]
     assert ours["runs"] == 1 and ours["exactly_once"] is True
     assert ours["samples_per_s"] > 0 and ours["ttfb_s"] > 0
+    assert ours["parsed_samples"] == 0  # every batch on the whole-batch path
     assert 0.2 < ours["dist_over_n"] < 0.5
     limit = agg["read embed raw_read W0"]["samples_per_s"]
     assert limit > 0 and agg["read embed raw_batches W0"]["samples_per_s"] > 0

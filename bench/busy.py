@@ -141,9 +141,9 @@ def specs(
 
 def targets(agg: dict[str, Any]) -> list[tuple[str, float | None, float]]:
     """(target, ours / best peer, the ratio needed) for each busy kind, workload and
-    num_workers measured."""
+    num_workers ours ran (the other runs of ``agg``, plain reads included, give none)."""
     out = []
-    for lbl in sorted(agg):
+    for lbl in sorted(filter(is_busy, agg)):
         kind, w, s, nw = _parse(lbl)
         if s != "ours":
             continue

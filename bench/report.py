@@ -55,6 +55,7 @@ LIMIT = "raw_read"
 NUMERIC = (
     "samples_per_s",
     "steady_samples_per_s",
+    "parsed_samples",
     "samples_per_cpu_s",
     "mb_per_s",
     "file_mb_per_s",

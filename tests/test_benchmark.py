@@ -156,6 +156,7 @@ def test_suite_quick_mode(tmp_path):
     ours = agg["read embed ours W0"]
     assert ours["runs"] == 1 and ours["exactly_once"] is True
     assert ours["samples_per_s"] > 0 and ours["ttfb_s"] > 0
+    assert ours["parsed_samples"] == 0  # every batch on the whole-batch path
     assert 0.2 < ours["dist_over_n"] < 0.5
     limit = agg["read embed raw_read W0"]["samples_per_s"]
     assert limit > 0 and agg["read embed raw_batches W0"]["samples_per_s"] > 0
@@ -172,6 +173,32 @@ def test_suite_quick_mode(tmp_path):
     assert "## Targets" in md and "wdsloader" in md
     share = f"| {100 * ours['samples_per_s'] / limit:.1f}% |"  # the share of the raw limit
     assert share in md
+
+
+def test_busy_targets_are_the_busy_runs_of_ours_only():
+    """The targets table has a busy row per busy kind, workload and num_workers ours ran; the
+    other runs (plain reads, memory, builds) give none (they gave "busy consumer ()" rows)."""
+    if ROOT not in sys.path:
+        sys.path.insert(0, ROOT)
+    from bench import busy
+
+    rate = {"samples_per_s": 100.0}
+    agg = {
+        "read embed ours W0": rate,
+        "read embed webdataset W0": rate,
+        "memory embed ours W2": rate,
+        "build embed ours W0": rate,
+        busy.label("matmul", "embed_running", "ours", 2): {"samples_per_s": 300.0},
+        busy.label("matmul", "embed_running", "mosaic", 2): {"samples_per_s": 100.0},
+        busy.label("matmul", "embed_running", "webdataset", 2): {"samples_per_s": 150.0},
+        busy.label("gil", "embed_running", "ours", 0): {"samples_per_s": 50.0},
+    }
+    assert busy.targets(agg) == [
+        ("busy consumer (gil), embed_running, num_workers=0: ours >= 1.5x the best peer", None,
+         1.5),
+        ("busy consumer (matmul), embed_running, num_workers=2: ours >= 1.5x the best peer",
+         2.0, 1.5),
+    ]  # fmt: skip
 
 
 def test_busy_consumer_read_and_report(tmp_path):

@@ -15,8 +15,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from build_shards import build_shards
+from build_shards import SampleOptions, build_shards
 from build_shards.adopt import adopt
+from build_shards.commit.card import card_text
 from tests.http_server import http_server_fixture  # noqa: F401
 from wdsloader import create_loader
 from wdsloader.format import Manifest
@@ -323,3 +324,37 @@ def test_card_leaves_out_a_split_without_samples(tmp_path):
     assert all(f'split: "{split}"' not in text for split in empty)
     expected = {s: keys for s, keys in split_keys(root, manifest).items() if s not in empty}
     assert hf_keys(datasets, tmp_path, str(root), streaming=False) == expected
+
+
+def test_card_lists_the_side_files_the_manifest_declares(tmp_path):
+    """Beside the shards' index, the card names each other side file the manifest lists (the
+    key index, the lengths of the declared field), with how many shards have one."""
+    root = tmp_path / "ds"
+    rows = [{"__key__": f"k{i:03d}", "input_ids": np.zeros(i % 5 + 1, np.int32)} for i in range(30)]
+    manifest = build_shards(rows, root, splits={"train": 1.0}, shard_max_count=10,
+                            samples=SampleOptions(lengths="input_ids"))  # fmt: skip
+    shards = manifest.splits["train"].shards
+    assert all(s.keys_path and s.lengths_path for s in shards) and len(shards) == 3
+    text = (root / "README.md").read_text()
+    assert (
+        "- `.X.tar.wdsidx`: the index of each sample's offset in the shard (every shard)\n" in text
+    )
+    assert "- `.X.tar.wdskeys`: the key index, each sample found by its key (every shard)\n" in text
+    assert "- `.X.tar.wdslen`: the length of `input_ids` in each sample (every shard)\n" in text
+
+
+def test_card_side_files_are_the_manifests_own_names_and_counts():
+    """The names come from the manifest (a legacy ``X.tar.idx`` stays that name), and a side
+    file some shards lack says how many have one; none is listed that no shard has."""
+    from wdsloader.format import ShardInfo, SplitInfo
+
+    def shard(i: int, **paths: str) -> ShardInfo:
+        return ShardInfo(path=f"train/shard-{i}.tar", idx_path=f"train/shard-{i}.tar.idx",
+                         num_samples=4, num_bytes=4096, **paths)  # fmt: skip
+
+    shards = [shard(0, lengths_path="train/.shard-0.tar.wdslen"), shard(1), shard(2)]
+    manifest = Manifest(splits={"train": SplitInfo(shards=shards)}, build={})
+    text = card_text(manifest, {"train": ["train/*.tar"]})
+    assert "- `X.tar.idx`: the index of each sample's offset in the shard (every shard)\n" in text
+    assert "- `.X.tar.wdslen`: the length of each sample (1 of 3 shards)\n" in text
+    assert "wdsidx" not in text and "wdskeys" not in text and "key index" not in text

@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 from build_shards import BuildError, SampleOptions, ShardOptions, build_shards
+from build_shards.commit.card import CARD_MARK
 from wdsloader.errors import ShardFormatError
 from wdsloader.format import Manifest
 from wdsloader.format.lengths import read_lengths, read_split_lengths, sample_length
@@ -201,6 +202,17 @@ def _write_wds(folder: Path, n: int) -> dict[str, tuple[int, int]]:
     return truth
 
 
+def test_adding_lengths_leaves_a_readme_of_the_users_alone(tmp_path):
+    from build_shards.adopt import adopt
+
+    root = tmp_path / "ds"
+    rows = [{"__key__": f"k{i:02d}", "input_ids": np.zeros(i % 4 + 1, np.int32)} for i in range(12)]
+    build_shards(rows, root, splits={"train": 1.0})
+    (root / "README.md").write_text("# my notes\n")
+    assert adopt(root, lengths="input_ids").build["lengths_field"] == "input_ids"
+    assert (root / "README.md").read_text() == "# my notes\n"
+
+
 def test_adopt_lengths_on_webdataset_shards_records_each_samples_true_length(tmp_path):
     from build_shards.adopt import adopt
 
@@ -218,7 +230,12 @@ def test_adopt_lengths_on_webdataset_shards_records_each_samples_true_length(tmp
     assert again.build["lengths_field"] == "text" and again.build["adopted"] is True
     shards = Manifest.load(str(root)).split("train").shards
     assert read_split_lengths(FS, str(root), shards).tolist() == [truth[k][1] for k in keys]
-    assert (root / "README.md").read_bytes() == card
+    header, mark, body = card.decode().partition(CARD_MARK)
+    assert mark and "- `.X.tar.wdslen`: the length of `input_ids` in each sample (every" in body
+    # the card's header (each split's data_files as adopt found them) kept, its body up to date
+    assert (root / "README.md").read_text() == header + mark + body.replace(
+        "`input_ids` in each sample", "`text` in each sample"
+    )
     with pytest.raises(FileExistsError):
         adopt(root)
 

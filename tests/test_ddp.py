@@ -3,35 +3,20 @@
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from collections import Counter
 from pathlib import Path
 
 import pytest
 
 from tests.dataset_factory import write_dataset
+from tests.torchrun_harness import ROOT, run_torchrun
 
-ROOT = Path(__file__).resolve().parents[1]
 COUNTS = [200, 150, 180, 120, 151, 100, 100]  # 1001 samples
 pytestmark = pytest.mark.slow
 
 
-def torchrun(*args: str, cwd: Path) -> subprocess.CompletedProcess:
-    cmd = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--standalone",
-        "--nproc_per_node=2",
-        str(ROOT / "examples" / "ddp_train.py"),
-        *args,
-    ]
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
-    proc = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    return proc
+def torchrun(*args: str, cwd: Path) -> None:
+    run_torchrun(ROOT / "examples" / "ddp_train.py", *args, cwd=cwd)
 
 
 @pytest.fixture(scope="module")

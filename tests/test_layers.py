@@ -221,3 +221,34 @@ def test_imports_point_down_the_layout_order():
             if floor(t) == 0 or floor(t) > floor(name):
                 bad.append(_where(name, t))
     assert bad == []
+
+
+def _private_uses(name: str) -> list[str]:
+    """Where module ``name`` uses a private name (``_x``) of another module of ours: imported
+    (``from m import _x``) or an attribute of a name it imported (``Class._x``)."""
+    path = MODULES[name]
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    imported: set[str] = set()
+    found = []
+    for node in _import_nodes(tree):
+        if isinstance(node, ast.ImportFrom) and node.module and _ours(node.module) != name:
+            for a in node.names:
+                imported.add(a.asname or a.name)
+                if a.name.startswith("_") and not a.name.startswith("__"):
+                    found.append(f"{path.relative_to(ROOT)}:{node.lineno} imports {a.name}")
+    for node in ast.walk(tree):
+        if (
+            isinstance(node, ast.Attribute)
+            and isinstance(node.value, ast.Name)
+            and node.value.id in imported
+            and node.attr.startswith("_")
+            and not node.attr.startswith("__")
+        ):
+            found.append(f"{path.relative_to(ROOT)}:{node.lineno} uses {ast.unparse(node)}")
+    return found
+
+
+def test_io_modules_use_only_public_names_of_each_other():
+    """What one store module needs of another is public (named without ``_``, documented)."""
+    bad = [use for name in MODULES if _in(name, "wdsloader.io") for use in _private_uses(name)]
+    assert bad == []

@@ -92,6 +92,40 @@ def test_interpreter_exits_cleanly_with_an_iterator_open(ds, workers):
     assert "Exception ignored" not in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
 
 
+BUSY_EXIT_SCRIPT = """
+import torch
+from wdsloader import DecodeOptions, create_loader
+from wdsloader.collate import DefaultCollator
+
+inner, a = DefaultCollator(), torch.rand(700, 700)
+
+def busy(samples):  # torch's C++ with the GIL released, as a collate on tensors spends its time
+    for _ in range(40):
+        torch.mm(a, a)
+    return inner(samples)
+
+loader = create_loader(
+    {root!r}, "train", batch_size=2, num_workers=0, decode=DecodeOptions(gather=False),
+    collate_fn=busy,
+)
+it = iter(loader)
+next(it)  # the exit comes while the thread ahead is inside torch.mm for the next batch
+"""
+
+
+def test_interpreter_exits_cleanly_while_the_thread_ahead_is_in_torch(ds):
+    """A daemon thread frozen by the interpreter's finalization inside torch's C++ code aborted
+    the process ("terminate called without an active exception", exit status -6)."""
+    proc = subprocess.run(
+        [sys.executable, "-c", BUSY_EXIT_SCRIPT.format(root=ds)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert "terminate called" not in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
+
+
 class KillOnKey:
     """A collator (picklable, for workers) whose process kills itself on a chosen sample."""
 

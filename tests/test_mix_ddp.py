@@ -9,15 +9,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import subprocess
-import sys
 from collections import Counter
 from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+from tests.torchrun_harness import run_torchrun
+
 COUNTS = {"web": [40], "code": [100, 57], "tiny": [13]}  # per dataset: samples per shard
 BATCH = 4
 WEIGHTS = [0.6, 0.3, 0.1]
@@ -87,15 +85,6 @@ def main() -> None:
 # ------------------------------------------------------------------------------------ tests
 
 
-def _torchrun(*args: str, cwd: Path) -> None:
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-           str(Path(__file__)), *args]  # fmt: skip
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join(
-        [str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])])}  # fmt: skip
-    proc = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-
-
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     from tests.dataset_factory import write_dataset
@@ -104,7 +93,7 @@ def runs(tmp_path_factory):
     for name, counts in COUNTS.items():
         write_dataset(str(tmp / name), {"train": counts})
     out = tmp / "report.json"
-    _torchrun("--data", str(tmp), "--out", str(out), cwd=tmp)
+    run_torchrun(Path(__file__), "--data", str(tmp), "--out", str(out), cwd=tmp)
     return json.loads(out.read_text())
 
 

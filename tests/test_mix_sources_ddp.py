@@ -10,15 +10,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import subprocess
-import sys
 from collections import Counter
 from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+from tests.torchrun_harness import run_torchrun
+
 COUNTS = {"web": [300, 200], "code": [120], "tiny": [13]}  # per source: samples per shard
 BATCH = 8
 STOP = (1, 6)  # epoch, batch: where the first run saves its state
@@ -78,15 +76,6 @@ def main() -> None:
 # ------------------------------------------------------------------------------------ tests
 
 
-def _torchrun(*args: str, cwd: Path) -> None:
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-           str(Path(__file__)), *args]  # fmt: skip
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join(
-        [str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])])}  # fmt: skip
-    proc = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-
-
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     from tests.dataset_factory import write_dataset
@@ -95,7 +84,9 @@ def runs(tmp_path_factory):
     for name, counts in COUNTS.items():
         write_dataset(str(tmp / name), {"train": counts})
     for phase in ("first", "second"):
-        _torchrun("--data", str(tmp), "--out", str(tmp), "--phase", phase, cwd=tmp)
+        run_torchrun(
+            Path(__file__), "--data", str(tmp), "--out", str(tmp), "--phase", phase, cwd=tmp
+        )
     first = json.loads((tmp / "first.json").read_text())
     second = json.loads((tmp / "second.json").read_text())
     return [{**a, **b} for a, b in zip(first, second, strict=True)]

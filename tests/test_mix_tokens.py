@@ -6,6 +6,7 @@ and elastic resume."""
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Iterable
 
 import numpy as np
 import pytest
@@ -118,6 +119,19 @@ def test_token_weights_split_the_epochs_tokens_not_its_documents():
     assert tuple(largest_remainder([3.0, 1.0], 2000)) == (1500, 500)
 
 
+def _documents(batches: Iterable[tuple[np.ndarray, np.ndarray]]) -> Counter:
+    """How often each (source, document) comes in batches of (sources, document ids)."""
+    return Counter(
+        (s, i) for src, ids in batches for s, i in zip(src.tolist(), ids.tolist(), strict=True)
+    )
+
+
+def _epoch_documents(me) -> Counter:
+    """How often each (source, document) is in the mixed epoch ``me``."""
+    src, ids = mixed_layout(me, np.arange(me.length))
+    return Counter(zip(src.tolist(), ids.tolist(), strict=True))
+
+
 @FAST
 @given(
     plan=token_plans(),
@@ -136,14 +150,8 @@ def test_every_rank_yields_the_same_batches_of_the_epochs_documents(
     n = mix_num_batches(me, topo)
     ranks = [mix_rank_batches(me, topo, r) for r in range(world)]
     assert [len(r) for r in ranks] == [n] * world
-    got = Counter(
-        (s, i)
-        for rank in ranks
-        for src, ids in rank
-        for s, i in zip(src.tolist(), ids.tolist(), strict=True)
-    )
-    src, ids = mixed_layout(me, np.arange(me.length))
-    want = Counter(zip(src.tolist(), ids.tolist(), strict=True))
+    got = _documents(b for rank in ranks for b in rank)
+    want = _epoch_documents(me)
     if drop_last:
         assert not got - want and me.length - got.total() < world * batch
     else:
@@ -175,22 +183,11 @@ def test_resume_is_exact_and_continues_elastically_on_another_topology(plan, bef
             (s.tolist(), i.tolist()) for s, i in full[k:]
         ]
     # elastic: another topology delivers the rest of the epoch's documents
-    done = Counter(
-        (s, i)
-        for rank in range(a.world_size)
-        for src, ids in mix_rank_batches(me, a, rank)[:k]
-        for s, i in zip(src.tolist(), ids.tolist(), strict=True)
-    )
+    done = _documents(b for rank in range(a.world_size) for b in mix_rank_batches(me, a, rank)[:k])
     rest = [mix_rank_batches(me, b, r, resume) for r in range(b.world_size)]
     assert len({len(r) for r in rest}) == 1  # equal batches on every new rank
-    later = Counter(
-        (s, i)
-        for rank in rest
-        for src, ids in rank
-        for s, i in zip(src.tolist(), ids.tolist(), strict=True)
-    )
-    src, ids = mixed_layout(me, np.arange(me.length))
-    want = Counter(zip(src.tolist(), ids.tolist(), strict=True))
+    later = _documents(b for rank in rest for b in rank)
+    want = _epoch_documents(me)
     got = done + later
     assert not want - got  # every document of the epoch
     assert got.total() - me.length < a.world_size + b.world_size  # repeats: padding only
@@ -223,24 +220,35 @@ def test_a_schedule_that_weights_a_source_without_tokens_later_is_refused_at_onc
         TokenPlan(sources, lengths, weights=weights)
 
 
-def test_token_mix_options_are_checked():
-    a = MixSource("x/a", weight=1.0)
-    with pytest.raises(
-        ValueError, match=r"unit must be one of \['samples', 'tokens'\], got 'bytes'"
-    ):
-        Mix([a], unit="bytes")
-    with pytest.raises(ValueError, match='epoch_tokens counts tokens: give it with unit="tokens"'):
-        Mix([a], epoch_tokens=10)
-    with pytest.raises(ValueError, match="give epoch_tokens=, not epoch_samples="):
-        Mix([a], unit="tokens", epoch_samples=10)
-    with pytest.raises(ValueError, match=r"sources \['b'\] have samples= \(a number of documents"):
-        Mix([a, MixSource("x/b", samples=3)], unit="tokens")
+A = MixSource("x/a", weight=1.0)
+
+
+@pytest.mark.parametrize(
+    ("sources", "options", "match"),
+    [
+        ([A], {"unit": "bytes"}, r"unit must be one of \['samples', 'tokens'\], got 'bytes'"),
+        ([A], {"epoch_tokens": 10}, 'epoch_tokens counts tokens: give it with unit="tokens"'),
+        ([A], {"unit": "tokens", "epoch_samples": 10}, "give epoch_tokens=, not epoch_samples="),
+        (
+            [A, MixSource("x/b", samples=3)],
+            {"unit": "tokens"},
+            r"sources \['b'\] have samples= \(a number of documents",
+        ),
+    ],
+    ids=["unit", "epoch_tokens without tokens", "epoch_samples with tokens", "samples="],
+)
+def test_token_mix_options_are_checked(sources, options, match):
+    with pytest.raises(ValueError, match=match):
+        Mix(sources, **options)
+
+
+def test_token_plan_and_spec_options_are_checked():
     with pytest.raises(ValueError, match=r"sources \['b'\] have no tokens \(every length is 0\)"):
         TokenPlan(
-            [a, MixSource("x/b", weight=1.0)], [np.ones(3, np.uint32), np.zeros(2, np.uint32)]
+            [A, MixSource("x/b", weight=1.0)], [np.ones(3, np.uint32), np.zeros(2, np.uint32)]
         )
     with pytest.raises(ValueError, match="needs its sources' lengths"):
-        MixSpec(sources=(a,), sizes=(3,), shards=(1,), unit="tokens")
+        MixSpec(sources=(A,), sizes=(3,), shards=(1,), unit="tokens")
 
 
 # ------------------------------------------------------------------------ through the loader

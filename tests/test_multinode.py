@@ -5,37 +5,36 @@ group get identical batches, and two torchrun "nodes" on this machine reading a 
 from __future__ import annotations
 
 import json
-import os
 import socket
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from tests.conftest import new_bucket
 from tests.dataset_factory import write_dataset
+from tests.torchrun_harness import ROOT, Launch, start_torchrun
 from wdsloader import create_loader
 from wdsloader.plan import PlanConfig, Resume, rank_batches
 
-ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = str(ROOT / "tests" / "distributed_run.py")
 COUNTS = [37, 25, 41, 30, 19]  # 152 samples
 pytestmark = pytest.mark.slow
 
 
-def launch(*torchrun_args: str, script_args: list[str]) -> subprocess.Popen:
-    cmd = [sys.executable, "-m", "torch.distributed.run", *torchrun_args, SCRIPT, *script_args]
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
-    return subprocess.Popen(
-        cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+def launch(*torchrun_args: str, nproc: int, script_args: list[str]) -> Launch:
+    return start_torchrun(
+        SCRIPT, *script_args, nproc=nproc, launcher_args=torchrun_args, timeout=240
     )
 
 
-def wait(*procs: subprocess.Popen) -> None:
-    outputs = [proc.communicate(timeout=240)[0] for proc in procs]
-    for proc, out in zip(procs, outputs, strict=True):
-        assert proc.returncode == 0, out[-4000:]
+def wait(*launches: Launch) -> None:
+    failures = []
+    for launch in launches:  # wait for every launch (each ends by its timeout) before failing
+        try:
+            launch.wait()
+        except AssertionError as e:
+            failures.append(str(e))
+    assert not failures, "\n".join(failures)
 
 
 def reports(out: Path, world: int) -> list[dict]:
@@ -54,7 +53,7 @@ def test_every_rank_of_a_tensor_parallel_group_gets_the_same_batches(tmp_path):
     out = tmp_path / "out"
     out.mkdir()
     args = ["--data", str(data), "--out", str(out), "--mesh", "--num-workers", "2"]
-    wait(launch("--standalone", "--nproc_per_node=4", script_args=args))
+    wait(launch("--standalone", nproc=4, script_args=args))
     got = reports(out, 4)
     # init_device_mesh lays ranks out row-major: dp = rank // 2, tp = rank % 2
     assert [r["plan_rank"] for r in got] == [0, 0, 1, 1]
@@ -100,15 +99,15 @@ def test_two_nodes_on_s3_step_equally_and_resume_on_three_ranks(s3_server, tmp_p
     write_dataset(data, {"train": COUNTS}, options)
     common = ["--data", data, "--storage-options", json.dumps(options), "--batch-size", "4"]
     port = free_port()
-    rdzv = ["--nnodes=2", "--nproc_per_node=2", "--rdzv-backend=c10d"]
+    rdzv = ["--nnodes=2", "--rdzv-backend=c10d"]
     rdzv += [f"--rdzv-endpoint=127.0.0.1:{port}", "--rdzv-id=planscale"]
     first, second = tmp_path / "first", tmp_path / "second"
     first.mkdir()
     second.mkdir()
     node_args = [*common, "--out", str(first), "--state-after", "4"]
-    wait(*[launch(*rdzv, f"--node-rank={n}", script_args=node_args) for n in range(2)])
+    wait(*[launch(*rdzv, f"--node-rank={n}", nproc=2, script_args=node_args) for n in range(2)])
     resume_args = [*common, "--out", str(second), "--resume", str(first / "state.json")]
-    wait(launch("--standalone", "--nproc_per_node=3", script_args=resume_args))
+    wait(launch("--standalone", nproc=3, script_args=resume_args))
 
     before, after = reports(first, 4), reports(second, 3)
     assert {r["node"] for r in before} == {"0", "1"}  # two nodes of two ranks each

@@ -10,9 +10,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import subprocess
-import sys
 from collections import defaultdict
 from pathlib import Path
 
@@ -21,8 +18,8 @@ import pytest
 import torch
 
 from tests.http_server import http_server_fixture  # noqa: F401
+from tests.torchrun_harness import run_torchrun
 
-ROOT = Path(__file__).resolve().parents[1]
 MAX_TOKENS = 48
 N_DOCS = 160
 
@@ -280,12 +277,7 @@ def main() -> None:
 @pytest.mark.slow
 def test_torchrun_two_ranks_two_workers(data, tmp_path) -> None:
     out = tmp_path / "report.json"
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-           str(Path(__file__)), "--data", str(data), "--out", str(out)]  # fmt: skip
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join(
-        [str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])])}  # fmt: skip
-    proc = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    run_torchrun(Path(__file__), "--data", str(data), "--out", str(out), cwd=tmp_path)
     ranks = json.loads(out.read_text())
     assert ranks[0]["len"] == ranks[1]["len"] == len(ranks[0]["seen"]) == len(ranks[1]["seen"])
     docs: dict[int, list[int]] = defaultdict(list)

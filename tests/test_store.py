@@ -42,6 +42,23 @@ def test_one_registry_picks_the_store_of_a_root(root, cache, kind, cls, tmp_path
         assert store.reads_locally == (kind != "remote")
 
 
+def test_a_local_store_pickles_its_bases_state_and_its_absolute_folder(tmp_path, monkeypatch):
+    """A worker unpickles the parent's measurements and shipped indexes (the base's state) and
+    reads the same files from another working directory (the relative root made absolute)."""
+    m = write_dataset(str(tmp_path / "ds"), {"train": [5]})
+    monkeypatch.chdir(tmp_path)
+    store = ShardStore("ds")
+    store._measured, store.readers = (0.01, 1e9), 3
+    shard = m.splits["train"].shards[0]
+    reqs = [(shard, 0, 512)]
+    state = store.__getstate__()
+    assert set(state) == {*ShardStore("s3://bucket/ds").__getstate__(), "_local_base"}
+    monkeypatch.chdir(tmp_path.parent)
+    clone = pickle.loads(pickle.dumps(store))
+    assert (clone._measured, clone.readers) == ((0.01, 1e9), 3)
+    assert clone.read_ranges(reqs) == [(tmp_path / "ds" / shard.path).read_bytes()[:512]]
+
+
 def test_a_registered_store_serves_its_kind(monkeypatch, tmp_path):
     monkeypatch.setitem(STORES, "remote", STORES["remote"])  # restored after the test
     register_store("remote", "tests.test_store:CountingStore")

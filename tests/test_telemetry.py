@@ -194,18 +194,12 @@ def test_on_s3_requests_are_the_servers_and_bytes_each_samples_once(s3_bucket, c
 @pytest.mark.slow
 def test_all_ranks_over_two_processes_gives_the_slowest_ranks_wait_and_the_mean(built, tmp_path):
     import json
-    import os
-    import subprocess
-    import sys
-    from pathlib import Path
 
-    root = Path(__file__).resolve().parents[1]
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"]
-    cmd += [str(root / "tests" / "telemetry_run.py"), "--data", str(built), "--out", str(tmp_path)]
-    cmd += ["--sleep", str(2 * SLEEP)]  # rank 1's collate only
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(root)}
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    from tests.torchrun_harness import ROOT, run_torchrun
+
+    script = ROOT / "tests" / "telemetry_run.py"
+    args = ["--data", str(built), "--out", str(tmp_path), "--sleep", str(2 * SLEEP)]
+    run_torchrun(script, *args)  # --sleep: rank 1's collate only
     r0, r1 = (json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1))
     assert r0["batches"] == r1["batches"] == 12  # 240 samples, 2 ranks, batches of 10
     fast, slow = r0["mine"], r1["mine"]

@@ -70,26 +70,22 @@ def test_threads_yield_the_batches_of_processes_in_their_order(ds, nw, shuffle):
 
 
 @pytest.mark.parametrize("nw", [2, 3])
-def test_threads_resume_mid_epoch_as_processes_do(ds, nw):
+@pytest.mark.parametrize(
+    ("saved", "resumed", "head_batches"), [("process", "thread", 5), ("thread", "process", 7)]
+)
+def test_threads_resume_mid_epoch_as_processes_do(ds, nw, saved, resumed, head_batches):
+    """A process loader's state resumes a thread loader, and a thread loader's state a process
+    loader, with the rest of the epoch."""
     kw = {"shuffle": True, "seed": 3}
     whole = keys(loader(ds, "process", nw, **kw))
-    first = loader(ds, "process", nw, **kw)
+    first = loader(ds, saved, nw, **kw)
     it = iter(first)
-    head = [list(next(it)["__key__"]) for _ in range(5)]
+    head = [list(next(it)["__key__"]) for _ in range(head_batches)]
     state = first.state_dict()
     del it
-    resumed = loader(ds, "thread", nw, **kw)
-    resumed.load_state_dict(state)
-    assert head + keys(resumed) == whole
-    # and a thread loader's state resumes a process loader the same
-    threads = loader(ds, "thread", nw, **kw)
-    it = iter(threads)
-    head = [list(next(it)["__key__"]) for _ in range(7)]
-    state = threads.state_dict()
-    del it
-    procs = loader(ds, "process", nw, **kw)
-    procs.load_state_dict(state)
-    assert head + keys(procs) == whole
+    again = loader(ds, resumed, nw, **kw)
+    again.load_state_dict(state)
+    assert head + keys(again) == whole
 
 
 def test_threads_resume_elastically_onto_another_worker_count(ds):

@@ -10,6 +10,7 @@ import os
 from typing import Any
 
 from build_shards.adopt.scan import open_buffer
+from build_shards.commit.card import refresh_card
 from wdsloader.errors import ShardFormatError
 from wdsloader.format import FieldSpec, Manifest, ShardInfo, decode_index, iter_samples
 from wdsloader.format.codecs import require_codec
@@ -104,12 +105,14 @@ def add_lengths(
     root: str | os.PathLike[str], field: str, *, storage_options: dict[str, Any] | None = None
 ) -> Manifest:
     """Add the lengths of ``field`` to the dataset at ``root`` (its ``manifest.json`` read,
-    every shard measured, the manifest saved again); returns the new manifest."""
+    every shard measured, the manifest saved again, a card of ours brought up to date); returns
+    the new manifest."""
     display = os.fspath(root).rstrip("/")
     fs, base = url_to_fs(root, storage_options)
     manifest = load_manifest(root, storage_options)
     record_lengths(fs, base, display, manifest, field)
     save_manifest(manifest, root, storage_options)
+    refresh_card(fs, base, manifest)  # the card names the lengths' field
     logger.info("recorded the lengths of %r for %d samples under %s", field,
                 manifest.num_samples, display)  # fmt: skip
     return manifest

@@ -8,6 +8,7 @@ skipped with a warning that shows the header to add.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import posixpath
@@ -16,6 +17,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from wdsloader.format import Manifest, ShardInfo
+from wdsloader.format.lengths import LENGTHS_FIELD
 from wdsloader.io.storage import join, write_atomic
 
 log = logging.getLogger("build_shards")
@@ -28,6 +30,13 @@ CARD_MARK = (
 _HF_SPLIT = re.compile(r"^\w+(\.\w+)*$")  # the split names `datasets` accepts
 _GLOB_CHARS = frozenset("*?[]{}")
 _MAX_SHOWN = 2000  # characters of the header a warning shows
+_MAX_NAMES = 3  # names of one kind of side file the card shows (then "...")
+# what the card says of each side file a shard may list (a ShardInfo field ``*_path``)
+_SIDE_FILES = {
+    "idx_path": "the index of each sample's offset in the shard",
+    "keys_path": "the key index, each sample found by its key",
+    "lengths_path": "the length of {field}each sample",
+}
 
 
 def data_files(
@@ -76,6 +85,12 @@ def card_header(files: Mapping[str, list[str]]) -> str:
 
 def card_text(manifest: Manifest, files: Mapping[str, list[str]]) -> str:
     """The whole card: the header, then what the dataset holds."""
+    return "\n".join([card_header(files), CARD_MARK, card_body(manifest)])
+
+
+def card_body(manifest: Manifest) -> str:
+    """What the dataset holds (the card after its header and :data:`CARD_MARK`): its files, side
+    files, splits and fields."""
     rows = [
         f"| {split} | {info.num_samples} | {len(info.shards)} |"
         for split, info in manifest.splits.items()
@@ -83,11 +98,13 @@ def card_text(manifest: Manifest, files: Mapping[str, list[str]]) -> str:
     fields = ", ".join(f"`{name}` (`{spec.ext}`)" for name, spec in manifest.schema.items())
     return "\n".join(
         [
-            card_header(files),
-            CARD_MARK,
             "",
             "WebDataset tar shards with a `manifest.json` (the schema, each shard's sample count,",
-            "size and checksum) and a hidden index per shard (`.X.tar.wdsidx`), for `wdsloader`.",
+            "size and checksum) and, beside the shards, the side files it lists for `wdsloader`",
+            "(`X.tar` stands for the shard's file name):",
+            "",
+            *(side_file_lines(manifest) or ["- (none)"]),
+            "",
             "Any WebDataset reader reads the shards; `datasets.load_dataset` reads this folder.",
             "",
             "| split | samples | shards |",
@@ -98,6 +115,41 @@ def card_text(manifest: Manifest, files: Mapping[str, list[str]]) -> str:
             "",
         ]
     )
+
+
+def side_file_lines(manifest: Manifest) -> list[str]:
+    """One line per kind of side file the manifest's shards list (each ``ShardInfo`` field
+    ``*_path`` but the shard's own): its names as the manifest has them (the shard's name
+    replaced by ``X.tar``), what it holds and how many shards have one; none for a kind no
+    shard has."""
+    shards = [s for info in manifest.splits.values() for s in info.shards]
+    field = manifest.build.get(LENGTHS_FIELD)
+    lines = []
+    for kind in (f.name for f in dataclasses.fields(ShardInfo)):
+        if not kind.endswith("_path") or kind == "path":
+            continue
+        named = [(s.path, getattr(s, kind)) for s in shards if getattr(s, kind)]
+        if not named:
+            continue
+        names = sorted({_generic_name(shard, side) for shard, side in named})
+        shown = ", ".join(f"`{n}`" for n in names[:_MAX_NAMES])
+        shown += ", ..." if len(names) > _MAX_NAMES else ""
+        what = _SIDE_FILES.get(kind, f"`{kind}`").format(field=f"`{field}` in " if field else "")
+        count = (
+            "every shard" if len(named) == len(shards) else f"{len(named)} of {len(shards)} shards"
+        )
+        lines.append(f"- {shown}: {what} ({count})")
+    return lines
+
+
+def _generic_name(shard: str, side: str) -> str:
+    """The name of a shard's side file with the shard's name as ``X.tar`` (``X.tar.gz``):
+    ``train/.train-00000-000.tar.wdsidx`` -> ``.X.tar.wdsidx``; a side file that does not carry
+    its shard's name keeps its path."""
+    base = posixpath.basename(shard)
+    suffix = ".tar.gz" if base.endswith(".tar.gz") else ".tar"
+    name = posixpath.basename(side)
+    return name.replace(base, "X" + suffix) if base in name else side
 
 
 def write_card(
@@ -124,6 +176,22 @@ def write_card(
         )
         return False
     write_atomic(fs, path, card_text(manifest, files).encode())
+    return True
+
+
+def refresh_card(fs: Any, root: str, manifest: Manifest) -> bool:
+    """Rewrite what the card under ``root`` says of the dataset (:func:`card_body`) after its
+    manifest changed, its header (each split's ``data_files``) kept; a card we did not write, or
+    none, is left alone. Whether it was rewritten."""
+    path = join(root, CARD_NAME)
+    fs.invalidate_cache()
+    if not fs.exists(path):
+        return False
+    text = fs.cat_file(path).decode()
+    at = text.find(CARD_MARK)
+    if at < 0:
+        return False
+    write_atomic(fs, path, (text[: at + len(CARD_MARK)] + "\n" + card_body(manifest)).encode())
     return True
 
 

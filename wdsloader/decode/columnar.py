@@ -22,7 +22,6 @@ from wdsloader.decode.batch import Columns, NotGatherable, RawBatch
 from wdsloader.decode.codecs import decode_bytes, decode_uint8
 from wdsloader.decode.finder import MemberFinder
 from wdsloader.decode.gather import (
-    LARGE_ROW,
     FieldTable,
     field_tables,
     gather_rows,
@@ -33,6 +32,7 @@ from wdsloader.decode.gather import (
     walk_start,
 )
 from wdsloader.decode.images import is_image_decoder
+from wdsloader.decode.layouts import block_plan, by_rows, layout_groups
 from wdsloader.decode.parse import parse_sample
 from wdsloader.decode.placement import Placement, placed_values, restore
 from wdsloader.decode.registry import SampleDecoder
@@ -44,8 +44,6 @@ from wdsloader.errors import ShardFormatError, WdsLoaderError
 from wdsloader.format.manifest import FieldSpec, ShardInfo
 from wdsloader.format.ustar import BLOCK, NAME, checksum_ok, checksums_ok
 from wdsloader.io.buffers import BufferPool
-
-SMALL_BLOCK = 16 * 2**10  # sample prefixes up to this size are gathered in one piece
 
 
 @dataclass(slots=True, frozen=True)
@@ -110,13 +108,15 @@ class ColumnarDecoder:
         # per shard: where the walk over the headers of the other fields' members starts (one
         # offset for shards whose layouts differ only from there on)
         walk_from = np.array([walk_start(s.layout, exts) for s in shards], dtype=np.int64)
-        self.layout_id, self.block_len = self._block_plan(len(shards))
+        self.layout_id, self.block_lens = block_plan(self.tables, len(shards))
+        # per shard its layout group: a batch that mixes groups is decoded group by group
+        self.group = layout_groups(self.layout_id, walk_from)
         # where the members of the other fields lie: one walk over the batch's headers
         self.finder = MemberFinder(
-            shards, walk_from, self.parse_from, decoder, self.others, self.sources
+            shards, walk_from, self.parse_from, decoder, self.others, self.sources, self.group
         )
         # per layout: the headers of a sample that passed every check, to check batches against
-        learns = variants is None and not self.optional and bool(self.block_len)
+        learns = variants is None and not self.optional and bool(self.block_lens.any())
         self.templates = Templates(self.tables, self.layout_id, walk_from) if learns else None
 
     @property
@@ -135,33 +135,6 @@ class ColumnarDecoder:
     def _other_fns(self) -> list[Any]:
         return [self.decoder.field_decoder(f)[1] for f in self.others]
 
-    def _block_plan(self, nshards: int) -> tuple[np.ndarray, int]:
-        """Per shard an id of its layout (-1: none), and the bytes of each sample to gather in
-        one piece (0: gather field by field). Worth it when those bytes are few
-        (``SMALL_BLOCK``) or the requested fields fill at least half of them."""
-        ids = np.full(nshards, -1, dtype=np.int64)
-        if not self.tables:
-            return ids, 0
-        seen: dict[tuple[Any, ...], int] = {}
-        for s in range(nshards):
-            sig = tuple(int(t.offsets[s]) for t in self.tables.values())
-            if min(sig) >= 0:
-                ids[s] = seen.setdefault(sig, len(seen))
-        if len(seen) != 1:
-            return ids, 0
-        s0 = int(np.flatnonzero(ids >= 0)[0])
-        if any(t.nbytes >= LARGE_ROW for t in self.tables.values()):
-            return ids, 0  # long rows are copied once each, straight into the batch
-        needed = BLOCK  # the first header: keys
-        length = BLOCK
-        for table in self.tables.values():
-            end = int(table.offsets[s0]) + table.nbytes
-            length = max(length, end)
-            needed += table.nbytes
-        # (not the first variable header: the walk finds it, in one pass after the first batch)
-        # one gather beats several when the rows are short or mostly wanted
-        return ids, (length if length <= SMALL_BLOCK or 2 * needed >= length else 0)
-
     def placement(self) -> Placement:
         """The requested fields the batch reader may read straight into batch arrays (this
         decoder checks them and hands them out; see :mod:`wdsloader.decode.placement`)."""
@@ -172,12 +145,19 @@ class ColumnarDecoder:
     def decode(self, raw: RawBatch, epoch: int, forced: int | None) -> Columns | NotGatherable:
         """The batch as :class:`Columns`, or why it cannot be (:class:`NotGatherable`).
 
-        First every structural check (headers, layout, ``.npy`` headers), then the decoders;
+        A batch whose shards belong to several layout groups is decoded group by group
+        (:mod:`wdsloader.decode.layouts`). First every structural check (headers, layout,
+        ``.npy`` headers), then the decoders;
         raises :class:`ShardFormatError` when a member lies elsewhere than the manifest's
         layout says (the manifest does not describe the shard). A batch that is not gatherable
         has its placed bytes back in its read buffer, for the row decoder.
         """
-        out = self._columns(raw, epoch, forced)
+        groups = self.group[raw.shard]
+        if len(groups) and (groups != groups[0]).any():
+            rows = [np.flatnonzero(groups == g) for g in np.unique(groups).tolist()]
+            out = by_rows(raw, rows, lambda sub: self._columns(sub, epoch, forced))
+        else:
+            out = self._columns(raw, epoch, forced)
         if isinstance(out, NotGatherable) and raw.placed:
             restore(raw.buf, raw.placed)
         return out
@@ -277,19 +257,23 @@ class ColumnarDecoder:
         return key_strings(first, ends), _Heads(first[:, NAME], ends)
 
     def _block(self, raw: RawBatch) -> np.ndarray | None:
-        """The first ``block_len`` bytes of every sample as one ``(n, L)`` array, when the
-        batch's shards share one layout and the requested fields fill most of those bytes (one
-        gather then serves keys, fields and the first variable header); else None."""
-        if not self.block_len:
-            return None
+        """The first bytes of every sample (its layout's block length) as one ``(n, L)``
+        array, when the batch's shards share one layout and the requested fields fill most of
+        those bytes (one gather then serves keys, fields and the first variable header); else
+        None."""
         ids = self.layout_id[raw.shard]
         if ids[0] < 0 or (ids != ids[0]).any():
             return None
-        stops = raw.stop - raw.start
-        if stops.min() < self.block_len:
+        length = int(self.block_lens[ids[0]])
+        if not length or (raw.stop - raw.start).min() < length:
             return None
         assert raw.buf is not None
-        return gather_rows(raw.buf, raw.start, self.block_len)
+        return gather_rows(raw.buf, raw.start, length)
+
+    @property
+    def block_len(self) -> int:
+        """The longest sample prefix gathered in one piece (0: none, fields one by one)."""
+        return int(self.block_lens.max(initial=0))
 
     def _gather(
         self,

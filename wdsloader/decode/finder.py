@@ -32,7 +32,9 @@ class MemberFinder:
     """Finds the members of the fields ``others`` (decoded by ``decoder``) in batches of
     ``shards``; ``walk_from[s]``: where the walk over the headers starts in the samples of
     shard ``s`` (:func:`wdsloader.decode.gather.walk_start`), ``parse_from[s]``: where parsing
-    them one by one starts when a walk fails; ``sources`` names each shard in errors."""
+    them one by one starts when a walk fails; ``sources`` names each shard in errors;
+    ``layout_group[s]``: the layout group of shard ``s`` (:mod:`wdsloader.decode.layouts`),
+    whose batches keep their walks' steps apart."""
 
     def __init__(
         self,
@@ -42,14 +44,16 @@ class MemberFinder:
         decoder: SampleDecoder,
         others: Sequence[str],
         sources: Sequence[str],
+        layout_group: np.ndarray | None = None,
     ) -> None:
         self.walk_from = walk_from
+        self.layout_group = walk_from if layout_group is None else layout_group
         self.parse_from = parse_from
         self.sources = sources
         self.wanted = {decoder.field_decoder(f)[0] for f in others}
         # per shard: its walk group (shards whose samples start the walk alike)
         self.walk_group = walk_groups(shards, walk_from)
-        # per whole-batch start offset or walk group: the headers its last walk passed
+        # per layout group (or walk group): the headers its last walk passed
         self.walks: dict[tuple[str, int], WalkSteps] = {}
 
     def find(
@@ -69,8 +73,13 @@ class MemberFinder:
         walked = None
         if not len(groups) or (starts == starts[0]).all():
             # one walk when every sample starts it at the same offset (layouts that differ
-            # only past that point walk alike); the steps kept per start offset
-            key = ("batch", int(starts[0]) if len(starts) else 0)
+            # only past that point walk alike); the steps kept per layout group (a batch of
+            # several: per start offset)
+            layouts = self.layout_group[raw.shard]
+            if len(layouts) and (layouts == layouts[0]).all():
+                key = ("batch", int(layouts[0]))
+            else:  # samples of several layout groups: per start offset
+                key = ("batch", -1 - (int(starts[0]) if len(starts) else 0))
             rows = np.arange(len(raw))
             walked = self._walk(raw, KeyNames(keys, names, ends), block, rows, key)
         if walked is None and len(groups) and not (groups == groups[0]).all():

@@ -24,7 +24,7 @@ from wdsloader.io.ranges import (
     split_range,
     unique_shards,
 )
-from wdsloader.io.remote_store import RemoteStore, _copy_cuts, fetch_side_file
+from wdsloader.io.remote_store import copy_cuts, fetch_side_file, read_remote_ranges
 from wdsloader.io.shard_cache import ShardCache, hash_fd, pwrite_all
 from wdsloader.io.storage import join, url_to_fs
 
@@ -148,7 +148,7 @@ class LocalStore(FileStore):
     """The shards of a local folder (a path or ``file://`` URL)."""
 
     is_local: ClassVar[bool] = True
-    _PICKLED = ("root", "options", "_shipped", "_measured", "readers", "_local_base")
+    _PICKLED: ClassVar[tuple[str, ...]] = (*FileStore._PICKLED, "_local_base")
     _SHIPS_INDEXES = False  # each worker reads the local index files it uses
 
     def __init__(self, root: str | os.PathLike[str], options: ReadOptions | None = None) -> None:
@@ -336,7 +336,7 @@ class CachedStore(FileStore):
             self._ready = None
 
     def _read_remote(self, reqs: list[Request]) -> list[bytes]:
-        return RemoteStore._read(self, reqs)  # type: ignore[arg-type]
+        return read_remote_ranges(self, reqs)
 
     def _read_joined(
         self,
@@ -378,7 +378,7 @@ class CachedStore(FileStore):
         for i, data in zip(remote, self._read_remote([reqs[i] for i in remote]), strict=True):
             view[positions[i] : positions[i] + len(data)] = data
             if cuts is not None:
-                _copy_cuts(view, [positions[i]], [cuts[i]])
+                copy_cuts(view, [positions[i]], [cuts[i]])
         self._count("bytes_read", total)
         return buf
 

@@ -11,7 +11,7 @@ from wdsloader.io.fetch import ShardStore
 from wdsloader.io.ranges import Cut, Hole, Request, merge_requests, unique_shards
 from wdsloader.io.retry import RemoteFiles
 
-__all__ = ["RemoteStore", "fetch_side_file"]
+__all__ = ["RemoteStore", "copy_cuts", "fetch_side_file", "read_remote_ranges"]
 
 
 def fetch_side_file(remote: RemoteFiles, rel: str, size: int | None) -> bytes:
@@ -35,32 +35,7 @@ class RemoteStore(ShardStore):
         return fetch_side_file(remote, rel, size)
 
     def _read(self, reqs: list[Request]) -> list[bytes]:
-        remote = self._storage()
-        if self.options.verify_checksum:
-            for rel, shard in unique_shards(reqs).items():
-                if rel not in self._verified:
-                    self._check_digest(shard, self._hash_remote(shard))
-                    self._verified.add(rel)
-        segments = merge_requests(reqs)
-        step = self.tuning().request_bytes
-        pieces = [
-            (k, s, min(s + step, stop))
-            for k, (_, start, stop, _) in enumerate(segments)
-            for s in range(start, stop, step)
-        ]
-        results = self._run_all(lambda p: remote.fetch(segments[p[0]][0].path, p[1], p[2]), pieces)
-        chunks: list[list[bytes]] = [[] for _ in segments]
-        for (k, _, _), data in zip(pieces, results, strict=True):
-            chunks[k].append(data)
-        out: list[bytes] = [b""] * len(reqs)
-        for (_, seg_start, seg_stop, members), parts in zip(segments, chunks, strict=True):
-            buf = b"".join(parts)
-            view = memoryview(buf)
-            for i in members:
-                _, start, stop = reqs[i]
-                whole = start == seg_start and stop == seg_stop
-                out[i] = buf if whole else bytes(view[start - seg_start : stop - seg_start])
-        return out
+        return read_remote_ranges(self, reqs)
 
     def _read_joined(
         self,
@@ -73,13 +48,48 @@ class RemoteStore(ShardStore):
         parts = self.read_ranges(reqs)
         joined = parts[0] if len(parts) == 1 else b"".join(parts)
         if cuts is not None:
-            _copy_cuts(memoryview(joined), positions, cuts)
+            copy_cuts(memoryview(joined), positions, cuts)
         return joined
 
 
-def _copy_cuts(joined: memoryview, positions: Sequence[int], cuts: Sequence[Sequence[Cut]]) -> None:
-    """Fill each cut's buffer (not a hole's) from the joined ranges (remote reads: one more
-    copy)."""
+def read_remote_ranges(store: ShardStore, reqs: list[Request]) -> list[bytes]:
+    """The bytes of each request, read from ``store``'s remote root by ranged requests:
+    overlapping or adjacent ranges of a shard merged, split into requests of the store's tuned
+    size, fetched with its concurrency, retries and deadline; each shard's sha256 checked first
+    (once per store) when ``verify_checksum`` is set. What :class:`RemoteStore` reads, and what
+    :class:`~wdsloader.io.file_store.CachedStore` reads of shards its cache has no room for."""
+    remote = store._storage()
+    if store.options.verify_checksum:
+        for rel, shard in unique_shards(reqs).items():
+            if rel not in store._verified:
+                store._check_digest(shard, store._hash_remote(shard))
+                store._verified.add(rel)
+    segments = merge_requests(reqs)
+    step = store.tuning().request_bytes
+    pieces = [
+        (k, s, min(s + step, stop))
+        for k, (_, start, stop, _) in enumerate(segments)
+        for s in range(start, stop, step)
+    ]
+    results = store._run_all(lambda p: remote.fetch(segments[p[0]][0].path, p[1], p[2]), pieces)
+    chunks: list[list[bytes]] = [[] for _ in segments]
+    for (k, _, _), data in zip(pieces, results, strict=True):
+        chunks[k].append(data)
+    out: list[bytes] = [b""] * len(reqs)
+    for (_, seg_start, seg_stop, members), parts in zip(segments, chunks, strict=True):
+        buf = b"".join(parts)
+        view = memoryview(buf)
+        for i in members:
+            _, start, stop = reqs[i]
+            whole = start == seg_start and stop == seg_stop
+            out[i] = buf if whole else bytes(view[start - seg_start : stop - seg_start])
+    return out
+
+
+def copy_cuts(joined: memoryview, positions: Sequence[int], cuts: Sequence[Sequence[Cut]]) -> None:
+    """Fills each cut's buffer (a hole's is left alone) from the joined ranges: the cuts of
+    request ``i`` are offsets from ``positions[i]``, where its bytes start in ``joined`` (ranges
+    read remotely cost this one more copy)."""
     for pos, todo in zip(positions, cuts, strict=True):
         for off, buf in todo:
             if not isinstance(buf, Hole):

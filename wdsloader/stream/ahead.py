@@ -9,7 +9,9 @@ while the batches ahead wait to be taken, and wakes once per batch taken.
 
 from __future__ import annotations
 
+import atexit
 import threading
+import weakref
 from collections import deque
 from collections.abc import Iterator
 from typing import Any, Generic, TypeVar
@@ -19,6 +21,20 @@ T = TypeVar("T")
 DECODE_AHEAD = 1
 """Batches made and waiting at most (one more may be in the making): the loop takes batch k
 while batch k + 1 waits and batch k + 2 is decoded."""
+
+EXIT_JOIN_S = 10.0
+"""At interpreter exit, how long an open iteration's thread may take to finish its batch."""
+
+_LIVE: weakref.WeakSet[Ahead[Any]] = weakref.WeakSet()  # threads not closed yet
+
+
+@atexit.register
+def _stop_live() -> None:
+    """Stop the threads of iterations still open when the interpreter exits, while they can
+    still run: a daemon thread frozen later inside torch's C++ code (a collate that released
+    the GIL) aborts the process ("terminate called without an active exception")."""
+    for ahead in list(_LIVE):
+        ahead.close(timeout=EXIT_JOIN_S)
 
 
 class Ahead(Generic[T]):
@@ -38,6 +54,7 @@ class Ahead(Generic[T]):
         self._error: BaseException | None = None
         self.made = 0  # items made so far (the thread's count)
         self._thread = threading.Thread(target=self._run, name=f"wdsloader-{name}", daemon=True)
+        _LIVE.add(self)
         self._thread.start()
 
     def _run(self) -> None:
@@ -86,15 +103,16 @@ class Ahead(Generic[T]):
             raise error
         raise StopIteration
 
-    def close(self) -> None:
-        """Stop making items, drop those waiting, and wait until the thread has closed the
-        source (it finishes the item it is making first)."""
+    def close(self, timeout: float | None = None) -> None:
+        """Stop making items, drop those waiting, and wait (at most ``timeout`` seconds) until
+        the thread has closed the source (it finishes the item it is making first)."""
         with self._cond:
             self._stopped = True
             self._items.clear()
             self._cond.notify_all()
+        _LIVE.discard(self)
         if self._thread is not threading.current_thread():
-            self._thread.join()
+            self._thread.join(timeout)
 
     @property
     def alive(self) -> bool:

@@ -338,10 +338,11 @@ class ShardStreamDataset(IterableDataset):
             if count:
                 self.control.add(worker, "samples", n)
                 self.control.add(worker, "batches")
-                self.control.add(worker, "gathered_batches")
-                if decoded.parsed:
+                if decoded.parsed:  # members found by parsing samples one by one
                     self.control.add(worker, "parsed_batches")
                     self.control.add(worker, "parsed_samples", decoded.parsed)
+                else:
+                    self.control.add(worker, "gathered_batches")
             if not n:
                 return None
             return self.provenance.ensure(self._collate(columns, layout), columns)

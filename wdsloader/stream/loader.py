@@ -243,7 +243,8 @@ class WdsDataLoader(DataLoader):
         """Counters summed over workers, **cumulative** since the loader was made (over every
         epoch; :meth:`set_epoch` and :meth:`load_state_dict` do not reset them): samples,
         batches, skipped_samples, skipped_batches (batches whose every sample failed, yielded
-        with stand-in samples), gathered_batches (decoded as columns), parsed_batches and
+        with stand-in samples), gathered_batches (decoded as whole-batch columns, no sample
+        parsed one by one; a batch mixing shards of several layouts included), parsed_batches and
         parsed_samples (batches in which samples were parsed one by one, off the whole-batch
         path, and how many such samples: a shard that does not fit its layout shows here);
         reading several sources, also

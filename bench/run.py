@@ -295,8 +295,6 @@ def _summary(result: dict[str, Any]) -> str:
 
 
 def dataset_dir(data: str, workload: str, n: int, shard_bytes: int, fmt: str) -> str:
-    if fmt == "ours" and systems.ours_schema(workload):  # not the cached builds of before
-        fmt = "ours_declared"
     return os.path.join(data, f"{workload}-{n}-{shard_bytes >> 20}MiB", fmt)
 
 

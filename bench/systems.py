@@ -207,12 +207,6 @@ def import_mosaic() -> types.ModuleType:
 # ------------------------------------------------------------------------------------------------
 
 
-def ours_schema(workload: str) -> dict[str, Any]:
-    """What our builder is told beyond what it infers: ``bin`` blobs are declared ``uint8``,
-    so that our loader yields them as ``uint8[n, nbytes]`` (the batch every system builds)."""
-    return {f.name: {"dtype": "uint8"} for f in WORKLOADS[workload].fields if f.kind == "bin"}
-
-
 def write_ours(workload: str, n: int, out: str, workers: int, shard_bytes: int) -> None:
     from bench.torch_source import GeneratedTorchDataset
     from build_shards import ShardOptions, build_shards
@@ -222,7 +216,6 @@ def write_ours(workload: str, n: int, out: str, workers: int, shard_bytes: int) 
     build_shards(
         GeneratedTorchDataset(workload, n),
         out,
-        schema=ours_schema(workload),
         shards=ShardOptions(max_count=count, max_bytes=shard_bytes),
         workers=workers,  # the default block size: the same shards for any worker count
     )

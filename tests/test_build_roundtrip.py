@@ -8,7 +8,7 @@ import pytest
 
 from build_shards import build_shards
 from build_shards.errors import BuildError, SampleKeyError
-from wdsloader import create_loader
+from wdsloader import DecodeOptions, create_loader
 from wdsloader.errors import SchemaError
 
 I64 = np.iinfo(np.int64)
@@ -19,10 +19,11 @@ def _as_list(samples: list[dict]) -> list[dict]:
 
 
 def read_back(root, gather: bool) -> dict[str, dict]:
-    """Every sample of ``train`` as the loader yields it (no collation), by key."""
+    """Every sample of ``train`` as the loader yields it (no collation), by key; raw bytes as
+    ``bytes`` (as written; by default they read as uint8 arrays)."""
     loader = create_loader(
         root, "train", batch_size=4, shuffle=False, drop_last=False, pin_memory=False,
-        collate_fn=_as_list, gather=gather,
+        collate_fn=_as_list, decode=DecodeOptions(gather=gather, raw_bytes="bytes"),
     )  # fmt: skip
     return {s["__key__"]: s for batch in loader for s in batch}
 

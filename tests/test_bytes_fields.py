@@ -1,7 +1,7 @@
 """Bytes fields declared ``uint8``: fixed-length ones gathered as one ``uint8[B, n]`` array,
 variable ones copied once into one buffer per batch; the values are exactly the per-sample
-path's, undeclared bytes stay ``bytes``, kept batches are never overwritten, and the errors are
-the parser's."""
+path's, undeclared bytes read the same (``bytes`` when asked), kept batches are never
+overwritten, and the errors are the parser's."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from build_shards import build_shards
-from wdsloader import create_loader
+from wdsloader import DecodeOptions, create_loader
 from wdsloader.decode.fastcols import bytes_column
 from wdsloader.errors import ShardFormatError
 from wdsloader.format import Manifest, iter_members
@@ -81,14 +81,19 @@ def test_declared_fixed_bytes_are_gathered_and_equal_the_parsed_values(declared)
             assert v.tobytes() == _blob(int(key[1:]), int(key[1:]) % 7 + 1)
 
 
-def test_undeclared_bytes_stay_bytes(tmp_path):
+def test_undeclared_bytes_read_as_declared_uint8_or_as_bytes_when_asked(tmp_path, declared):
     root = str(tmp_path / "b")
     build_shards(_rows(), root, shard_max_count=16)
-    ds = create_loader(root, "train", batch_size=8).dataset_obj
+    # by default: what the same fields declared uint8 give
+    for a, b in zip(_passes(root), _passes(declared), strict=True):
+        _same(a, b)
+    as_bytes = DecodeOptions(raw_bytes="bytes")
+    ds = create_loader(root, "train", batch_size=8, decode=as_bytes).dataset_obj
     # whole batches: the fixed-size blob gathered, the variable one found by the walk
     assert ds.columnar is not None and ds.columnar.tables["blob"].as_bytes
     assert ds.columnar.blobs == ("var",)
-    got, want = _passes(root), _passes(root, gather=False)
+    got = _passes(root, decode=as_bytes)
+    want = _passes(root, decode=DecodeOptions(raw_bytes="bytes", gather=False))
     for a, b in zip(got, want, strict=True):
         assert a["__key__"] == b["__key__"] and a["blob"] == b["blob"] and a["var"] == b["var"]
         assert torch.equal(a["label"], b["label"])

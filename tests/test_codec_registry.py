@@ -131,7 +131,8 @@ def test_an_encoding_without_a_codec_is_an_error_naming_the_field_and_the_codecs
     assert "json, " in message and "npy, " in message and "register_codec" in message
     # bytes under an encoding without a codec stay the WebDataset convention: stored as they are
     build_shards([{"__key__": "k0", "blob.csv": b"1,2"}], tmp_path / "ok", splits={"train": 1.0})
-    assert _read(tmp_path / "ok")["k0"]["blob"] == b"1,2"
+    blob = _read(tmp_path / "ok")["k0"]["blob"]  # read as uint8 (DecodeOptions.raw_bytes)
+    assert blob.dtype == np.uint8 and blob.tobytes() == b"1,2"
 
 
 def test_registering_checks_the_codec_and_refuses_a_taken_encoding(rev):

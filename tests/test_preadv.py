@@ -10,6 +10,7 @@ import mmap
 import os
 import pickle
 import re
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -303,13 +304,36 @@ def test_read_buffers_with_holes_are_mapped_in_small_pages(root, tmp_path):
     pool = BufferPool()
     pool.small_pages = True
     block = pool.lease(8 * 2**20)
-    chain = [block]  # the array, its lease, the block, the block's buffer
+    backing = _backing(block)
+    assert isinstance(backing, mmap.mmap) and len(backing) >= 8 * 2**20
+
+
+def _backing(array):
+    """The object at the end of a leased array's chain: its lease, the block, its buffer."""
+    chain = [array]
     while not isinstance(chain[-1], mmap.mmap) and len(chain) < 6:
         last = chain[-1]
-        chain.append(
-            last.obj if isinstance(last, memoryview) else getattr(last, "base", None) or last.block
-        )
-    assert isinstance(chain[-1], mmap.mmap) and len(chain[-1]) >= 8 * 2**20
+        nxt = last.obj if isinstance(last, memoryview) else getattr(last, "base", None)
+        nxt = nxt if nxt is not None else getattr(last, "block", None)
+        if nxt is None:
+            break
+        chain.append(nxt)
+    return chain[-1]
+
+
+def test_batch_arrays_are_mapped_populated_and_workers_get_an_empty_pool_alike(root):
+    """Batch arrays of long rows come from a pool whose large blocks are faulted in when made
+    (``MAP_POPULATE``), not while the reads copy into them; a worker's copy keeps that."""
+    pool = create_loader(root, "train", batch_size=8).dataset_obj.columnar.out_pool
+    assert pool.populate and not pool.small_pages
+    block = pool.lease(8 * 2**20)
+    backing = _backing(block)
+    assert isinstance(backing, mmap.mmap) and len(backing) >= 8 * 2**20
+    block[:] = 7  # writable, and every byte there
+    assert int(block.sum()) == 7 * 8 * 2**20
+    copy = pickle.loads(pickle.dumps(pool))
+    assert copy.populate and copy.free == 0
+    assert not isinstance(_backing(BufferPool().lease(8 * 2**20)), mmap.mmap)  # numpy's
 
 
 def test_worker_processes_place_fields_too(root):
@@ -367,3 +391,38 @@ def test_preadv_all_leaves_holes_unread_and_reads_past_them(tmp_path):
         holes[off : off + len(hole)] = True
     assert (sink[holes] == 0xEE).all()  # untouched
     assert np.array_equal(sink[~holes], data[3:][~holes])  # every other byte where it belongs
+
+
+def test_a_large_joined_read_is_split_over_two_threads_with_the_same_bytes(root, monkeypatch):
+    from wdsloader.io import file_store
+    from wdsloader.io.file_store import LocalStore
+
+    shard = Manifest.load(root).split("train").shards[0]
+    data = _file(root, shard)
+    ran: list[tuple[int, str]] = []
+    real = file_store.preadv_all
+
+    def recorded(fd, pieces, start, name, url=str):
+        ran.append((start, threading.current_thread().name))
+        if start in fail:
+            raise ValueError(f"job at {start}")
+        real(fd, pieces, start, name, url)
+
+    fail: set[int] = set()
+    monkeypatch.setattr(file_store, "preadv_all", recorded)
+    monkeypatch.setattr(file_store, "SPLIT_BYTES", 1000)
+    store = LocalStore(root)
+    reqs = [(shard, 1000 * j, 1000 * j + 700) for j in range(6)]
+    joined, pos = store.read_joined(reqs)
+    assert bytes(joined) == b"".join(data[s:e] for _, s, e in reqs)
+    by_thread = {s: t for s, t in ran}
+    assert {by_thread[s] for _, s, _ in reqs[:3]} == {"wdsloader-pread_0"}  # the first half
+    assert {by_thread[s] for _, s, _ in reqs[3:]} == {threading.current_thread().name}
+    # both halves fail: the first half's error, raised once both halves are over
+    ran.clear()
+    fail.update({2000, 3000})
+    with pytest.raises(ValueError, match="^job at 2000$"):
+        store.read_joined(reqs)
+    assert sorted(s for s, _ in ran) == [0, 1000, 2000, 3000]
+    store.close()
+    assert not [t for t in threading.enumerate() if t.name.startswith("wdsloader-pread")]

@@ -93,9 +93,9 @@ class ColumnarDecoder:
             self.tables = field_tables(schema, [*raw, *blobs], dims, shards, raw, blobs)
         self.others = [f for f in fields if f not in self.tables]
         self.optional = frozenset(f for f in self.others if schema[f].optional)
-        self.blobs = tuple(f for f in blobs if f in self.others)  # of varying size: walked
+        self.blobs = tuple(f for f in [*raw, *blobs] if f in self.others)  # sizes vary: walked
         # the batch arrays of long rows: reused once nothing holds a batch (no page faults)
-        self.out_pool = BufferPool(keep=4)
+        self.out_pool = BufferPool(keep=4, populate=True)
         # per shard: where parsing starts for the fields that are not gathered
         exts = [schema[f].ext.lower() for f in self.others]
         self.parse_from = np.array(
@@ -429,5 +429,6 @@ class ColumnarDecoder:
     def _decode_others(
         self, raw: RawBatch, keys: list[str], found: Found, errors: dict[int, WdsLoaderError]
     ) -> dict[str, list[Any]]:
-        """Decode the fields that are not gathered (see :func:`decode_fields`)."""
-        return decode_fields(raw, keys, found, self.others, self.decoder, self.sources, errors)
+        """Decode the fields that are not gathered (:func:`decode_fields`; into the pool)."""
+        fields, pool = self.others, self.out_pool
+        return decode_fields(raw, keys, found, fields, self.decoder, self.sources, errors, pool)

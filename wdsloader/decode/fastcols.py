@@ -30,6 +30,7 @@ from wdsloader.decode.codecs import (
 )
 from wdsloader.decode.images import image_column, is_image_decoder
 from wdsloader.decode.registry import ClsCast, Then
+from wdsloader.io.buffers import BufferPool
 
 ColumnFn = Callable[[np.ndarray, np.ndarray, np.ndarray], Any]
 
@@ -160,15 +161,22 @@ def _bytes_values(buf: np.ndarray, positions: np.ndarray, sizes: np.ndarray) -> 
     return [bytes(view[p:e]) for p, e in zip(positions.tolist(), ends.tolist(), strict=True)]
 
 
-def bytes_column(buf: np.ndarray, positions: np.ndarray, sizes: np.ndarray) -> Any:
-    """Bytes members declared ``uint8``, copied once into one buffer for the batch: a
-    ``(n, size)`` array when they have one size (what the default collator stacks the
-    per-sample arrays into), else a list of 1-D views into the buffer (``buf[p : p + n]``
-    for each member)."""
+POOLED_BYTES = 2**20  # a batch's bytes column from this size on: in a block of the pool
+
+
+def bytes_column(
+    buf: np.ndarray, positions: np.ndarray, sizes: np.ndarray, pool: BufferPool | None = None
+) -> Any:
+    """Bytes members declared ``uint8``, copied once into one buffer for the batch (leased
+    from ``pool`` when it is large: memory faulted in already, that returns to the pool only
+    once nothing refers to the batch's values): a ``(n, size)`` array when they have one size
+    (what the default collator stacks the per-sample arrays into), else a list of 1-D views
+    into the buffer (``buf[p : p + n]`` for each member)."""
     total = int(sizes.sum())
     if len(positions) and (positions.min() < 0 or (positions + sizes).max() > len(buf)):
         return None
-    joined = np.empty(total, dtype=np.uint8)
+    big = pool is not None and total >= POOLED_BYTES
+    joined = pool.lease(total) if big else np.empty(total, dtype=np.uint8)  # type: ignore[union-attr]
     bounds = np.concatenate([[0], np.cumsum(sizes)]).tolist()
     for j, p in enumerate(positions.tolist()):
         a, b = bounds[j], bounds[j + 1]

@@ -78,6 +78,17 @@ def get_decoder(encoding: str) -> Decoder:
 
 __all__ = ["ClsCast", "NoneOr", "SampleDecoder", "Then", "get_decoder", "register_decoder"]
 
+RAW_BYTES = ("uint8", "bytes")
+
+
+def check_raw_bytes(value: str) -> str:
+    """``value`` when it is one of :data:`RAW_BYTES` (how raw-bytes fields without a declared
+    dtype are decoded), else a ValueError naming the choices."""
+    if value not in RAW_BYTES:
+        raise ValueError(f"raw_bytes must be one of {RAW_BYTES}, got {value!r}")
+    return value
+
+
 _Step = tuple[str, str, Decoder, Callable[[Any], Any] | None]  # field, ext, decoder, post
 
 
@@ -96,7 +107,9 @@ class SampleDecoder:
     ``fields`` limits decoding to those fields (default: all). ``decoders`` overrides decoders
     per encoding for this instance. ``allow_pickle=True`` (only for trusted data) unpickles
     ``pkl``/``pickle``/``pyd`` members and object arrays in ``npy``/``npz``, and loads ``pt``
-    with ``weights_only=False``. The output also holds ``"__key__"``. A field the schema marks
+    with ``weights_only=False``. ``raw_bytes="uint8"`` decodes every raw-bytes field as if
+    declared ``uint8`` (the loader's default); ``"bytes"`` (this class's default) keeps the
+    undeclared ones ``bytes``. The output also holds ``"__key__"``. A field the schema marks
     ``optional`` is None in a sample that lacks its member.
     """
 
@@ -108,12 +121,14 @@ class SampleDecoder:
         allow_pickle: bool = False,
         decoders: Mapping[str, Decoder] | None = None,
         dims: Mapping[str, int] | None = None,
+        raw_bytes: str = "bytes",
     ) -> None:
         if isinstance(fields, str):
             raise TypeError(f"fields must be a sequence of field names, not the string {fields!r}")
         self.schema = dict(schema) if schema is not None else None
         self.fields = None if fields is None else tuple(dict.fromkeys(fields))
         self.allow_pickle = allow_pickle
+        self.raw_bytes = check_raw_bytes(raw_bytes)
         self.dims = dict(dims or {})
         table = _decoder_table()
         if allow_pickle:
@@ -153,7 +168,8 @@ class SampleDecoder:
 
     def decoder_for(self, encoding: str) -> Decoder:
         """The decoder this instance uses for ``encoding``."""
-        return self._table.get(encoding.lower(), decode_bytes)
+        fn = self._table.get(encoding.lower(), decode_bytes)
+        return decode_uint8 if fn is decode_bytes and self.raw_bytes == "uint8" else fn
 
     def _schema_step(self, field: str) -> _Step:
         """How to decode schema field ``field`` (built once per field)."""

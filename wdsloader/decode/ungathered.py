@@ -5,15 +5,17 @@ column at once where the field's decoder has a batch form (:mod:`wdsloader.decod
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from functools import partial
 from typing import Any, TypeAlias
 
 import numpy as np
 
 from wdsloader.decode.batch import NotGatherable, RawBatch
-from wdsloader.decode.fastcols import batch_decoder
+from wdsloader.decode.fastcols import batch_decoder, bytes_column
 from wdsloader.decode.parse import parse_sample
 from wdsloader.decode.registry import SampleDecoder
 from wdsloader.errors import WdsLoaderError
+from wdsloader.io.buffers import BufferPool
 
 # where the members of the fields that are not gathered lie: found by one walk over the
 # batch's headers ({ext: (data positions, sizes)}), or per sample by parsing
@@ -54,10 +56,11 @@ def decode_fields(
     decoder: SampleDecoder,
     sources: Sequence[str],
     errors: dict[int, WdsLoaderError],
+    pool: BufferPool | None = None,
 ) -> dict[str, list[Any]]:
     """Decode ``fields`` (those not gathered) of the batch's samples from their members
     ``found``; a sample whose decoder raises gets its first field's error in ``errors`` (and
-    None in the columns)."""
+    None in the columns). ``pool``: where large ``uint8`` bytes columns are copied to."""
     out: dict[str, list[Any]] = {}
     if isinstance(found, list):
         for field in fields:
@@ -81,6 +84,8 @@ def decode_fields(
             continue
         positions, sizes = found[ext]
         column = batch_decoder(fn)
+        if column is bytes_column:
+            column = partial(bytes_column, pool=pool)
         whole = None if column is None else column(buf, positions, sizes)
         if whole is not None:  # every member read exactly as ``fn`` reads it
             out[field] = whole

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import errno
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from typing import ClassVar
 
 import numpy as np
@@ -14,16 +15,34 @@ from wdsloader.format import ShardInfo
 from wdsloader.io.cache_ledger import Ledger, space_lock, streamed
 from wdsloader.io.fetch import ShardStore
 from wdsloader.io.options import ReadOptions
-from wdsloader.io.ranges import Cut, Request, pread, preadv_all, split_range, unique_shards
+from wdsloader.io.ranges import (
+    Cut,
+    Piece,
+    Request,
+    pread,
+    preadv_all,
+    split_range,
+    unique_shards,
+)
 from wdsloader.io.remote_store import copy_cuts, fetch_side_file, read_remote_ranges
 from wdsloader.io.shard_cache import ShardCache, hash_fd, pwrite_all
 from wdsloader.io.storage import join, url_to_fs
 
 __all__ = ["CachedStore", "FileStore", "LocalStore"]
 
+SPLIT_BYTES = 8 << 20  # a joined read of this many bytes or more runs on two threads
+_Job = tuple[int, Sequence[Piece], int, str]  # descriptor, pieces, file offset, shard path
+
+
+def _run_jobs(jobs: list[_Job], url: Callable[[str], str]) -> None:
+    for fd, pieces, start, name in jobs:
+        preadv_all(fd, pieces, start, name, url)
+
 
 class FileStore(ShardStore):
     """A store whose ranges are preads of local files (the implementations say which files)."""
+
+    _half: ThreadPoolExecutor | None  # the second read thread, once needed
 
     @property
     def reads_locally(self) -> bool:
@@ -69,6 +88,7 @@ class FileStore(ShardStore):
             self._verify_once(shard, paths[rel])
         pinned = set(paths.values())
         if sink is not None:
+            jobs: list[_Job] = []
             last, fd = None, -1
             for i, ((shard, start, stop), pos) in enumerate(zip(reqs, positions, strict=True)):
                 if shard is not last:  # requests of a shard come one after the other
@@ -76,12 +96,48 @@ class FileStore(ShardStore):
                 self._count("requests")
                 into = sink[pos : pos + stop - start]
                 pieces = [into] if cuts is None or not cuts[i] else split_range(into, cuts[i])
-                preadv_all(fd, pieces, start, shard.path, self._url)
+                jobs.append((fd, pieces, start, shard.path))
+            self._preadv_jobs(jobs, len(sink))
             return []
         return [
             self._pread(self._fd(shard, paths[shard.path], pinned), start, stop, self.url(shard))
             for shard, start, stop in reqs
         ]
+
+    def _preadv_jobs(self, jobs: list[_Job], nbytes: int) -> None:
+        """Run the preads ``jobs``; a read of :data:`SPLIT_BYTES` or more is split in two halves,
+        the first on a second read thread (the copies release the GIL), the second on this one.
+        Returns (or raises the first half's error first) only once both are over: the
+        descriptors stay pinned and no thread writes into the sink after the call."""
+        if nbytes < SPLIT_BYTES or len(jobs) < 2:
+            _run_jobs(jobs, self._url)
+            return
+        if self._half is None:
+            self._half = ThreadPoolExecutor(1, "wdsloader-pread")
+        cut = len(jobs) // 2
+        first = self._half.submit(_run_jobs, jobs[:cut], self._url)
+        late: BaseException | None = None
+        try:
+            _run_jobs(jobs[cut:], self._url)
+        except BaseException as exc:  # noqa: BLE001 - raised below, once the first half is over
+            late = exc
+        early = first.exception()  # waits for the first half
+        if early is not None:
+            raise early
+        if late is not None:
+            raise late
+
+    def _init_runtime(self) -> None:
+        super()._init_runtime()
+        self._half = None
+
+    def close(self) -> None:
+        """Close open files and the threads (:meth:`ShardStore.close`)."""
+        super().close()
+        with self._lock:
+            if self._half is not None:
+                self._half.shutdown(wait=True)
+                self._half = None
 
     def _pread(self, fd: int, start: int, stop: int, url: str) -> bytes:
         self._count("requests")

@@ -44,7 +44,8 @@ class LoaderConfig:
     ``loader_kwargs`` go to torch's DataLoader; ``mix`` is the sample-level mix when the loader
     reads several sources (``plan`` is then over their shards concatenated in source order);
     ``packing`` plans packed rows instead of samples (``create_loader(packing=...)``);
-    ``worker_mode`` is ``"thread"`` when its workers are threads of the loader's process.
+    ``worker_mode`` is ``"thread"`` when its workers are threads of the loader's process;
+    ``raw_bytes``: :attr:`DecodeOptions.raw_bytes`.
     """
 
     split: str
@@ -64,6 +65,7 @@ class LoaderConfig:
     mix: MixSpec | None = None
     packing: PackPlanner | None = None
     worker_mode: str = "process"
+    raw_bytes: str = "uint8"
 
 
 def default_span_window(
@@ -195,6 +197,7 @@ def resolve_config(
         loader_kwargs=options.workers.loader_kwargs(options.num_workers, options.pin_memory),
         mix=mix,
         worker_mode=options.workers.mode if options.num_workers > 0 else "process",
+        raw_bytes=decode.raw_bytes,
     )
 
 

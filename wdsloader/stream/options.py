@@ -14,6 +14,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from wdsloader.decode.registry import check_raw_bytes
 from wdsloader.stream.dataset_config import ON_ERROR
 
 if TYPE_CHECKING:
@@ -205,7 +206,11 @@ class DecodeOptions:
     the registered collator named by ``create_loader(collate_fn=)`` (e.g.
     ``{"tokenizer": tok}`` for ``"text"``). ``gather=False`` turns off the whole-batch read of
     fixed-size fields (every sample is then parsed on its own). ``allow_pickle`` lets pickled
-    fields decode (never by default: unpickling runs code).
+    fields decode (never by default: unpickling runs code). ``raw_bytes`` is what a raw-bytes
+    field (``.bin`` and other encodings without a decoder) holds when the schema declares no
+    ``dtype``: ``"uint8"`` (default) as if declared ``uint8`` (one ``uint8[B, n]`` tensor when
+    the batch's members share one length, else a list of uint8 views into one buffer of the
+    batch), ``"bytes"`` a list of ``bytes``.
     """
 
     fields: Sequence[str] | None = None
@@ -213,8 +218,10 @@ class DecodeOptions:
     collate_options: Mapping[str, Any] | None = None
     gather: bool = True
     allow_pickle: bool = False
+    raw_bytes: str = "uint8"
 
     def __post_init__(self) -> None:
+        check_raw_bytes(self.raw_bytes)
         if isinstance(self.fields, str):
             raise TypeError(
                 f"fields must be a sequence of field names, not the string {self.fields!r}"

@@ -221,12 +221,29 @@ def test_storage_options_map_and_what_does_not_is_named():
         "use_ssl have no obstore equivalent"
     )
     assert transport_for("s3://b/ds", "auto", odd) == "fsspec"  # auto falls back, silently
-    assert transport_for("s3://b/ds", "auto", {"anon": True}) == "obstore"
+    endpoint = {"anon": True, "endpoint_url": "http://127.0.0.1:9000"}
+    assert transport_for("s3://b/ds", "auto", endpoint) == "obstore"
     assert transport_for("https://h/ds", "auto", None) == "fsspec"
     with pytest.raises(ValueError, match="reads s3:// roots only, not https:// ones"):
         transport_for("https://h/ds", "obstore", None)
     with pytest.raises(ValueError, match="transport='nope': expected 'auto', 'fsspec' or"):
         ReadOptions(transport="nope")
+
+
+def test_auto_reads_through_obstore_only_where_the_region_is_known(monkeypatch, tmp_path):
+    """obstore does not look a bucket's region up (s3fs does): auto keeps s3fs without one."""
+    for name in ("AWS_REGION", "AWS_DEFAULT_REGION", "AWS_PROFILE"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "none"))
+    assert transport_for("s3://b/ds", "auto", {"anon": True}) == "fsspec"
+    region = {"anon": True, "client_kwargs": {"region_name": "eu-west-1"}}
+    assert transport_for("s3://b/ds", "auto", region) == "obstore"
+    monkeypatch.setenv("AWS_DEFAULT_REGION", "us-west-2")
+    assert transport_for("s3://b/ds", "auto", {"anon": True}) == "obstore"
+    monkeypatch.delenv("AWS_DEFAULT_REGION")
+    (tmp_path / "config").write_text("[default]\nregion = ap-south-1\n")
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "config"))
+    assert transport_for("s3://b/ds", "auto", {"anon": True}) == "obstore"
 
 
 def test_no_credential_in_reprs_or_pickled_state(answering):

@@ -26,6 +26,7 @@ reads through obstore.
 
 from __future__ import annotations
 
+import asyncio
 import datetime
 import errno
 import importlib.util
@@ -33,6 +34,7 @@ import logging
 import os
 import re
 import ssl
+import threading
 from typing import Any
 
 from fsspec.core import split_protocol
@@ -80,9 +82,11 @@ def obstore_installed() -> bool:
 def transport_for(root: str, transport: str, storage_options: dict[str, Any] | None) -> str:
     """The transport (``"fsspec"`` or ``"obstore"``) that reads ``root``.
 
-    ``"auto"`` picks obstore for ``s3://`` roots when it is installed and every storage option
-    maps onto it, else fsspec. ``"obstore"`` on a root or options it cannot serve is a
-    ValueError saying why (not a silent fall back)."""
+    ``"auto"`` picks obstore for ``s3://`` roots when it is installed, every storage option
+    maps onto it and the bucket's region is known (an endpoint or region in the options, the
+    environment or the AWS config: obstore does not look a bucket's region up as s3fs does),
+    else fsspec. ``"obstore"`` on a root or options it cannot serve is a ValueError saying why
+    (not a silent fall back)."""
     if transport not in TRANSPORTS:
         raise ValueError(f"transport={transport!r}: expected one of {', '.join(TRANSPORTS)}")
     if transport == "fsspec":
@@ -94,9 +98,11 @@ def transport_for(root: str, transport: str, storage_options: dict[str, Any] | N
     elif not obstore_installed():
         why = "obstore is not installed (pip install obstore)"
     else:
-        unsupported = obstore_config(storage_options)[1]
+        config, unsupported = obstore_config(storage_options)
         if unsupported:
             why = f"storage option(s) {', '.join(unsupported)} have no obstore equivalent"
+        elif transport == "auto" and _region(config) is None and "endpoint" not in config:
+            why = "the bucket's region is not configured"
     if why is None:
         return "obstore"
     if transport == "obstore":
@@ -169,6 +175,17 @@ def remote_filesystem(
     )
 
 
+def _region(config: dict[str, Any]) -> str | None:
+    """The region of :func:`obstore_config`'s ``config``, the environment or the AWS config."""
+    region = config.get("region") or os.environ.get("AWS_REGION")
+    if region or os.environ.get("AWS_DEFAULT_REGION"):
+        return region or os.environ.get("AWS_DEFAULT_REGION")
+    import botocore.session  # type: ignore[import-untyped,unused-ignore]
+
+    found = botocore.session.Session(profile=config.get("profile")).get_config_variable("region")
+    return None if found is None else str(found)
+
+
 def _botocore_provider(profile: str | None) -> Any:
     """A credential provider for obstore answering from botocore's chain (as s3fs does)."""
     import botocore.session  # type: ignore[import-untyped,unused-ignore]
@@ -209,14 +226,7 @@ def _store(bucket: str, prefix: str, options: Any) -> Any:
     provider = None
     if "access_key_id" not in kwargs and not kwargs.get("skip_signature"):
         provider = _botocore_provider(profile)
-    if "region" not in kwargs and not os.environ.get(
-        "AWS_REGION", os.environ.get("AWS_DEFAULT_REGION")
-    ):
-        import botocore.session  # type: ignore[import-untyped,unused-ignore]
-
-        kwargs["region"] = (
-            botocore.session.Session(profile=profile).get_config_variable("region") or "us-east-1"
-        )
+    kwargs["region"] = _region({**kwargs, "profile": profile}) or "us-east-1"
     retry = {"max_retries": 0, "retry_timeout": datetime.timedelta(seconds=deadline)}
     return S3Store(
         bucket,
@@ -250,16 +260,14 @@ class ObstoreFiles:
 
     def cat_file(self, path: str, start: int | None = None, end: int | None = None) -> bytes:
         """Bytes ``[start, end)`` of ``path`` (to its end when ``end`` is None or past it)."""
-        import obstore  # type: ignore[import-not-found,unused-ignore]
 
         begin = start or 0
+        if end is not None and end <= begin:
+            return b""
         try:
             if end is None:
-                data = obstore.get(self._store, path, options={"range": {"offset": begin}})
-                return bytes(data.bytes())
-            if end <= begin:
-                return b""
-            return bytes(obstore.get_range(self._store, path, start=begin, end=end))
+                return bytes(_run(_get_from(self._store, path, begin)))
+            return bytes(_run(_get_range(self._store, path, begin, end)))
         except Exception as exc:
             raise translate(exc) from None
 
@@ -288,6 +296,40 @@ class ObstoreFiles:
 
     def invalidate_cache(self, path: str | None = None) -> None:
         """Nothing to do: listings are not cached."""
+
+
+_loop: tuple[int, asyncio.AbstractEventLoop] | None = None
+_loop_lock = threading.Lock()
+
+
+def _run(coro: Any) -> Any:
+    """``coro``'s result, run on this process's event loop thread: the calling thread waits
+    without the GIL, so the requests of many threads run at once (obstore's blocking calls
+    run one at a time)."""
+    global _loop
+    with _loop_lock:
+        if _loop is None or _loop[0] != os.getpid():
+            loop = asyncio.new_event_loop()
+            thread = threading.Thread(
+                target=loop.run_forever, name="wdsloader-obstore", daemon=True
+            )
+            thread.start()
+            _loop = (os.getpid(), loop)
+        loop = _loop[1]
+    return asyncio.run_coroutine_threadsafe(coro, loop).result()
+
+
+async def _get_range(store: Any, path: str, start: int, end: int) -> Any:
+    import obstore  # type: ignore[import-not-found,unused-ignore]
+
+    return await obstore.get_range_async(store, path, start=start, end=end)
+
+
+async def _get_from(store: Any, path: str, start: int) -> Any:
+    import obstore  # type: ignore[import-not-found,unused-ignore]
+
+    result = await obstore.get_async(store, path, options={"range": {"offset": start}})
+    return await result.bytes_async()
 
 
 _STATUS = re.compile(r"status code: (\d{3})")

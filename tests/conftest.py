@@ -45,6 +45,15 @@ def build_workers(monkeypatch):
     monkeypatch.setattr("build_shards.engines.local.SMALL_BUILD_S", 0.0)
 
 
+@pytest.fixture(params=["fsspec", "obstore"])
+def s3_transport(request):
+    """Each transport of S3 reads in turn (``ReadOptions.transport``; obstore's skipped where
+    it is not installed)."""
+    if request.param == "obstore":
+        pytest.importorskip("obstore")
+    return request.param
+
+
 @pytest.fixture()
 def s3_bucket(s3_server):
     """``(bucket_url, storage_options)`` for a fresh bucket on the loopback S3 server."""

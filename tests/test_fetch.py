@@ -169,7 +169,7 @@ def test_check_shards_local(local_ds):
 
 
 # -- S3 (moto server on loopback, through s3fs) ---------------------------------------------------
-def test_s3_exact_bytes_split_and_coalesced(s3_bucket):
+def test_s3_exact_bytes_split_and_coalesced(s3_bucket, s3_transport):
     url, opts = s3_bucket
     root = f"{url}/ds"
     m = write_dataset(root, {"train": [20, 13, 7]}, storage_options=opts)
@@ -177,7 +177,8 @@ def test_s3_exact_bytes_split_and_coalesced(s3_bucket):
     fs, base = url_to_fs(root, opts)
     files = {s.path: fs.cat_file(f"{base}/{s.path}") for s in shards}
     step = 4096
-    store = ShardStore(root, ReadOptions(storage_options=opts, max_request_bytes=step))
+    read = ReadOptions(storage_options=opts, max_request_bytes=step, transport=s3_transport)
+    store = ShardStore(root, read)
     store.check_shards(shards)
     reqs = sample_ranges(store, shards) + [(s, 0, s.num_bytes) for s in shards]
     reset_stats(store)

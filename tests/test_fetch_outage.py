@@ -288,8 +288,9 @@ def _check(
 
 
 def test_s3_outage_mid_epoch_is_retried_and_the_epoch_completes_exactly_once(
-    s3_server, monkeypatch
+    s3_server, s3_transport, monkeypatch
 ):
+    """With each transport: botocore under s3fs, and obstore (its own retries off)."""
     url, options = new_bucket(s3_server)
     root = f"{url}/ds"
     write_dataset(root, {"train": COUNTS}, storage_options=options)
@@ -298,7 +299,7 @@ def test_s3_outage_mid_epoch_is_retried_and_the_epoch_completes_exactly_once(
     with OutageProxy((str(parts.hostname), int(parts.port or 80))) as proxy:
         through = {**options, "client_kwargs": {"endpoint_url": proxy.url}}
         with _outage_at(proxy, TARGET, monkeypatch) as retried:
-            keys = _epoch(root, storage_options=through)
+            keys = _epoch(root, storage_options=through, transport=s3_transport)
         downs = proxy.downs
     _check(keys, reference, retried, downs, f"{root}/train/")
 

@@ -48,6 +48,16 @@ def read_ours(workload: str, url: str, workers: int, options: Any = None) -> Any
     return systems.Finished(workload, loader)
 
 
+def read_ours_obstore(workload: str, url: str, workers: int, options: Any = None) -> Any:
+    from wdsloader import ReadOptions, create_loader
+
+    read = ReadOptions(storage_options=options, transport="obstore")
+    loader = create_loader(
+        url, "train", batch_size=BATCH, num_workers=workers, seed=0, read_options=read
+    )
+    return systems.Finished(workload, loader)
+
+
 def read_ours_cache(workload: str, url: str, workers: int, options: Any = None) -> Any:
     from wdsloader import create_loader
 
@@ -178,6 +188,7 @@ def read_hf(workload: str, url: str, workers: int, options: Any = None) -> Any:
 READ = {
     "ours": read_ours,
     "ours_cache": read_ours_cache,
+    "ours_obstore": read_ours_obstore,
     "litdata": read_litdata,
     "mosaic": read_mosaic,
     "webdataset": read_webdataset,
@@ -187,9 +198,14 @@ READ = {
 FORMAT = {
     "ours": "ours",
     "ours_cache": "ours",
+    "ours_obstore": "ours",
     "litdata": "litdata",
     "mosaic": "mosaic",
     "webdataset": "webdataset",
     "hf": "webdataset",
 }
-TITLES = {**systems.TITLES, "ours_cache": "wdsloader with cache_dir"}
+TITLES = {
+    **systems.TITLES,
+    "ours_cache": "wdsloader with cache_dir",
+    "ours_obstore": "wdsloader, obstore transport",
+}

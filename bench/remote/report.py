@@ -17,6 +17,7 @@ SETTINGS = {
     "ours": 'create_loader("s3://bench/ours", "train", batch_size=256, num_workers=W, seed=0, '
     "storage_options=...)",
     "ours_cache": "the same with cache_dir=<empty folder>",
+    "ours_obstore": 'the same with read_options=ReadOptions(transport="obstore")',
     "litdata": 'StreamingDataset("s3://bench/litdata", cache_dir=<empty>, shuffle=True, seed=0, '
     "storage_options={endpoint_url, keys}) + StreamingDataLoader(batch_size=256); its obstore "
     "client told allow_http (the loopback server is http)",
@@ -119,7 +120,12 @@ def table(doc: dict[str, Any], profile: str) -> str:
     return head + "\n".join(lines) + "\n"
 
 
-TITLES = {**systems.TITLES, "ours_cache": "wdsloader with cache_dir", "hf": "HF datasets"}
+TITLES = {
+    **systems.TITLES,
+    "ours_cache": "wdsloader with cache_dir",
+    "ours_obstore": "wdsloader, obstore transport",
+    "hf": "HF datasets",
+}
 
 
 def markdown(doc: dict[str, Any]) -> str:

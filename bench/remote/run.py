@@ -39,7 +39,7 @@ from bench.remote.proxy import PROFILES, LatencyProxy  # noqa: E402
 from bench.remote.server import S3Server, ceiling  # noqa: E402
 
 WORKER = os.path.join(ROOT, "bench", "remote", "worker.py")
-SYSTEMS = ("ours", "ours_cache", "litdata", "mosaic", "webdataset", "hf")
+SYSTEMS = ("ours", "ours_cache", "ours_obstore", "litdata", "mosaic", "webdataset", "hf")
 WORKLOAD = "embed"
 
 
@@ -205,8 +205,10 @@ def main(argv: list[str] | None = None) -> int:
     unknown = set(systems) - set(SYSTEMS)
     if unknown:
         raise SystemExit(f"unknown systems {sorted(unknown)}: choose from {', '.join(SYSTEMS)}")
-    chosen, missing = local.select_systems(",".join(s for s in systems if s != "ours_cache"))
-    systems = [s for s in systems if s in chosen or s == "ours_cache"]
+    chosen, missing = local.select_systems(
+        ",".join(s for s in systems if s not in ("ours_cache", "ours_obstore"))
+    )
+    systems = [s for s in systems if s in chosen or s in ("ours_cache", "ours_obstore")]
     runner = local.Runner(args.python, os.path.join(args.out, f"raw-{args.name}"), WORKER)
     doc: dict[str, Any] = {
         "note": args.note or local._git_commit(),

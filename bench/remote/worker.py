@@ -25,6 +25,7 @@ def main(argv: list[str]) -> int:
     os.environ["WDS_BENCH_CACHE"] = spec.get("cache_dir") or ""
     systems.READ.update(readers.READ)
     systems.IMPORTS["ours_cache"] = systems.IMPORTS["ours"]
+    systems.IMPORTS["ours_obstore"] = systems.IMPORTS["ours"]
     return worker.main(argv)
 
 

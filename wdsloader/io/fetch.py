@@ -35,11 +35,11 @@ import numpy as np
 
 from wdsloader.errors import ShardFormatError
 from wdsloader.format import ShardInfo, decode_index
+from wdsloader.io.obstore_files import remote_filesystem
 from wdsloader.io.options import ReadOptions
 from wdsloader.io.ranges import Cut, Request
 from wdsloader.io.retry import RemoteFiles
 from wdsloader.io.shard_cache import OpenFiles
-from wdsloader.io.storage import url_to_fs
 from wdsloader.io.store import store_class
 from wdsloader.io.store_checks import StoreChecks
 from wdsloader.io.tuning import MAX_CONCURRENCY, Probe, Tuning, tune
@@ -163,12 +163,10 @@ class ShardStore(StoreChecks):
     def _storage(self) -> RemoteFiles:
         """The files under the root, read with this store's retries (opened on first use)."""
         if self._remote is None:
-            fs, base = url_to_fs(
+            # the client's own retries off: RemoteFiles retries, under the deadline
+            fs, base = remote_filesystem(
                 self.root,
-                self.options.storage_options,
-                connect_timeout=self.options.connect_timeout,
-                read_timeout=self.options.read_timeout,
-                client_retries=False,  # RemoteFiles retries, under the deadline
+                self.options,
                 max_connections=self.options.concurrency or MAX_CONCURRENCY,
             )
             self._remote = RemoteFiles(

@@ -46,6 +46,12 @@ class ReadOptions:
     starts after it; None means no deadline. The client libraries' own retries are turned off:
     ``retries`` counts them all. Then :class:`ShardReadError` names the file and the URL
     (credentials redacted). With the defaults a dead server is reported after about a minute.
+
+    ``transport`` is the client of remote reads: ``"fsspec"`` (s3fs, HTTP, GCS ...),
+    ``"obstore"`` (S3 through the ``obstore`` package, the same URL and ``storage_options``;
+    a ValueError says why when it cannot serve the root or an option) or ``"auto"`` (obstore
+    for ``s3://`` when installed and every option maps, else fsspec; see
+    :mod:`wdsloader.io.obstore_files`).
     """
 
     storage_options: dict[str, Any] | None = None
@@ -61,8 +67,13 @@ class ReadOptions:
     cache_limit_bytes: int | None = None
     verify_checksum: bool = False
     max_open_files: int = 64
+    transport: str = "fsspec"
 
     def __post_init__(self) -> None:
+        if self.transport not in ("auto", "fsspec", "obstore"):
+            raise ValueError(
+                f"transport={self.transport!r}: expected 'auto', 'fsspec' or 'obstore'"
+            )
         if self.retries < 0 or self.backoff < 0 or (self.cache_limit_bytes or 0) < 0:
             raise ValueError("retries, backoff and cache_limit_bytes must be >= 0")
         tuned = (self.max_request_bytes, self.concurrency, self.readahead_bytes)

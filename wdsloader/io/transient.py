@@ -13,7 +13,9 @@ The rules, over the exception and the exceptions it was raised from (``__cause__
    credentials (407). A proxy that refuses or drops the connection is a network failure
    (rule 2): a proxy restarting comes back.
 1. An answer of the server decides when one is in the chain: an HTTP status (aiohttp's
-   ``ClientResponseError``) or an S3 error (botocore's ``ClientError``, its code and status).
+   ``ClientResponseError``) or an S3 error (botocore's ``ClientError``, its code and status;
+   obstore's errors as :mod:`wdsloader.io.obstore_files` translates them, ``status`` and
+   ``code``).
    5xx, 408, 429 and the throttling and "try again" codes (``SlowDown``, ``InternalError``,
    ``ServiceUnavailable``, ``RequestTimeout``, ``Throttling`` ...) are transient; any other
    answer (a 404, a 403, a bad request) is not, so a missing file or a denied access stays one.
@@ -184,6 +186,9 @@ def _answer(exc: BaseException) -> bool | None:
             return True
         return isinstance(status, int) and _transient_status(status)
     status = getattr(exc, "status", None)
+    code = getattr(exc, "code", None)  # an S3 code beside the status (obstore's, translated)
+    if isinstance(code, str) and code in _TRANSIENT_CODES:
+        return True
     if isinstance(status, int) and not isinstance(status, bool):
         return _transient_status(status)
     return None

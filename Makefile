@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 DEMO_STAMP := $(VENV)/.installed-demo
 # The extras the test suite exercises (make test installs them; make demo needs none of them).
-TEST_EXTRAS := test,hf,s3,http,text,image,ray,fast
+TEST_EXTRAS := test,hf,s3,s3fast,http,text,image,ray,fast
 
 .PHONY: install demo test test-fast lint format docs clean
 

@@ -230,6 +230,16 @@ def test_storage_options_map_and_what_does_not_is_named():
         ReadOptions(transport="nope")
 
 
+def test_without_obstore_the_explicit_transport_names_the_extra_and_auto_keeps_s3fs(monkeypatch):
+    from wdsloader.io import obstore_files
+
+    monkeypatch.setattr(obstore_files, "obstore_installed", lambda: False)
+    endpoint = {"client_kwargs": {"endpoint_url": "http://127.0.0.1:9"}}
+    with pytest.raises(ValueError, match=r"not installed \(pip install 'wdsloader\[s3fast\]'\)"):
+        transport_for("s3://b/ds", "obstore", endpoint)
+    assert transport_for("s3://b/ds", "auto", endpoint) == "fsspec"
+
+
 def test_auto_reads_through_obstore_only_where_the_region_is_known(monkeypatch, tmp_path):
     """obstore does not look a bucket's region up (s3fs does): auto keeps s3fs without one."""
     for name in ("AWS_REGION", "AWS_DEFAULT_REGION", "AWS_PROFILE"):

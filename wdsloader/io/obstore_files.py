@@ -96,7 +96,7 @@ def transport_for(root: str, transport: str, storage_options: dict[str, Any] | N
     if protocol not in _S3:
         why = f"it reads s3:// roots only, not {protocol or 'local'}:// ones"
     elif not obstore_installed():
-        why = "obstore is not installed (pip install obstore)"
+        why = "obstore is not installed (pip install 'wdsloader[s3fast]')"
     else:
         config, unsupported = obstore_config(storage_options)
         if unsupported:

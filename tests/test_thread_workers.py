@@ -4,14 +4,13 @@ processes; no thread left running after a loop stops early; nothing pickled."""
 
 from __future__ import annotations
 
-import subprocess
-import sys
 import threading
 
 import numpy as np
 import pytest
 
 from tests.dataset_factory import write_dataset
+from tests.exit_check import assert_exits_cleanly
 from tests.shard_edit import header_of, patch_shard
 from wdsloader import create_loader
 from wdsloader.format import BLOCK
@@ -184,16 +183,7 @@ next(it)
 def test_interpreter_exits_cleanly_with_a_thread_iterator_open(ds):
     """Threads left running at exit were frozen inside torch (an abort, about one exit in
     three) and their iterator closed on a torn-down module (an ignored TypeError)."""
-    for _ in range(4):
-        proc = subprocess.run(
-            [sys.executable, "-c", EXIT_SCRIPT.format(root=ds)],
-            capture_output=True,
-            text=True,
-            timeout=120,
-        )
-        assert proc.returncode == 0, proc.stderr
-        assert "Exception ignored" not in proc.stderr, proc.stderr
-        assert "Traceback" not in proc.stderr, proc.stderr
+    assert_exits_cleanly(EXIT_SCRIPT.format(root=ds), runs=4)
 
 
 def test_threads_need_no_pickling(ds, monkeypatch):

@@ -416,7 +416,7 @@ def test_a_large_joined_read_is_split_over_two_threads_with_the_same_bytes(root,
     joined, pos = store.read_joined(reqs)
     assert bytes(joined) == b"".join(data[s:e] for _, s, e in reqs)
     by_thread = {s: t for s, t in ran}
-    assert {by_thread[s] for _, s, _ in reqs[:3]} == {"wdsloader-pread_0"}  # the first half
+    assert {by_thread[s] for _, s, _ in reqs[:3]} == {"wdsloader-fetch_0"}  # the first half
     assert {by_thread[s] for _, s, _ in reqs[3:]} == {threading.current_thread().name}
     # both halves fail: the first half's error, raised once both halves are over
     ran.clear()
@@ -425,4 +425,4 @@ def test_a_large_joined_read_is_split_over_two_threads_with_the_same_bytes(root,
         store.read_joined(reqs)
     assert sorted(s for s, _ in ran) == [0, 1000, 2000, 3000]
     store.close()
-    assert not [t for t in threading.enumerate() if t.name.startswith("wdsloader-pread")]
+    assert not [t for t in threading.enumerate() if t.name.startswith("wdsloader-fetch")]

@@ -338,17 +338,26 @@ class ShardStore(StoreChecks):
         raise NotImplementedError
 
     # -- remote requests -------------------------------------------------------------------------
+    def _thread_pool(self, threads: int | None = None) -> ThreadPoolExecutor:
+        """The store's one thread pool (remote requests, downloads, the second half of a large
+        local read; used under the lock, so idle between calls), with ``threads`` threads (None:
+        as it is; when made now, the tuned concurrency)."""
+        pool = self._pool
+        if pool is not None and threads is not None and pool._max_workers != threads:
+            pool.shutdown(wait=False)  # tuned since: none of its work is pending
+            pool = None
+        if pool is None:
+            count = threads if threads is not None else max(1, self.tuning().concurrency)
+            pool = self._pool = ThreadPoolExecutor(count, "wdsloader-fetch")
+        return pool
+
     def _run_all(self, fn: Callable[[_T], _R], items: Sequence[_T]) -> list[_R]:
         """``[fn(x) for x in items]`` on the thread pool; raises the first error once none runs."""
         threads = self.tuning().concurrency
         if len(items) <= 1 or threads == 1:
             return [fn(x) for x in items]
-        if self._pool is not None and self._pool._max_workers != threads:
-            self._pool.shutdown(wait=False)  # tuned since: none of its work is pending
-            self._pool = None
-        if self._pool is None:
-            self._pool = ThreadPoolExecutor(threads, "wdsloader-fetch")
-        futures = [self._pool.submit(fn, x) for x in items]
+        pool = self._thread_pool(threads)
+        futures = [pool.submit(fn, x) for x in items]
         _, pending = wait(futures, return_when=FIRST_EXCEPTION)
         for f in pending:
             f.cancel()

@@ -6,7 +6,6 @@ from __future__ import annotations
 import errno
 import os
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from typing import ClassVar
 
 import numpy as np
@@ -17,8 +16,9 @@ from wdsloader.io.fetch import ShardStore
 from wdsloader.io.options import ReadOptions
 from wdsloader.io.ranges import (
     Cut,
-    Piece,
+    Job,
     Request,
+    halve_jobs,
     pread,
     preadv_all,
     split_range,
@@ -31,18 +31,15 @@ from wdsloader.io.storage import join, url_to_fs
 __all__ = ["CachedStore", "FileStore", "LocalStore"]
 
 SPLIT_BYTES = 8 << 20  # a joined read of this many bytes or more runs on two threads
-_Job = tuple[int, Sequence[Piece], int, str]  # descriptor, pieces, file offset, shard path
 
 
-def _run_jobs(jobs: list[_Job], url: Callable[[str], str]) -> None:
+def _run_jobs(jobs: list[Job], url: Callable[[str], str]) -> None:
     for fd, pieces, start, name in jobs:
         preadv_all(fd, pieces, start, name, url)
 
 
 class FileStore(ShardStore):
     """A store whose ranges are preads of local files (the implementations say which files)."""
-
-    _half: ThreadPoolExecutor | None  # the second read thread, once needed
 
     @property
     def reads_locally(self) -> bool:
@@ -88,7 +85,7 @@ class FileStore(ShardStore):
             self._verify_once(shard, paths[rel])
         pinned = set(paths.values())
         if sink is not None:
-            jobs: list[_Job] = []
+            jobs: list[Job] = []
             last, fd = None, -1
             for i, ((shard, start, stop), pos) in enumerate(zip(reqs, positions, strict=True)):
                 if shard is not last:  # requests of a shard come one after the other
@@ -104,21 +101,21 @@ class FileStore(ShardStore):
             for shard, start, stop in reqs
         ]
 
-    def _preadv_jobs(self, jobs: list[_Job], nbytes: int) -> None:
-        """Run the preads ``jobs``; a read of :data:`SPLIT_BYTES` or more is split in two halves,
-        the first on a second read thread (the copies release the GIL), the second on this one.
-        Returns (or raises the first half's error first) only once both are over: the
-        descriptors stay pinned and no thread writes into the sink after the call."""
-        if nbytes < SPLIT_BYTES or len(jobs) < 2:
+    def _preadv_jobs(self, jobs: list[Job], nbytes: int) -> None:
+        """Run the preads ``jobs`` (under the lock); a read of :data:`SPLIT_BYTES` or more is
+        cut in two halves of equal bytes (:func:`halve_jobs`), the first read on a thread of the
+        store's pool (idle: its remote requests run under the lock too; the copies release the
+        GIL), the second on this one. Returns (or raises the first half's error first) only
+        once both are over: the descriptors stay pinned and no thread writes into the sink
+        after the call."""
+        if nbytes < SPLIT_BYTES:
             _run_jobs(jobs, self._url)
             return
-        if self._half is None:
-            self._half = ThreadPoolExecutor(1, "wdsloader-pread")
-        cut = len(jobs) // 2
-        first = self._half.submit(_run_jobs, jobs[:cut], self._url)
+        head, tail = halve_jobs(jobs)
+        first = self._thread_pool().submit(_run_jobs, head, self._url)
         late: BaseException | None = None
         try:
-            _run_jobs(jobs[cut:], self._url)
+            _run_jobs(tail, self._url)
         except BaseException as exc:  # noqa: BLE001 - raised below, once the first half is over
             late = exc
         early = first.exception()  # waits for the first half
@@ -126,18 +123,6 @@ class FileStore(ShardStore):
             raise early
         if late is not None:
             raise late
-
-    def _init_runtime(self) -> None:
-        super()._init_runtime()
-        self._half = None
-
-    def close(self) -> None:
-        """Close open files and the threads (:meth:`ShardStore.close`)."""
-        super().close()
-        with self._lock:
-            if self._half is not None:
-                self._half.shutdown(wait=True)
-                self._half = None
 
     def _pread(self, fd: int, start: int, stop: int, url: str) -> bytes:
         self._count("requests")

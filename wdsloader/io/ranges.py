@@ -28,6 +28,7 @@ class Hole:
 Piece = memoryview | Hole
 Cut = tuple[int, Piece]  # (offset in a range, buffer or hole): those bytes of the range go there
 IOV_MAX = 1024  # buffers one preadv call takes (Linux's UIO_MAXIOV)
+Job = tuple[int, Sequence[Piece], int, str]  # descriptor, pieces, file offset, shard path
 
 
 def unique_shards(reqs: list[Request]) -> dict[str, ShardInfo]:
@@ -126,3 +127,35 @@ def split_range(sink: memoryview, cuts: Sequence[Cut]) -> list[Piece]:
         pos = off + len(buf)
     out.append(sink[pos:])
     return out
+
+
+def halve_jobs(jobs: Sequence[Job]) -> tuple[list[Job], list[Job]]:
+    """``jobs`` (:func:`preadv_all` arguments) in two parts that read equal bytes (to one; the
+    bytes of holes are not read), in order: the job where the middle byte falls is cut there,
+    its first pieces (the piece at the cut sliced) a job of the first part, the rest one of
+    the second."""
+    left = sum(len(p) for _, pieces, _, _ in jobs for p in pieces if not isinstance(p, Hole)) // 2
+    first: list[Job] = []
+    for k, (fd, pieces, start, name) in enumerate(jobs):
+        size = sum(len(p) for p in pieces if not isinstance(p, Hole))
+        if size <= left:
+            first.append(jobs[k])
+            left -= size
+            continue
+        head: list[Piece] = []
+        tail: list[Piece] = []
+        for piece in pieces:
+            if not left:
+                tail.append(piece)
+            elif isinstance(piece, Hole) or len(piece) <= left:
+                head.append(piece)
+                left -= 0 if isinstance(piece, Hole) else len(piece)
+            else:
+                head.append(piece[:left])
+                tail.append(piece[left:])
+                left = 0
+        if head:
+            first.append((fd, head, start, name))
+        at = start + sum(len(p) for p in head)
+        return first, [(fd, tail, at, name), *jobs[k + 1 :]]
+    return first, []

@@ -9,32 +9,18 @@ while the batches ahead wait to be taken, and wakes once per batch taken.
 
 from __future__ import annotations
 
-import atexit
 import threading
-import weakref
 from collections import deque
 from collections.abc import Iterator
 from typing import Any, Generic, TypeVar
+
+from wdsloader.stream.exit_stop import forget, stop_at_exit
 
 T = TypeVar("T")
 
 DECODE_AHEAD = 1
 """Batches made and waiting at most (one more may be in the making): the loop takes batch k
 while batch k + 1 waits and batch k + 2 is decoded."""
-
-EXIT_JOIN_S = 10.0
-"""At interpreter exit, how long an open iteration's thread may take to finish its batch."""
-
-_LIVE: weakref.WeakSet[Ahead[Any]] = weakref.WeakSet()  # threads not closed yet
-
-
-@atexit.register
-def _stop_live() -> None:
-    """Stop the threads of iterations still open when the interpreter exits, while they can
-    still run: a daemon thread frozen later inside torch's C++ code (a collate that released
-    the GIL) aborts the process ("terminate called without an active exception")."""
-    for ahead in list(_LIVE):
-        ahead.close(timeout=EXIT_JOIN_S)
 
 
 class Ahead(Generic[T]):
@@ -54,7 +40,7 @@ class Ahead(Generic[T]):
         self._error: BaseException | None = None
         self.made = 0  # items made so far (the thread's count)
         self._thread = threading.Thread(target=self._run, name=f"wdsloader-{name}", daemon=True)
-        _LIVE.add(self)
+        stop_at_exit(self)  # a thread frozen at exit inside torch's C++ code aborts
         self._thread.start()
 
     def _run(self) -> None:
@@ -110,7 +96,7 @@ class Ahead(Generic[T]):
             self._stopped = True
             self._items.clear()
             self._cond.notify_all()
-        _LIVE.discard(self)
+        forget(self)
         if self._thread is not threading.current_thread():
             self._thread.join(timeout)
 

@@ -13,12 +13,12 @@ walks and resume counts on.
 
 from __future__ import annotations
 
-import atexit
 import contextlib
 import copy
 import queue
 import sys
 import threading
+import time
 import weakref
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 from torch.utils.data._utils import ExceptionWrapper
 from torch.utils.data._utils.pin_memory import pin_memory
 
+from wdsloader.stream.exit_stop import forget, stop_at_exit
 from wdsloader.stream.reader import close_store
 
 if TYPE_CHECKING:
@@ -35,15 +36,6 @@ __all__ = ["ThreadWorkers", "start_threads", "worker_copy"]
 
 THREAD_NAME = "wdsloader-worker"
 _BATCH, _END, _ERROR = range(3)
-_LIVE: weakref.WeakSet[ThreadWorkers] = weakref.WeakSet()  # iterations not closed yet
-
-
-@atexit.register
-def _close_live() -> None:
-    """Stop the threads of iterations still open when the interpreter exits, while they can
-    still run: a daemon thread frozen later inside torch's C++ code aborts the process."""
-    for workers in list(_LIVE):
-        workers.close()
 
 
 def worker_copy(dataset: ShardStreamDataset) -> ShardStreamDataset:
@@ -92,7 +84,7 @@ class ThreadWorkers:
         self._dataset, self._copies, self._pin, self._done = dataset, copies, pin, done
         self._stop = threading.Event()
         self._finalizing = sys.is_finalizing  # bound now: close may run at interpreter exit
-        _LIVE.add(self)
+        stop_at_exit(self)
         self._queues: list[queue.Queue[tuple[int, Any]]] = [
             queue.Queue(maxsize=prefetch) for _ in copies
         ]
@@ -159,24 +151,28 @@ class ThreadWorkers:
         with contextlib.suppress(queue.Full):
             out.put_nowait(item)
 
-    def close(self) -> None:
-        """Stop the threads (each finishes the batch it is making) and wait for them; nothing
-        at interpreter exit, where daemon threads end with the process (and may never run
-        again to be joined)."""
+    def close(self, timeout: float | None = None) -> None:
+        """Stop the threads (each finishes the batch it is making) and wait for them, at most
+        ``timeout`` seconds in all; nothing once the interpreter finalizes, where daemon threads
+        end with the process (and may never run again to be joined)."""
         if self._stop.is_set() or self._finalizing():
             return
         self._stop.set()
-        _LIVE.discard(self)
+        forget(self)
         for q in self._queues:  # a thread waiting to put a batch: room for it (this is the
             while not q.empty():  # only consumer: a queue that is not empty has an item)
                 q.get_nowait()
+        end = None if timeout is None else time.monotonic() + timeout
+        me = threading.current_thread()
         for thread in self._threads:
-            if thread is not threading.current_thread():
-                thread.join()
+            if thread is not me:
+                thread.join(None if end is None else max(0.0, end - time.monotonic()))
         for q in self._queues:  # what the threads put meanwhile: no batch outlives close
             while not q.empty():
                 q.get_nowait()
-        if self._done is not None:
+        if self._done is not None and not any(
+            t.is_alive() for t in self._threads if t is not me
+        ):  # copies a thread still uses (the timeout passed) are not handed on
             self._done(self._copies)
 
 

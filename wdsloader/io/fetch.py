@@ -272,8 +272,11 @@ class ShardStore(StoreChecks):
         self._ensure_process()
         with self._lock:
             remote = self._storage()
+        # not through remote.fetch: the first request's time (the client's set-up with it) is
+        # no round trip for the probe, and its errors reach the caller as the client raised them
         fs, path, o = remote.fs, join(remote.base, rel), self.options
-        whole = {"max_concurrency": 1} if getattr(fs, "max_concurrency", None) else {}  # s3fs
+        s3fs = getattr(fs, "max_concurrency", None) is not None  # one GET, no HEAD (cat_whole)
+        whole = {"max_concurrency": 1} if s3fs else {}
         clock = Deadline(o.deadline)
         for attempt in range(o.retries + 1):
             try:

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import os
 import threading
+import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
 from typing import Any, ClassVar, TypeVar
@@ -38,10 +39,13 @@ from wdsloader.format import ShardInfo, decode_index
 from wdsloader.io.obstore_files import remote_filesystem
 from wdsloader.io.options import ReadOptions
 from wdsloader.io.ranges import Cut, Request
-from wdsloader.io.retry import RemoteFiles
+from wdsloader.io.retry import MAX_BACKOFF_S, Deadline, RemoteFiles, call_fs
+from wdsloader.io.setup_errors import setup_error
 from wdsloader.io.shard_cache import OpenFiles
+from wdsloader.io.storage import join
 from wdsloader.io.store import store_class
 from wdsloader.io.store_checks import StoreChecks
+from wdsloader.io.transient import is_transient
 from wdsloader.io.tuning import MAX_CONCURRENCY, Probe, Tuning, tune
 from wdsloader.redact import redact, secrets_of
 
@@ -236,6 +240,57 @@ class ShardStore(StoreChecks):
             self._shipped = {s.idx_path: self._indexes[s.idx_path] for s in shards}
             self._measured = (self._probe.rtt_s, self._probe.bytes_per_s)
         return True
+
+    def open_split(self, shards: Sequence[ShardInfo], check: bool) -> None:
+        """What a loader does with its split's shards before planning: with ``check``,
+        :meth:`check_shards`, then :meth:`ship_indexes`. Remotely the check's listing is in
+        flight while the indexes are read (a round trip less before the first batch); its
+        error wins over an index's, so a missing shard is named as such."""
+        if not check or self.is_local:
+            if check:
+                self.check_shards(shards)
+            self.ship_indexes(shards)
+            return
+        self._ensure_process()
+        with self._lock:
+            self._storage()  # one client for both, opened before they start
+        with ThreadPoolExecutor(1, "wdsloader-check") as checker:
+            checked = checker.submit(self.check_shards, shards)
+            try:
+                self.ship_indexes(shards)
+            except BaseException:
+                checked.result()  # the check's error first
+                raise
+            checked.result()
+
+    def read_root_file(self, rel: str) -> bytes:
+        """A small file under the root (``manifest.json``) read whole through the store's
+        filesystem, so that the shards are read with the client that read it (its set-up,
+        credentials and region once per process); transient errors retried under the
+        options' retries and deadline, any other error (and a set-up mistake) raised as the
+        client raised it, for the caller to word."""
+        self._ensure_process()
+        with self._lock:
+            remote = self._storage()
+        # not through remote.fetch: the first request's time (the client's set-up with it) is
+        # no round trip for the probe, and its errors reach the caller as the client raised them
+        fs, path, o = remote.fs, join(remote.base, rel), self.options
+        s3fs = getattr(fs, "max_concurrency", None) is not None  # one GET, no HEAD (cat_whole)
+        whole = {"max_concurrency": 1} if s3fs else {}
+        clock = Deadline(o.deadline)
+        for attempt in range(o.retries + 1):
+            try:
+                data = call_fs(fs, clock.remaining(), "cat_file", path, **whole)
+                return bytes(data)
+            except Exception as exc:  # a transient error retried, any other raised as it is
+                delay = min(o.backoff * 2**attempt, MAX_BACKOFF_S)
+                left = clock.remaining()
+                last = attempt >= o.retries or (left is not None and left <= delay)
+                if last or not is_transient(exc) or setup_error(exc, self.root) is not None:
+                    raise
+                self._count("retries", 1)
+                time.sleep(delay)
+        raise AssertionError("unreachable")  # the loop returns or raises
 
     def _load_index(self, shard: ShardInfo) -> np.ndarray:
         """The checked, read-only offsets of a shard's index file, read now."""

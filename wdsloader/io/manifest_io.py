@@ -8,8 +8,10 @@ plugs them in; ``import wdsloader`` does).
 
 from __future__ import annotations
 
+import functools
 import json
 import os
+from collections.abc import Callable
 from typing import Any
 
 from wdsloader.errors import ManifestError, StorageSetupError
@@ -35,18 +37,24 @@ def save_manifest(
 
 
 def load_manifest(
-    root: str | os.PathLike[str], storage_options: dict[str, Any] | None = None
+    root: str | os.PathLike[str],
+    storage_options: dict[str, Any] | None = None,
+    *,
+    read: Callable[[str], bytes] | None = None,
 ) -> Manifest:
-    """Read ``manifest.json`` under ``root`` (a folder or URL), with clear errors."""
-    fs, path = url_to_fs(root, storage_options)
-    target = join(path, MANIFEST_NAME)
+    """Read ``manifest.json`` under ``root`` (a folder or URL), with clear errors. ``read``
+    (given a path under ``root``, its bytes) reads it instead of a filesystem opened here:
+    a store's client, its errors worded the same way."""
+    if read is None:
+        fs, path = url_to_fs(root, storage_options)
+        read = functools.partial(_read_under, fs, path)
     secrets = secrets_of(storage_options, os.fspath(root))
     where = manifest_where(root, storage_options)
     try:
         with setup_errors_in_one_line(
             f"{os.fspath(root).rstrip('/')}/{MANIFEST_NAME}", storage_options
         ):
-            raw = cat_whole(fs, target)
+            raw = read(MANIFEST_NAME)
     except StorageSetupError:
         raise
     except FileNotFoundError:
@@ -63,6 +71,10 @@ def load_manifest(
     except ValueError as exc:  # JSONDecodeError, UnicodeDecodeError, an int of 5000 digits
         raise ManifestError(f"{where}: manifest is not valid JSON: {exc}") from None
     return Manifest.from_dict(data, source=where)
+
+
+def _read_under(fs: Any, path: str, rel: str) -> bytes:
+    return cat_whole(fs, join(path, rel))
 
 
 def cat_whole(fs: Any, path: str) -> bytes:

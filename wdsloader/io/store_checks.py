@@ -136,33 +136,34 @@ class StoreChecks:
         ShardFormatError naming a file whose size differs from the manifest.
         """
         self._ensure_process()
-        with self._lock:
-            groups: dict[str, list[tuple[str, int]]] = {}
-            for s in shards:
-                for rel, size in ((s.path, s.num_bytes), (s.idx_path, (s.num_samples + 1) * 8)):
-                    groups.setdefault(posixpath.dirname(rel), []).append((rel, size))
-            missing: list[str] = []
-            for folder, files in groups.items():
-                listing = self.list_dir(folder)
-                for rel, expected in files:
-                    name = posixpath.basename(rel)
-                    if listing is not None and name in listing:
-                        found = listing[name]
-                    else:
-                        try:
-                            found = self.file_size(rel)
-                        except FileNotFoundError:
-                            missing.append(self._url(rel))
-                            continue
-                    if found is not None and found != expected:
-                        raise ShardFormatError(
-                            f"{self._url(rel)}: file has {found} bytes, the manifest says {expected}"
-                        )
-            if missing:
-                shown = ", ".join(missing[:5]) + (" ..." if len(missing) > 5 else "")
-                raise FileNotFoundError(
-                    errno.ENOENT, f"{len(missing)} shard file(s) missing: {shown}", missing[0]
-                )
+        with self._lock:  # the listings below leave the store free (indexes read meanwhile)
+            remote = self._storage()
+        groups: dict[str, list[tuple[str, int]]] = {}
+        for s in shards:
+            for rel, size in ((s.path, s.num_bytes), (s.idx_path, (s.num_samples + 1) * 8)):
+                groups.setdefault(posixpath.dirname(rel), []).append((rel, size))
+        missing: list[str] = []
+        for folder, files in groups.items():
+            listing = remote.list_dir(folder)
+            for rel, expected in files:
+                name = posixpath.basename(rel)
+                if listing is not None and name in listing:
+                    found = listing[name]
+                else:
+                    try:
+                        found = self.file_size(rel)
+                    except FileNotFoundError:
+                        missing.append(self._url(rel))
+                        continue
+                if found is not None and found != expected:
+                    raise ShardFormatError(
+                        f"{self._url(rel)}: file has {found} bytes, the manifest says {expected}"
+                    )
+        if missing:
+            shown = ", ".join(missing[:5]) + (" ..." if len(missing) > 5 else "")
+            raise FileNotFoundError(
+                errno.ENOENT, f"{len(missing)} shard file(s) missing: {shown}", missing[0]
+            )
 
     def list_dir(self, folder: str = "") -> dict[str, int | None] | None:
         """``{basename: size or None}`` of the files in ``folder`` (relative to the root; ``""``

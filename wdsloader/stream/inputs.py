@@ -23,16 +23,17 @@ def open_dataset(
     """The store over ``root`` and its manifest (read under the options' timeouts; its default
     curriculum checked)."""
     store = open_store(root, options)
+    # remotely the manifest comes through the store's client (set up once per process)
+    read = None if store.is_local else store.read_root_file
     try:
         storage_options = options.storage_options_for(root)
-        manifest = load_manifest(root, storage_options)
+        manifest = load_manifest(root, storage_options, read=read)
         stored_curriculum(manifest.loader_defaults, manifest_where(root, storage_options))
     except ManifestError as exc:  # its message shows the root as given, userinfo included
         raise ManifestError(store.redact(exc)) from None
-    shards = manifest.split(split).shards
-    if check_shards:
-        store.check_shards(shards)
-    store.ship_indexes(shards)  # read once, in parallel, not again in each worker
+    # the indexes read once, in parallel, not again in each worker; the listing of the check
+    # in flight with them
+    store.open_split(manifest.split(split).shards, check_shards)
     return store, manifest
 
 

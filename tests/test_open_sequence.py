@@ -1,0 +1,117 @@
+"""What ``create_loader`` does over S3 before the first batch: one client for the manifest, the
+listing and the indexes, and the listing of the shard check in flight while the indexes are
+read (a round trip less on the way to the first batch), its errors still first."""
+
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+import pytest
+
+from tests.dataset_factory import write_dataset
+from wdsloader import ErrorPolicy, ReadOptions, create_loader
+from wdsloader.errors import ShardFormatError
+from wdsloader.io import ShardStore
+from wdsloader.io.retry import RemoteFiles
+from wdsloader.io.storage import url_to_fs
+
+COUNTS = [20, 13, 7]
+
+
+def _loader(root: str, opts: dict, transport: str, **kw):
+    read = ReadOptions(storage_options=opts, transport=transport)
+    return create_loader(root, "train", batch_size=8, seed=3, read_options=read, **kw)
+
+
+def _epoch_ids(loader) -> list[int]:
+    return sorted(int(i) for b in loader for i in np.asarray(b["idx"]).tolist())
+
+
+def test_create_loader_sets_up_one_s3_client_for_manifest_listing_indexes_and_reads(
+    s3_bucket, s3_transport, monkeypatch
+):
+    aiobotocore_session = pytest.importorskip("aiobotocore.session")
+    url, opts = s3_bucket
+    root = f"{url}/ds"
+    write_dataset(root, {"train": COUNTS}, storage_options=opts)
+    clients: list[str] = []
+    create = aiobotocore_session.AioSession.create_client
+
+    def counted(self, *args, **kwargs):
+        clients.append(args[0] if args else kwargs.get("service_name", "?"))
+        return create(self, *args, **kwargs)
+
+    monkeypatch.setattr(aiobotocore_session.AioSession, "create_client", counted)
+    loader = _loader(root, opts, s3_transport)
+    assert _epoch_ids(loader) == list(range(sum(COUNTS)))  # every sample once
+    # s3fs: one client (its set-up, credentials and region lookup once), not one for the
+    # manifest and another for the shards; obstore: at most one s3fs client (none, or the one
+    # that reads indexes and listings where obstore is kept for the shards' bytes)
+    if s3_transport == "fsspec":
+        assert clients == ["s3"]
+    else:
+        assert len(clients) <= 1
+
+
+def test_the_check_lists_the_shards_while_their_indexes_are_read(s3_bucket, monkeypatch):
+    url, opts = s3_bucket
+    root = f"{url}/ds"
+    write_dataset(root, {"train": COUNTS}, storage_options=opts)
+    index_read = threading.Event()
+    seen: list[bool] = []
+    list_dir, index_bytes = RemoteFiles.list_dir, ShardStore._index_bytes
+
+    def listing(self, folder):
+        # the listing answers once an index read has started (or after 10 s: sequential)
+        seen.append(index_read.wait(10))
+        return list_dir(self, folder)
+
+    def index(self, shard, expected):
+        index_read.set()
+        return index_bytes(self, shard, expected)
+
+    monkeypatch.setattr(RemoteFiles, "list_dir", listing)
+    monkeypatch.setattr(ShardStore, "_index_bytes", index)
+    loader = _loader(root, opts, "fsspec")
+    assert seen == [True]  # one listing of train/, in flight while the indexes were read
+    assert _epoch_ids(loader) == list(range(sum(COUNTS)))
+
+
+def test_a_missing_file_is_named_by_the_check_not_by_the_index_read_beside_it(s3_bucket):
+    url, opts = s3_bucket
+    root = f"{url}/ds"
+    m = write_dataset(root, {"train": COUNTS}, storage_options=opts)
+    shard = m.splits["train"].shards[1]
+    fs, base = url_to_fs(root, opts)
+    fs.rm(f"{base}/{shard.idx_path}")
+    with pytest.raises(FileNotFoundError) as info:
+        _loader(root, opts, "fsspec")  # the index read fails too: the check's error wins
+    assert str(info.value).startswith(f"[Errno 2] 1 shard file(s) missing: {root}/{shard.idx_path}")
+    with pytest.raises(
+        ShardFormatError, match=r"\.shard-000001\.tar\.wdsidx: index file not found"
+    ):
+        _loader(root, opts, "fsspec", errors=ErrorPolicy(check_shards=False))
+
+
+def test_the_manifest_read_through_the_store_is_retried_on_a_transient_error(
+    s3_bucket, monkeypatch
+):
+    s3fs = pytest.importorskip("s3fs")
+    url, opts = s3_bucket
+    root = f"{url}/ds"
+    write_dataset(root, {"train": COUNTS}, storage_options=opts)
+    failed: list[str] = []
+    cat_file = s3fs.S3FileSystem._cat_file
+
+    async def flaky(self, path, *args, **kwargs):
+        if path.endswith("manifest.json") and not failed:
+            failed.append(path)
+            raise ConnectionResetError("connection reset by peer")
+        return await cat_file(self, path, *args, **kwargs)
+
+    monkeypatch.setattr(s3fs.S3FileSystem, "_cat_file", flaky)
+    loader = _loader(root, opts, "fsspec")  # the store's client retries nothing itself
+    assert failed == [f"{root.removeprefix('s3://')}/manifest.json"]
+    assert loader.manifest.split("train").num_samples == sum(COUNTS)
+    assert _epoch_ids(loader) == list(range(sum(COUNTS)))

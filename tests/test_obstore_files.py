@@ -193,6 +193,91 @@ def test_the_loader_reads_every_sample_once_through_obstore(s3_server, num_worke
     assert [e[2] for e in log if e[2] in ("HEAD", "LIST")] == ["LIST"]  # no HEAD per shard
 
 
+# a fresh interpreter: obstore already ran in pytest's process (a fork of it would fall back)
+_WORKERS_EPOCH = """
+import json, sys
+from wdsloader import create_loader
+from wdsloader.io import ReadOptions
+from wdsloader.stream.options import WorkerOptions
+root, storage, context = sys.argv[1], json.loads(sys.argv[2]), sys.argv[3]
+read = ReadOptions(storage_options=storage, transport="obstore", max_request_bytes=8192)
+loader = create_loader(
+    root, "train", batch_size=16, num_workers=2, drop_last=False, seed=3, read_options=read,
+    workers=WorkerOptions(multiprocessing_context=context),
+)
+print(json.dumps([k for batch in loader for k in batch["__key__"]]))
+"""
+
+
+@pytest.mark.parametrize("context", ["fork", "spawn"])
+def test_every_worker_reads_through_obstore_and_every_sample_once(s3_server, monkeypatch, context):
+    """The parent process does not start obstore before its workers (its runtime does not
+    survive a fork): each worker, forked or spawned, starts its own and reads every shard byte
+    through it (obstore's User-Agent on each ranged GET of a shard), every sample once."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    from bench.remote import proxy as proxy_module
+
+    plain = proxy_module.classify
+
+    def by_client(head: bytes) -> str:
+        client = "obstore" if b"\nuser-agent: object_store/" in head.lower() else "other"
+        return f"{plain(head)} {client}"
+
+    monkeypatch.setattr(proxy_module, "classify", by_client)
+    url, options = new_bucket(s3_server, "obstore")
+    root = f"{url}/ds"
+    manifest = write_dataset(root, {"train": COUNTS}, storage_options=options)
+    host, port = s3_server.removeprefix("http://").split(":")
+    with proxy_module.LatencyProxy(
+        (host, int(port)), proxy_module.Profile("none", 0.0, None)
+    ) as proxy:
+        via = {**options, "client_kwargs": {"endpoint_url": proxy.url}}
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+        run = subprocess.run(
+            [sys.executable, "-c", _WORKERS_EPOCH, root, json.dumps(via), context],
+            capture_output=True, text=True, timeout=240, env=env, check=False,
+        )  # fmt: skip
+        log = proxy.snapshot(log=True)["log"]
+    assert run.returncode == 0, run.stderr[-3000:]
+    keys = json.loads(run.stdout.strip().splitlines()[-1])
+    assert sorted(keys) == [f"train{i:07d}" for i in range(sum(COUNTS))]
+    shard_reads = [e for e in log if e[3].split("?")[0].endswith(".tar")]
+    assert {e[2] for e in shard_reads} == {"GET-range obstore"}, {e[2] for e in shard_reads}
+    sizes = {s.path: s.num_bytes for s in manifest.split("train").shards}
+    assert {e[3].rsplit("/ds/", 1)[1] for e in shard_reads} == set(sizes)  # both workers' shards
+
+
+def test_a_process_forked_after_obstore_ran_above_it_reads_through_fsspec(monkeypatch, caplog):
+    """Its parent's obstore runtime does not survive the fork (a request would hang): the store
+    reads through fsspec, with a warning saying why, and obstore itself refuses to start."""
+    from wdsloader.io import obstore_files
+
+    monkeypatch.setattr(obstore_files, "_started_in", -1)  # obstore ran in another process
+    options = _options("http://127.0.0.1:9")
+    with caplog.at_level("WARNING", logger="wdsloader.io.obstore_files"):
+        fs, _, final = obstore_files.remote_filesystem("s3://bucket/ds", options, data=True)
+    assert not isinstance(fs, ObstoreFiles) and fs.protocol[0] == "s3" and final
+    assert "forked after obstore ran in its parent" in caplog.text
+    with pytest.raises(RuntimeError, match="obstore made requests in the parent of this forked"):
+        ObstoreFiles("s3://bucket/ds", options).cat_file("train/shard-000000.tar", 0, 10)
+
+
+def test_the_main_process_reads_indexes_through_fsspec_until_its_first_shard_read(monkeypatch):
+    """Before its workers start, the main process does not start obstore (a fork of it would
+    fall back): indexes and listings go through fsspec, shards' bytes through obstore."""
+    from wdsloader.io import obstore_files
+
+    monkeypatch.setattr(obstore_files, "_started_in", None)
+    store = ShardStore("s3://bucket/ds", _options("http://127.0.0.1:9"))
+    assert not isinstance(store._storage().fs, ObstoreFiles) and obstore_files._started_in is None
+    assert isinstance(store._storage(data=True).fs, ObstoreFiles)
+    assert isinstance(store._storage().fs, ObstoreFiles)  # then everything through obstore
+
+
 def test_storage_options_map_and_what_does_not_is_named():
     config, unsupported = obstore_config(
         {
@@ -259,7 +344,7 @@ def test_auto_reads_through_obstore_only_where_the_region_is_known(monkeypatch, 
 def test_no_credential_in_reprs_or_pickled_state(answering):
     options = _options(answering.url)
     store = ShardStore("s3://bucket/ds", options)
-    files = store._storage().fs
+    files = store._storage(data=True).fs
     assert isinstance(files, ObstoreFiles)
     assert repr(files) == "ObstoreFiles('s3://bucket/ds')"
     assert SECRET not in repr(store) and SECRET not in repr(options)

@@ -149,18 +149,21 @@ def test_indexes_are_read_in_parallel_once_per_loader_not_per_worker(http_server
 
 
 def test_the_s3_connection_pool_holds_as_many_requests_as_are_in_flight():
+    """s3fs's (botocore's) pool; obstore's client keeps no limit on connections per host."""
     assert ReadOptions().concurrency is None  # derived from the path, up to 64 in flight
     options = {"key": "k", "secret": "s", "client_kwargs": {"endpoint_url": "http://127.0.0.1:9"}}
-    store = ShardStore("s3://bucket/ds", ReadOptions(storage_options=options))
+    s3fs = {"transport": "fsspec"}
+    store = ShardStore("s3://bucket/ds", ReadOptions(storage_options=options, **s3fs))
     assert store._storage().fs.config_kwargs["max_pool_connections"] == 64
     for concurrency in (24, 64):
         store = ShardStore(
-            "s3://bucket/ds", ReadOptions(concurrency=concurrency, storage_options=options)
+            "s3://bucket/ds",
+            ReadOptions(concurrency=concurrency, storage_options=options, **s3fs),
         )
         # botocore's pool (10 connections by default) would queue the requests beyond it
         assert store._storage().fs.config_kwargs["max_pool_connections"] == concurrency
     mine = {**options, "config_kwargs": {"max_pool_connections": 5}}  # the user's choice wins
-    store = ShardStore("s3://bucket/ds", ReadOptions(storage_options=mine))
+    store = ShardStore("s3://bucket/ds", ReadOptions(storage_options=mine, **s3fs))
     assert store._storage().fs.config_kwargs["max_pool_connections"] == 5
 
 

@@ -100,6 +100,7 @@ class ShardStore(StoreChecks):
         self._lock = threading.RLock()
         self._stats_lock = threading.Lock()
         self._remote: RemoteFiles | None = None
+        self._remote_final = False  # False: reads through fsspec until the first shard read
         self._pool: ThreadPoolExecutor | None = None
         self._files = OpenFiles(self.options.max_open_files)
         self._indexes: dict[str, np.ndarray] = {}
@@ -164,14 +165,17 @@ class ShardStore(StoreChecks):
     def _url(self, rel: str) -> str:
         return f"{self._shown_root}/{rel}"
 
-    def _storage(self) -> RemoteFiles:
-        """The files under the root, read with this store's retries (opened on first use)."""
-        if self._remote is None:
+    def _storage(self, data: bool = False) -> RemoteFiles:
+        """The files under the root, read with this store's retries (opened on first use).
+        ``data``: for shards' bytes (the obstore transport starts only for these in a process
+        that may still fork workers; see :func:`~wdsloader.io.obstore_files.remote_filesystem`)."""
+        if self._remote is None or (data and not self._remote_final):
             # the client's own retries off: RemoteFiles retries, under the deadline
-            fs, base = remote_filesystem(
+            fs, base, self._remote_final = remote_filesystem(
                 self.root,
                 self.options,
                 max_connections=self.options.concurrency or MAX_CONCURRENCY,
+                data=data,
             )
             self._remote = RemoteFiles(
                 fs,

@@ -385,7 +385,7 @@ class CachedStore(FileStore):
 
     def _download_into(self, files: list[tuple[ShardInfo, int]]) -> None:
         """Write the whole of each shard into its descriptor, in parallel ranges."""
-        remote = self._storage()
+        remote = self._storage(data=True)
         step = self.tuning().request_bytes
         jobs = [
             (fd, shard.path, s, min(s + step, shard.num_bytes))

@@ -17,11 +17,14 @@ code, for an answer; ``ConnectionRefusedError``, ``ConnectionResetError``, ``Tim
 for 401/403; ``ssl.SSLCertVerificationError`` for a certificate refused). No credential is kept
 in a repr, a message or the pickled state (the store is rebuilt in each process).
 
-Fork: obstore 0.12's runtime does not survive a fork (a process forked after obstore ran in
-its parent hangs at its first request). A process forked after obstore was used above it
-(DataLoader workers started by fork) therefore reads through fsspec, with a warning; the
-process that used it first (``num_workers=0``, or the workers of a spawn/forkserver context)
-reads through obstore.
+Fork: obstore 0.12's runtime does not survive a fork (a process forked after obstore made a
+request in its parent hangs at its first request). obstore therefore starts only in a process
+that reads shard bytes: a DataLoader worker (fork, spawn or forkserver: each starts its own) or
+the main process at ``num_workers=0``; the main process reads what it needs before its workers
+start (the listing, the indexes, side files) through fsspec. A process forked after obstore
+made requests above it (workers of a loader made after a ``num_workers=0`` epoch in the same
+process) reads through fsspec, with a warning (start its workers with ``spawn`` or
+``forkserver`` to keep obstore there).
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ import logging
 import os
 import re
 import ssl
+import sys
 import threading
 from typing import Any
 
@@ -53,7 +57,7 @@ __all__ = [
 logger = logging.getLogger(__name__)
 
 TRANSPORTS = ("auto", "fsspec", "obstore")
-_started_in: int | None = None  # the process whose obstore runtime runs (None: none yet)
+_started_in: int | None = None  # the process whose obstore made requests (None: none yet)
 _S3 = ("s3", "s3a")
 # s3fs options that change nothing for obstore (caching of fsspec objects, botocore's pool and
 # retries: ours are set from ReadOptions)
@@ -150,21 +154,32 @@ def remote_filesystem(
     options: Any,
     *,
     max_connections: int | None = None,
-) -> tuple[Any, str]:
-    """``(filesystem, base path)`` that reads the files under ``root`` with ``options`` (a
-    :class:`~wdsloader.io.options.ReadOptions`): the transport :func:`transport_for` picks, its
-    client's own retries off (the caller retries under the deadline), its timeouts set."""
-    global _started_in
+    data: bool = True,
+) -> tuple[Any, str, bool]:
+    """``(filesystem, base path, final)`` that reads the files under ``root`` with ``options``
+    (a :class:`~wdsloader.io.options.ReadOptions`): the transport :func:`transport_for` picks,
+    its client's own retries off (the caller retries under the deadline), its timeouts set.
+
+    ``data``: the reads are shards' bytes. Other reads (indexes, listings, side files) of a
+    process that may still fork workers go through fsspec while obstore has not started here:
+    ``final`` is then False, and the caller asks again with ``data=True`` for shard bytes."""
     if transport_for(root, options.transport, options.storage_options) == "obstore":
-        if _started_in in (None, os.getpid()):
-            _started_in = os.getpid()
-            return ObstoreFiles(root, options), ""
-        logger.log(
-            logging.WARNING if options.transport == "obstore" else logging.INFO,
-            "transport=%r: this process was forked after obstore ran in its parent (obstore's "
-            "runtime does not survive a fork): reading through fsspec instead",
-            options.transport,
-        )
+        if _started_in is not None and _started_in != os.getpid():
+            logger.log(
+                logging.WARNING if options.transport == "obstore" else logging.INFO,
+                "transport=%r: this process was forked after obstore ran in its parent "
+                "(obstore's runtime does not survive a fork): reading through fsspec instead "
+                "(workers started by 'spawn' or 'forkserver' read through obstore)",
+                options.transport,
+            )
+        elif data or _started_in is not None or _in_worker():
+            return ObstoreFiles(root, options), "", True
+        else:
+            return (*_fsspec(root, options, max_connections), False)
+    return (*_fsspec(root, options, max_connections), True)
+
+
+def _fsspec(root: str, options: Any, max_connections: int | None) -> tuple[Any, str]:
     return url_to_fs(
         root,
         options.storage_options,
@@ -173,6 +188,25 @@ def remote_filesystem(
         client_retries=False,
         max_connections=max_connections,
     )
+
+
+def _in_worker() -> bool:
+    """Whether this process is a DataLoader worker (it forks no workers of its own)."""
+    data = sys.modules.get("torch.utils.data")
+    return data is not None and data.get_worker_info() is not None
+
+
+def _starting() -> None:
+    """Note that obstore makes requests in this process; refuse in a process forked after
+    obstore made requests above it (its first request would hang)."""
+    global _started_in
+    if _started_in != os.getpid():
+        if _started_in is not None:
+            raise RuntimeError(
+                "obstore made requests in the parent of this forked process: its runtime does "
+                "not survive a fork (read through fsspec, or start processes with 'spawn')"
+            )
+        _started_in = os.getpid()
 
 
 def _region(config: dict[str, Any]) -> str | None:
@@ -264,6 +298,7 @@ class ObstoreFiles:
         begin = start or 0
         if end is not None and end <= begin:
             return b""
+        _starting()
         try:
             if end is None:
                 return bytes(_run(_get_from(self._store, path, begin)))
@@ -275,6 +310,7 @@ class ObstoreFiles:
         """``{"name", "size", "type"}`` of ``path`` (one HEAD request)."""
         import obstore  # type: ignore[import-not-found,unused-ignore]
 
+        _starting()
         try:
             meta = obstore.head(self._store, path)
         except Exception as exc:
@@ -285,6 +321,7 @@ class ObstoreFiles:
         """The files directly under the folder ``path`` (``""``: the root)."""
         import obstore  # type: ignore[import-not-found,unused-ignore]
 
+        _starting()
         try:
             found = obstore.list_with_delimiter(self._store, path.strip("/") or None)
         except Exception as exc:

@@ -58,7 +58,7 @@ def read_remote_ranges(store: ShardStore, reqs: list[Request]) -> list[bytes]:
     size, fetched with its concurrency, retries and deadline; each shard's sha256 checked first
     (once per store) when ``verify_checksum`` is set. What :class:`RemoteStore` reads, and what
     :class:`~wdsloader.io.file_store.CachedStore` reads of shards its cache has no room for."""
-    remote = store._storage()
+    remote = store._storage(data=True)
     if store.options.verify_checksum:
         for rel, shard in unique_shards(reqs).items():
             if rel not in store._verified:

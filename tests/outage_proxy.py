@@ -8,6 +8,7 @@ listens again on the same port. The server behind keeps its data.
 
 from __future__ import annotations
 
+import select
 import socket
 import struct
 import threading
@@ -26,6 +27,7 @@ class OutageProxy:
         self._open: set[socket.socket] = set()
         self._listener: socket.socket | None = None
         self._acceptor: threading.Thread | None = None
+        self._wake: socket.socket | None = None
         self.downs = 0
 
     @property
@@ -41,8 +43,12 @@ class OutageProxy:
             listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             listener.bind(("127.0.0.1", self.port))
             listener.listen(64)
+            listener.setblocking(False)
+            wake, self._wake = socket.socketpair()
             self._listener = listener
-            self._acceptor = threading.Thread(target=self._accept, args=(listener,), daemon=True)
+            self._acceptor = threading.Thread(
+                target=self._accept, args=(listener, wake), daemon=True
+            )
             self._acceptor.start()
 
     def down(self) -> None:
@@ -53,15 +59,19 @@ class OutageProxy:
             if listener is None:
                 return
             self.downs += 1
-        _kill(listener)
+            wake, acceptor = self._wake, self._acceptor
+        # the acceptor closes its listener itself: a listener closed by another thread while
+        # the acceptor is in accept() can leave it blocked on a reused descriptor for ever
+        assert wake is not None and acceptor is not None
+        wake.send(b"x")
+        acceptor.join()
+        wake.close()
         for conn in conns:
             try:  # a reset, not an orderly close
                 conn.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
             except OSError:  # already closed by its pump
                 continue
             _kill(conn)
-        if self._acceptor is not None:
-            self._acceptor.join()
 
     def __enter__(self) -> OutageProxy:
         self.up()
@@ -70,33 +80,41 @@ class OutageProxy:
     def __exit__(self, *exc: object) -> None:
         self.down()
 
-    def _accept(self, listener: socket.socket) -> None:
-        # a thread blocked in accept() is not always woken when another thread closes the
-        # socket: wait in short slices and look whether down() took this listener away
-        listener.settimeout(0.1)
-        while True:
-            try:
-                client, _ = listener.accept()
-            except TimeoutError:
-                if self._listener is listener:
-                    continue
-                return
-            except OSError:  # closed by down()
-                return
-            client.settimeout(None)
-            try:
-                server = socket.create_connection(self.target)
-            except OSError:
-                _kill(client)
-                continue
-            with self._lock:
-                if self._listener is not listener:  # went down meanwhile
-                    _kill(client)
-                    _kill(server)
+    def _accept(self, listener: socket.socket, wake: socket.socket) -> None:
+        """Accept until ``wake`` is written to; then close the listener (this thread is the
+        only one that touches it)."""
+        poll = select.poll()
+        poll.register(listener, select.POLLIN)
+        poll.register(wake, select.POLLIN)
+        try:
+            while True:
+                events = dict(poll.poll())
+                if wake.fileno() in events:
                     return
-                self._open |= {client, server}
-            for a, b in ((client, server), (server, client)):
-                threading.Thread(target=_pump, args=(a, b), daemon=True).start()
+                try:
+                    client, _ = listener.accept()
+                except (BlockingIOError, InterruptedError):
+                    continue
+                client.setblocking(True)
+                self._forward(listener, client)
+        finally:
+            _kill(listener)
+            wake.close()
+
+    def _forward(self, listener: socket.socket, client: socket.socket) -> None:
+        try:
+            server = socket.create_connection(self.target)
+        except OSError:
+            _kill(client)
+            return
+        with self._lock:
+            if self._listener is not listener:  # went down meanwhile
+                _kill(client)
+                _kill(server)
+                return
+            self._open |= {client, server}
+        for a, b in ((client, server), (server, client)):
+            threading.Thread(target=_pump, args=(a, b), daemon=True).start()
 
 
 def _pump(src: socket.socket, dst: socket.socket) -> None:

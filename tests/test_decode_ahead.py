@@ -122,3 +122,28 @@ def test_ahead_blocks_a_bounded_distance_ahead_and_closes_its_source_in_its_thre
     # item j is pulled once j - 1 was handed over (depth 1): never more than 2 beyond the loop
     assert max(leads) <= 2
     assert pulled[0] <= 22 and closed_in == ["wdsloader-test"] and not ahead.alive
+
+
+def test_closing_waits_a_bounded_time_for_a_batch_that_never_ends(monkeypatch, caplog):
+    """A read stuck for ever (a server that never answers past every deadline) leaves its
+    thread behind with a warning; the consumer's close returns."""
+    from wdsloader.stream import ahead as ahead_module
+
+    monkeypatch.setattr(ahead_module, "CLOSE_JOIN_S", 0.05)
+    release, closed = threading.Event(), threading.Event()
+
+    def source():
+        try:
+            yield 1
+            release.wait()  # the second batch never ends until the test lets it
+            yield 2
+        finally:
+            closed.set()
+
+    made = ahead_module.made_ahead(source())
+    assert next(made) == 1
+    with caplog.at_level("WARNING", logger="wdsloader.stream.ahead"):
+        made.close()  # returned: before the bound, this waited for ever
+    assert "still in a batch" in caplog.text and not closed.is_set()
+    release.set()  # the thread finishes its batch and closes its source itself
+    assert closed.wait(timeout=60)

@@ -9,6 +9,7 @@ while the batches ahead wait to be taken, and wakes once per batch taken.
 
 from __future__ import annotations
 
+import logging
 import threading
 from collections import deque
 from collections.abc import Iterator
@@ -19,6 +20,10 @@ from wdsloader.stream.exit_stop import forget, stop_at_exit
 T = TypeVar("T")
 
 DECODE_AHEAD = 1
+# how long closing a generator waits for the batch in the making (past any read's deadline): a
+# read that never returns leaves its thread running, never the consumer blocked for ever
+CLOSE_JOIN_S = 120.0
+log = logging.getLogger(__name__)
 """Batches made and waiting at most (one more may be in the making): the loop takes batch k
 while batch k + 1 waits and batch k + 2 is decoded."""
 
@@ -111,6 +116,14 @@ def made_ahead(source: Iterator[Any], depth: int = DECODE_AHEAD) -> Iterator[Any
     generator is closed or collected."""
     ahead = Ahead(source, depth, name="ahead")
     try:
-        yield from ahead
+        # not `yield from`: closing this generator would close ``ahead`` with no time limit
+        for item in ahead:  # noqa: UP028
+            yield item
     finally:
-        ahead.close()
+        ahead.close(timeout=CLOSE_JOIN_S)
+        if ahead.alive:
+            log.warning(
+                "the decode-ahead thread is still in a batch %.0f s after its iteration was "
+                "closed; it is left to finish and close its reads",
+                CLOSE_JOIN_S,
+            )

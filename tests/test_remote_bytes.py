@@ -200,19 +200,24 @@ def test_a_bounded_cache_that_holds_the_working_set_fetches_the_dataset_once(pro
 
 
 def _held(cache) -> int:
-    """Bytes of the cached files and downloads under way in ``cache`` (read while the workers
-    add, rename and evict files: one that went meanwhile counts 0)."""
+    """Bytes of the cached files and downloads under way in ``cache``, read under the cache's
+    room lock: no reader reserves room or renames a finished download meanwhile, only
+    removals happen (a file that went counts 0). Each file counts once, even if a scan met it
+    under two names (its temporary name, then its cache name)."""
     import os
 
-    total = 0
-    with os.scandir(cache) as it:
+    from wdsloader.io.cache_ledger import space_lock
+
+    sizes: dict[tuple[int, int], int] = {}
+    with space_lock(str(cache)), os.scandir(cache) as it:
         for entry in it:
             if entry.name.startswith(("wds-", ".wds-tmp-")):
                 try:
-                    total += entry.stat().st_size
+                    st = entry.stat()
                 except FileNotFoundError:
-                    pass
-    return total
+                    continue
+                sizes[(st.st_dev, st.st_ino)] = st.st_size
+    return sum(sizes.values())
 
 
 _HANG = """

@@ -136,3 +136,46 @@ def test_held_counts_a_file_listed_under_both_names_once(tmp_path, monkeypatch, 
 
     monkeypatch.setattr(os, "scandir", Listing)
     assert _held(folder) == 2 * SIZE
+
+
+def test_a_shard_evicted_this_epoch_is_not_downloaded_again_by_a_reader_that_starts_later(
+    tmp_path,
+):
+    """Three readers of a node (ShardStores on one folder): ``early`` reads shard 0 and is past
+    it; ``other`` needs room, and shard 0, claimed by no live reader, is evicted; ``late`` (a
+    rank or worker that started late: its claims came after the eviction) then reads shard 0 in
+    the same epoch. Before, it downloaded shard 0 whole a second time (seen under obstore:
+    fetched/dataset 1.10); now it reads its ranges. The next epoch caches shard 0 again."""
+    from tests.dataset_factory import write_dataset
+    from wdsloader.io import ReadOptions, ShardStore
+
+    root = "memory://cache-races-evicted/ds"
+    shards = write_dataset(root, {"train": [10, 10, 10]}).split("train").shards
+    s0, s1, s2 = shards
+    size = max(s.num_bytes for s in shards)
+    read = ReadOptions(cache_dir=str(tmp_path / "cache"), cache_limit_bytes=2 * size + 8192)
+    early, other, late = (ShardStore(root, read) for _ in range(3))
+    want = ShardStore(root, ReadOptions()).read_ranges([(s0, 512, 4096)])
+    try:
+        early.expect_reads([(s0, 0, 0), (s1, 1, 1)], epoch=0)
+        other.expect_reads([(s2, 0, 0)], epoch=0)
+        early.read_ranges([(s0, 0, 512)])
+        early.reads_done(1)  # past shard 0: nobody claims it now
+        early.read_ranges([(s1, 0, 512)])
+        other.read_ranges([(s2, 0, 512)])  # no room for 3 shards: shard 0 goes
+        assert early.stats["cache_misses"] + other.stats["cache_misses"] == 3
+        assert early.stats["evictions"] + other.stats["evictions"] >= 1
+
+        early.reads_done(2)  # past shard 1: room for shard 0 again
+        late.expect_reads([(s0, 0, 0)], epoch=0)
+        assert late.read_ranges([(s0, 512, 4096)]) == want
+        assert late.stats["cache_misses"] == 0, "shard 0 downloaded twice in epoch 0"
+        assert late.stats["bytes_fetched"] < size  # its ranges (and its index), not the shard
+
+        other.reads_done(1)  # every pass of epoch 0 is over; epoch 1 caches shard 0 again
+        late.expect_reads([(s0, 0, 0)], epoch=1)
+        assert late.read_ranges([(s0, 512, 4096)]) == want
+        assert late.stats["cache_misses"] == 1
+    finally:
+        for store in (early, other, late):
+            store.close()

@@ -33,7 +33,13 @@ from collections import OrderedDict
 from collections.abc import Callable, Iterator
 
 from wdsloader.format import ShardInfo
-from wdsloader.io.cache_ledger import held_by_another, needs, note_usage, space_lock
+from wdsloader.io.cache_ledger import (
+    held_by_another,
+    needs,
+    note_evicted,
+    note_usage,
+    space_lock,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -106,6 +112,7 @@ class ShardCache:
         self._count = count
         self._fill = fill
         self._check = check
+        self.epoch: int | None = None  # of the pass under way, if announced: see _reserve
 
     def path(self, url: str, shard: ShardInfo) -> str:
         """Cache path of the file at ``url`` (``shard`` itself or its index)."""
@@ -251,6 +258,8 @@ class ShardCache:
                 return None
             for size, path in evict:
                 self._evict(path, size)
+            if evict and self.epoch is not None:  # not downloaded again this epoch
+                note_evicted(self.cache_dir, [os.path.basename(p) for _, p in evict], self.epoch)
             note_usage(self.cache_dir, total + incoming - sum(size for size, _ in evict))
             return [self._temp_file(size) for size in sizes]
 

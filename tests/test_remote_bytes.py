@@ -6,6 +6,7 @@ names each request's kind, object and byte range: what the server sent, not what
 
 from __future__ import annotations
 
+import importlib.util
 import re
 import urllib.parse
 
@@ -17,6 +18,15 @@ from wdsloader import create_loader
 from wdsloader.format import Manifest
 
 COUNTS = [30, 31, 29, 30, 32, 30, 28, 30, 31, 29]  # 10 shards
+TRANSPORTS = [
+    "fsspec",
+    pytest.param(
+        "obstore",
+        marks=pytest.mark.skipif(
+            importlib.util.find_spec("obstore") is None, reason="obstore is not installed"
+        ),
+    ),
+]  # the bounded cache's claims and evictions race differently with each client's timing
 
 
 @pytest.fixture()
@@ -91,7 +101,7 @@ def test_one_epoch_fetches_the_dataset_once_with_any_workers(proxied, num_worker
 
 # -- a cache shared by the ranks and workers of a node -----------------------------------------
 def _rank_main(
-    root: str, options: dict, cache: str, limit: int | None, rank: int, out: str
+    root: str, options: dict, cache: str, limit: int | None, rank: int, out: str, transport: str
 ) -> None:
     """One rank of 2 (a spawned process) with 2 workers: writes its keys and, after each batch,
     the bytes in the cache folder (cached files and downloads under way) to ``out``."""
@@ -99,7 +109,9 @@ def _rank_main(
 
     from wdsloader import PlanOptions, ReadOptions, Topology
 
-    read = ReadOptions(storage_options=options, cache_dir=cache, cache_limit_bytes=limit)
+    read = ReadOptions(
+        storage_options=options, cache_dir=cache, cache_limit_bytes=limit, transport=transport
+    )
     loader = create_loader(
         root, "train", batch_size=10, shuffle=limit is None, drop_last=False, seed=5,
         num_workers=2, topology=Topology(rank=rank, world_size=2), read_options=read,
@@ -114,14 +126,16 @@ def _rank_main(
         json.dump({"keys": keys, "held": held}, f)
 
 
-def _two_ranks(root: str, options: dict, cache: str, limit: int | None, tmp_path) -> list[dict]:
+def _two_ranks(
+    root: str, options: dict, cache: str, limit: int | None, tmp_path, transport: str = "fsspec"
+) -> list[dict]:
     import json
     import multiprocessing
 
     ctx = multiprocessing.get_context("spawn")
     outs = [str(tmp_path / f"rank{r}.json") for r in range(2)]
     procs = [
-        ctx.Process(target=_rank_main, args=(root, options, cache, limit, r, outs[r]))
+        ctx.Process(target=_rank_main, args=(root, options, cache, limit, r, outs[r], transport))
         for r in range(2)
     ]
     for p in procs:
@@ -150,12 +164,13 @@ def test_two_ranks_of_two_workers_share_one_download(proxied, tmp_path):
 
 
 @pytest.mark.slow  # two spawned ranks
-def test_a_bounded_cache_shared_by_two_ranks_holds_its_limit(proxied, tmp_path):
+@pytest.mark.parametrize("transport", TRANSPORTS)
+def test_a_bounded_cache_shared_by_two_ranks_holds_its_limit(proxied, tmp_path, transport):
     url, direct, options, proxy = proxied
     root, manifest, sizes = _dataset(url, direct)
     cache = tmp_path / "cache"
     limit = 3 * max(sizes.values())  # 3 shards of 10
-    ranks = _two_ranks(root, options, str(cache), limit, tmp_path)
+    ranks = _two_ranks(root, options, str(cache), limit, tmp_path, transport)
     keys = ranks[0]["keys"] + ranks[1]["keys"]
     assert sorted(keys) == [f"train{i:07d}" for i in range(sum(COUNTS))]  # each once
     held = ranks[0]["held"] + ranks[1]["held"]
@@ -164,13 +179,17 @@ def test_a_bounded_cache_shared_by_two_ranks_holds_its_limit(proxied, tmp_path):
 
     assert 0 < cache_usage(str(cache))["peak"] <= limit  # every reservation of every process
     # 4 readers at 4 places of the epoch need more than 3 shards at once: a shard that finds no
-    # room is read by ranges for the rest of that reader's pass, never downloaded twice
+    # room is read by ranges for the rest of that reader's pass, never downloaded twice; nor is
+    # one evicted before a reader that started late claimed it (read by ranges this epoch)
     got = fetched(proxy.snapshot(log=True)["log"], sizes)
     assert sum(got.values()) <= 1.05 * sum(sizes.values()), got
     assert not list(cache.glob(".wds-need-*")), "every reader released its claims"
 
 
-def test_a_bounded_cache_that_holds_the_working_set_fetches_the_dataset_once(proxied, tmp_path):
+@pytest.mark.parametrize("transport", TRANSPORTS)
+def test_a_bounded_cache_that_holds_the_working_set_fetches_the_dataset_once(
+    proxied, tmp_path, transport
+):
     from wdsloader import PlanOptions, ReadOptions
     from wdsloader.io.cache_ledger import cache_usage
 
@@ -178,7 +197,9 @@ def test_a_bounded_cache_that_holds_the_working_set_fetches_the_dataset_once(pro
     root, _, sizes = _dataset(url, direct)
     cache = tmp_path / "cache"
     limit = 3 * max(sizes.values())  # 3 shards of 10; 2 workers read ~2 at a time
-    read = ReadOptions(storage_options=options, cache_dir=str(cache), cache_limit_bytes=limit)
+    read = ReadOptions(
+        storage_options=options, cache_dir=str(cache), cache_limit_bytes=limit, transport=transport
+    )
     loader = create_loader(
         root, "train", batch_size=10, shuffle=False, num_workers=2, drop_last=False,
         read_options=read, plan=PlanOptions(shuffle_window=20),  # reads 2 batches at a time
@@ -200,19 +221,24 @@ def test_a_bounded_cache_that_holds_the_working_set_fetches_the_dataset_once(pro
 
 
 def _held(cache) -> int:
-    """Bytes of the cached files and downloads under way in ``cache`` (read while the workers
-    add, rename and evict files: one that went meanwhile counts 0)."""
+    """Bytes of the cached files and downloads under way in ``cache``, read under the cache's
+    room lock: no reader reserves room or renames a finished download meanwhile, only
+    removals happen (a file that went counts 0). Each file counts once, even if a scan met it
+    under two names (its temporary name, then its cache name)."""
     import os
 
-    total = 0
-    with os.scandir(cache) as it:
+    from wdsloader.io.cache_ledger import space_lock
+
+    sizes: dict[tuple[int, int], int] = {}
+    with space_lock(str(cache)), os.scandir(cache) as it:
         for entry in it:
             if entry.name.startswith(("wds-", ".wds-tmp-")):
                 try:
-                    total += entry.stat().st_size
+                    st = entry.stat()
                 except FileNotFoundError:
-                    pass
-    return total
+                    continue
+                sizes[(st.st_dev, st.st_ino)] = st.st_size
+    return sum(sizes.values())
 
 
 _HANG = """

@@ -8,7 +8,9 @@ pass goes on. A ledger whose lock file is not held belongs to a process that is 
 or a kill): it is ignored and removed, so nothing a dead process left blocks the next run.
 
 :func:`space_lock` serializes taking room in the folder (eviction and reservation) between the
-processes of a node; the kernel releases it when its holder dies.
+processes of a node; the kernel releases it when its holder dies. The files evicted during an
+epoch are recorded (:func:`note_evicted`): a reader of that epoch whose claims came after the
+eviction (a rank or a worker that started late) reads them by ranges, never downloads them twice.
 """
 
 from __future__ import annotations
@@ -25,11 +27,23 @@ from typing import Any
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["LEDGER_PREFIX", "Ledger", "cache_usage", "needs", "space_lock", "streamed"]
+__all__ = [
+    "LEDGER_PREFIX",
+    "Ledger",
+    "cache_usage",
+    "evicted",
+    "forget_evictions",
+    "needs",
+    "note_evicted",
+    "readers",
+    "space_lock",
+    "streamed",
+]
 
 LEDGER_PREFIX = ".wds-need-"
 _SPACE_LOCK = ".wds-space.lock"
 _USAGE = ".wds-usage.json"
+_EVICTED = ".wds-evicted.json"
 
 
 @contextlib.contextmanager
@@ -128,6 +142,48 @@ def streamed(cache_dir: str) -> set[str]:
     """The basenames of the files that a live reader of ``cache_dir`` reads by ranged requests
     this pass (see :meth:`Ledger.stream`)."""
     return {name for claims in _live(cache_dir) for name in claims.get("streamed", ())}
+
+
+def readers(cache_dir: str) -> int:
+    """How many live readers of ``cache_dir`` have a ledger."""
+    return sum(1 for _ in _live(cache_dir))
+
+
+def note_evicted(cache_dir: str, names: list[str], epoch: int) -> None:
+    """Record that the files ``names`` were evicted during ``epoch`` (under :func:`space_lock`):
+    a reader of that epoch that starts after the eviction (a rank or worker that starts late,
+    whose claims came too late to keep them) reads them by ranges rather than download them a
+    second time this epoch (:func:`evicted`). Evictions of epochs before the previous are
+    forgotten."""
+    gone = {name: e for name, e in _evictions(cache_dir).items() if e >= epoch - 1}
+    gone.update(dict.fromkeys(names, epoch))
+    tmp = os.path.join(cache_dir, f"{_EVICTED}.{uuid.uuid4().hex[:8]}.tmp")
+    with open(tmp, "w") as f:
+        json.dump(gone, f)
+    os.replace(tmp, os.path.join(cache_dir, _EVICTED))
+
+
+def evicted(cache_dir: str, epoch: int) -> set[str]:
+    """The basenames of the files evicted during ``epoch`` (see :func:`note_evicted`)."""
+    return {name for name, e in _evictions(cache_dir).items() if e == epoch}
+
+
+def forget_evictions(cache_dir: str) -> None:
+    """Forget every eviction recorded (a reader that starts with no other live reader: those
+    records are of a run or an epoch that is over)."""
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(os.path.join(cache_dir, _EVICTED))
+
+
+def _evictions(cache_dir: str) -> dict[str, int]:
+    try:
+        with open(os.path.join(cache_dir, _EVICTED)) as f:
+            gone = json.load(f)
+    except (FileNotFoundError, ValueError):
+        return {}
+    if not isinstance(gone, dict):
+        return {}
+    return {k: v for k, v in gone.items() if isinstance(v, int)}
 
 
 def _live(cache_dir: str) -> Iterator[dict[str, Any]]:

@@ -11,7 +11,14 @@ from typing import ClassVar
 import numpy as np
 
 from wdsloader.format import ShardInfo
-from wdsloader.io.cache_ledger import Ledger, space_lock, streamed
+from wdsloader.io.cache_ledger import (
+    Ledger,
+    evicted,
+    forget_evictions,
+    readers,
+    space_lock,
+    streamed,
+)
 from wdsloader.io.fetch import ShardStore
 from wdsloader.io.options import ReadOptions
 from wdsloader.io.ranges import (
@@ -206,17 +213,24 @@ class CachedStore(FileStore):
         """True when the cache is bounded: readers then announce their passes."""
         return self.options.cache_limit_bytes is not None
 
-    def expect_reads(self, uses: Sequence[tuple[ShardInfo, int, int]]) -> None:
+    def expect_reads(
+        self, uses: Sequence[tuple[ShardInfo, int, int]], epoch: int | None = None
+    ) -> None:
         """A new pass of this process reads each ``(shard, first, last)`` at positions (e.g.
-        batches) ``first`` to ``last``; see :meth:`reads_done`."""
+        batches) ``first`` to ``last``; see :meth:`reads_done`. With its ``epoch``, a shard
+        that the node evicted during that epoch before this pass began is read by ranges, not
+        downloaded a second time."""
         self._ensure_process()
         cache, self._streamed = self._cache, set()
+        cache.epoch = epoch
         claims = {
             os.path.basename(cache.path(self._url(s.path), s)): (first, last)
             for s, first, last in uses
         }
         if self._ledger is None:
             with space_lock(cache.cache_dir):  # no process's scan sees it half made
+                if not readers(cache.cache_dir):  # the first reader: earlier evictions are over
+                    forget_evictions(cache.cache_dir)
                 self._ledger = Ledger(cache.cache_dir)
                 self._ledger.expect(claims)
         else:
@@ -278,11 +292,13 @@ class CachedStore(FileStore):
                 )
         cache = self._cache
         paths = {rel: cache.path(self._url(rel), s) for rel, s in shards.items()}
-        # a shard this pass (or another reader's on the node) began to read remotely stays
-        # remote unless cached: no byte fetched twice
+        # a shard this pass (or another reader's on the node) began to read remotely, or that
+        # the node evicted this epoch, stays remote unless cached: no byte fetched twice
         missing = [rel for rel, s in shards.items() if not cache.lookup(paths[rel], s.num_bytes)]
         if missing and self._ledger is not None:
             node = streamed(cache.cache_dir)
+            if cache.epoch is not None:  # downloaded and evicted this epoch: not twice
+                node |= evicted(cache.cache_dir, cache.epoch)
             self._streamed.update(r for r in missing if os.path.basename(paths[r]) in node)
         todo = {r: s for r, s in shards.items() if r not in missing or r not in self._streamed}
         if cache.ensure(list(todo.values()), {r: paths[r] for r in todo}, set(paths.values())):

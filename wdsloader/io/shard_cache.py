@@ -8,8 +8,9 @@ once the download is over): the workers and ranks of a node that share the folde
 shard once, the others wait for it and read the copy.
 
 With a size limit, room is taken under one node-wide lock (:func:`~wdsloader.io.cache_ledger.
-space_lock`): a download reserves its full size (its temporary file is sized at once), so the
-files in the folder never add up to more than the limit. To make room, only files that no live
+space_lock`): a download reserves its full size (its temporary file is sized at once) and is
+renamed to its cache name under that lock too, so the files in the folder never add up to more
+than the limit. To make room, only files that no live
 reader of the node still reads this pass (:func:`~wdsloader.io.cache_ledger.needs`) are
 evicted, least recently used first, never the files of the read under way. When no room can be
 made, :meth:`ShardCache.ensure` says so and the store reads those ranges remotely instead: a
@@ -32,7 +33,13 @@ from collections import OrderedDict
 from collections.abc import Callable, Iterator
 
 from wdsloader.format import ShardInfo
-from wdsloader.io.cache_ledger import held_by_another, needs, note_usage, space_lock
+from wdsloader.io.cache_ledger import (
+    held_by_another,
+    needs,
+    note_evicted,
+    note_usage,
+    space_lock,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -105,6 +112,7 @@ class ShardCache:
         self._count = count
         self._fill = fill
         self._check = check
+        self.epoch: int | None = None  # of the pass under way, if announced: see _reserve
 
     def path(self, url: str, shard: ShardInfo) -> str:
         """Cache path of the file at ``url`` (``shard`` itself or its index)."""
@@ -132,7 +140,7 @@ class ShardCache:
         ((fd, tmp),) = reserved
         try:
             pwrite_all(fd, data, 0)
-            os.replace(tmp, cpath)
+            self._rename(tmp, cpath)
         finally:
             os.close(fd)
             unlink_quietly(tmp)
@@ -210,7 +218,7 @@ class ShardCache:
                 shard, cpath, fd, tmp = temps[0]
                 self._check(shard, cpath, fd)
                 os.fsync(fd)
-                os.replace(tmp, cpath)
+                self._rename(tmp, cpath)
                 temps.pop(0)
                 self._files.put(cpath, fd)
                 self._count("cache_misses", 1)
@@ -226,6 +234,16 @@ class ShardCache:
         unlink_quietly(cpath)
 
     # -- room ------------------------------------------------------------------------------------
+    def _rename(self, tmp: str, cpath: str) -> None:
+        """Give a finished download its cache name, under the room lock when the cache is
+        bounded: a scan that makes room (:meth:`_scan`) lists the folder and then reads each
+        file's size, and a file renamed in between would be counted under neither name."""
+        if self.limit_bytes is None:
+            os.replace(tmp, cpath)
+            return
+        with space_lock(self.cache_dir):
+            os.replace(tmp, cpath)
+
     def _reserve(self, sizes: list[int], pinned: set[str]) -> list[tuple[int, str]] | None:
         """Temporary files of ``sizes`` bytes (descriptor, path; sized and locked now, so they
         count towards the limit in every process), after evicting what must go; None when no
@@ -240,12 +258,16 @@ class ShardCache:
                 return None
             for size, path in evict:
                 self._evict(path, size)
+            if evict and self.epoch is not None:  # not downloaded again this epoch
+                note_evicted(self.cache_dir, [os.path.basename(p) for _, p in evict], self.epoch)
             note_usage(self.cache_dir, total + incoming - sum(size for size, _ in evict))
             return [self._temp_file(size) for size in sizes]
 
     def _scan(self, pinned: set[str]) -> tuple[int, list[tuple[int, int, str]]]:
         """Bytes in the folder (downloads under way at their full size) and the cached files
-        that may go, as ``(mtime, size, path)``; temporary files of dead processes removed."""
+        that may go, as ``(mtime, size, path)``; temporary files of dead processes removed.
+        Called under the room lock, which every reservation and rename holds: only removals
+        can happen meanwhile, and a file removed during the scan is at most counted."""
         total = 0
         candidates: list[tuple[int, int, str]] = []
         with os.scandir(self.cache_dir) as it:

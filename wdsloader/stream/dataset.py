@@ -254,7 +254,8 @@ class ShardStreamDataset(IterableDataset):
         cache = self.store if getattr(self.store, "plans_eviction", False) else None
         if cache is not None:  # a bounded cache: say when this pass reads each shard
             uses = shard_uses(batches, self.config.counts)
-            cache.expect_reads([(self.shards[s], a, b) for s, a, b in uses])  # type: ignore[attr-defined]
+            claims = [(self.shards[s], a, b) for s, a, b in uses]
+            cache.expect_reads(claims, epoch=epoch)  # type: ignore[attr-defined]
         ahead = self.reader.read_ahead(batches, self.readahead_batches)
         try:
             index = 0  # of the batch in ``batches``

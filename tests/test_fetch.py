@@ -278,6 +278,28 @@ def test_http_missing_or_truncated_shard_is_not_retried(http_server):
     assert len(gets(http_server, shards[0])) == 1
 
 
+def test_remote_read_joined_copies_each_answer_into_the_callers_buffer(http_server):
+    """A window read remotely is one buffer that each answer is copied into (the caller's
+    when it gives one): no per-range bytes joined again once the last answer is in."""
+    root, m, folder = served_dataset(http_server, [20, 13])
+    shards = m.splits["train"].shards
+    store = ShardStore(root, ReadOptions(max_request_bytes=4096, concurrency=3))
+    # samples, then ranges that overlap them and each other, each over several requests
+    reqs = sample_ranges(store, shards) + [(shards[0], 100, 9000), (shards[0], 50, 5000)]
+    want = expected(folder, reqs)
+    total = sum(b - a for _, a, b in reqs)
+    reset_stats(store)
+    out = np.zeros(total + 7, dtype=np.uint8)
+    joined, pos = store.read_joined(reqs, out)
+    assert isinstance(joined, np.ndarray) and np.shares_memory(joined, out)
+    data = bytes(joined)
+    assert [data[p : p + b - a] for p, (_, a, b) in zip(pos, reqs, strict=True)] == want
+    assert store.stats["bytes_read"] == total
+    assert store.stats["requests"] == pieces(reqs, 4096)  # overlaps fetched once
+    alone, _ = store.read_joined(reqs)  # no buffer given: one of its own
+    assert isinstance(alone, np.ndarray) and bytes(alone) == data
+
+
 def test_http_requests_run_concurrently(http_server):
     root, m, folder = served_dataset(http_server, [30])
     shard = m.splits["train"].shards[0]

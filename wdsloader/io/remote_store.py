@@ -8,7 +8,8 @@ import numpy as np
 
 from wdsloader.format import ShardInfo
 from wdsloader.io.fetch import ShardStore
-from wdsloader.io.ranges import Cut, Hole, Request, merge_requests, unique_shards
+from wdsloader.io.ranges import Cut, Hole, Request, merge_requests
+from wdsloader.io.remote_into import read_remote_into, verify_checksums
 from wdsloader.io.retry import RemoteFiles
 
 __all__ = ["RemoteStore", "copy_cuts", "fetch_side_file", "read_remote_ranges"]
@@ -45,10 +46,11 @@ class RemoteStore(ShardStore):
         out: np.ndarray | None,
         cuts: Sequence[Sequence[Cut]] | None,
     ) -> bytes | np.ndarray:
-        parts = self.read_ranges(reqs)
-        joined = parts[0] if len(parts) == 1 else b"".join(parts)
+        with self._lock:
+            joined = read_remote_into(self, reqs, positions, total, out)
+        self._count("bytes_read", total)
         if cuts is not None:
-            copy_cuts(memoryview(joined), positions, cuts)
+            copy_cuts(joined.data, positions, cuts)
         return joined
 
 
@@ -59,11 +61,7 @@ def read_remote_ranges(store: ShardStore, reqs: list[Request]) -> list[bytes]:
     (once per store) when ``verify_checksum`` is set. What :class:`RemoteStore` reads, and what
     :class:`~wdsloader.io.file_store.CachedStore` reads of shards its cache has no room for."""
     remote = store._storage(data=True)
-    if store.options.verify_checksum:
-        for rel, shard in unique_shards(reqs).items():
-            if rel not in store._verified:
-                store._check_digest(shard, store._hash_remote(shard))
-                store._verified.add(rel)
+    verify_checksums(store, reqs)
     segments = merge_requests(reqs)
     step = store.tuning().request_bytes
     pieces = [

@@ -57,6 +57,19 @@ def fetched(log: list[list], sizes: dict[str, int]) -> dict[str, int]:
     return out
 
 
+def _whole_downloads(log: list[list], sizes: dict[str, int]) -> dict[str, int]:
+    """Requests per shard file that fetched it whole (a tar's end blocks are never read by
+    ranges, so a request of all its bytes is a download)."""
+    out = dict.fromkeys(sizes, 0)
+    for _, _, kind, target, rng in log:
+        path = target.partition("?")[0]
+        if path in sizes and kind in ("GET", "GET-range"):
+            m = re.fullmatch(r"bytes=(\d+)-(\d*)", rng)
+            whole = not m or (int(m[1]) == 0 and (not m[2] or int(m[2]) + 1 >= sizes[path]))
+            out[path] += whole
+    return out
+
+
 def per_shard(log: list[list], kinds: tuple[str, ...]) -> list[list]:
     return [entry for entry in log if entry[2] in kinds]
 
@@ -181,8 +194,12 @@ def test_a_bounded_cache_shared_by_two_ranks_holds_its_limit(proxied, tmp_path, 
     # 4 readers at 4 places of the epoch need more than 3 shards at once: a shard that finds no
     # room is read by ranges for the rest of that reader's pass, never downloaded twice; nor is
     # one evicted before a reader that started late claimed it (read by ranges this epoch)
-    got = fetched(proxy.snapshot(log=True)["log"], sizes)
-    assert sum(got.values()) <= 1.05 * sum(sizes.values()), got
+    log = proxy.snapshot(log=True)["log"]
+    assert max(_whole_downloads(log, sizes).values()) <= 1, _whole_downloads(log, sizes)
+    # the ranges a late reader reads of a shard evicted before it claimed it are the only bytes
+    # fetched twice (at this size one shard is 10% of the dataset: up to 1.09x seen in 1 of 8)
+    got = fetched(log, sizes)
+    assert sum(got.values()) <= 1.25 * sum(sizes.values()), got
     assert not list(cache.glob(".wds-need-*")), "every reader released its claims"
 
 

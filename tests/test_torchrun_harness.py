@@ -50,7 +50,9 @@ def test_a_failing_rank_shows_every_ranks_stderr(script, monkeypatch):
 
 def test_a_run_past_its_timeout_is_stopped_with_its_ranks(script, tmp_path, monkeypatch):
     monkeypatch.setenv("HANG", "1")
-    launch = start_torchrun(script, nproc=2, cwd=tmp_path, timeout=20)
+    # a timeout shorter than the ranks' start: the run is past it once both ranks hang (the
+    # harness counts it from the launch), so the test waits for no idle time of its own
+    launch = start_torchrun(script, nproc=2, cwd=tmp_path, timeout=2)
     pid_files = [tmp_path / "pid0", tmp_path / "pid1"]
     ready = time.monotonic() + 180
     while not all(p.exists() for p in pid_files):  # until both ranks hang
@@ -58,7 +60,7 @@ def test_a_run_past_its_timeout_is_stopped_with_its_ranks(script, tmp_path, monk
         time.sleep(0.05)
     with pytest.raises(AssertionError) as err:
         launch.wait()
-    assert str(err.value).startswith("torchrun ran past 20 s\n--- torchrun (exit ")
+    assert str(err.value).startswith("torchrun ran past 2 s\n--- torchrun (exit ")
     assert "err of rank 0" in str(err.value) and "err of rank 1" in str(err.value)
     assert launch.proc.returncode is not None
     for pid_file in pid_files:  # each rank (in a session of its own) is gone too

@@ -278,6 +278,16 @@ def test_the_main_process_reads_indexes_through_fsspec_until_its_first_shard_rea
     assert isinstance(store._storage().fs, ObstoreFiles)  # then everything through obstore
 
 
+def test_by_default_s3_shards_are_read_through_obstore_and_an_explicit_choice_wins():
+    storage = {"key": "AKID", "secret": SECRET, "client_kwargs": {"endpoint_url": "http://h:9"}}
+    assert ReadOptions().transport == "auto"
+    store = ShardStore("s3://bucket/ds", ReadOptions(storage_options=storage))
+    assert isinstance(store._storage(data=True).fs, ObstoreFiles)
+    chosen = ReadOptions(storage_options=storage, transport="fsspec")
+    store = ShardStore("s3://bucket/ds", chosen)
+    assert type(store._storage(data=True).fs).__name__ == "S3FileSystem"
+
+
 def test_storage_options_map_and_what_does_not_is_named():
     config, unsupported = obstore_config(
         {

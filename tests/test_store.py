@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 import pickle
 import re
+import sys
 import threading
 from pathlib import Path
 
@@ -165,6 +166,18 @@ def test_the_s3_connection_pool_holds_as_many_requests_as_are_in_flight():
     mine = {**options, "config_kwargs": {"max_pool_connections": 5}}  # the user's choice wins
     store = ShardStore("s3://bucket/ds", ReadOptions(storage_options=mine, **s3fs))
     assert store._storage().fs.config_kwargs["max_pool_connections"] == 5
+
+
+def test_without_obstore_the_default_transport_reads_s3_through_s3fs_silently(monkeypatch, caplog):
+    """``transport="auto"`` (the default) where the s3fast extra is not installed."""
+    monkeypatch.setitem(sys.modules, "obstore", None)  # not importable
+    assert ReadOptions().transport == "auto"
+    options = {"key": "k", "secret": "s", "client_kwargs": {"endpoint_url": "http://127.0.0.1:9"}}
+    with caplog.at_level(logging.DEBUG, logger="wdsloader"):
+        store = ShardStore("s3://bucket/ds", ReadOptions(storage_options=options))
+        files = store._storage(data=True).fs
+    assert type(files).__name__ == "S3FileSystem"
+    assert [r.getMessage() for r in caplog.records] == []
 
 
 def test_workers_sharing_a_cache_download_each_shard_once(http_server, tmp_path):

@@ -3,7 +3,8 @@
 
 :func:`remote_filesystem` returns what :class:`~wdsloader.io.retry.RemoteFiles` reads from: an
 fsspec filesystem (s3fs, HTTP, GCS ...: the ``"fsspec"`` transport) or, for ``s3://`` roots with
-the ``"obstore"`` transport, an :class:`ObstoreFiles`, the few filesystem calls the reads use
+the ``"obstore"`` transport (which ``"auto"``, the default, picks where it can: see
+:func:`transport_for`), an :class:`ObstoreFiles`, the few filesystem calls the reads use
 (``cat_file``, ``info``, ``ls``) served by an ``obstore.store.S3Store``. The user's interface
 stays the same: the URL and the s3fs ``storage_options`` (``key``/``secret``/``token``,
 ``anon``, ``endpoint_url`` or ``client_kwargs.endpoint_url``, ``client_kwargs.region_name``,

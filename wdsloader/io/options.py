@@ -47,11 +47,13 @@ class ReadOptions:
     ``retries`` counts them all. Then :class:`ShardReadError` names the file and the URL
     (credentials redacted). With the defaults a dead server is reported after about a minute.
 
-    ``transport`` is the client of remote reads: ``"fsspec"`` (s3fs, HTTP, GCS ...),
-    ``"obstore"`` (S3 through the ``obstore`` package, the same URL and ``storage_options``;
-    a ValueError says why when it cannot serve the root or an option) or ``"auto"`` (obstore
-    for ``s3://`` when installed and every option maps, else fsspec; see
-    :mod:`wdsloader.io.obstore_files`).
+    ``transport`` is the client of remote reads: ``"auto"`` (the default: obstore for
+    ``s3://`` when it is installed, every option maps and the bucket's region or an endpoint is
+    known, else fsspec, silently), ``"fsspec"`` (s3fs, HTTP, GCS ...) or ``"obstore"`` (S3
+    through the ``obstore`` package, ``pip install 'wdsloader[s3fast]'``, the same URL and
+    ``storage_options``; a ValueError says why when it cannot serve the root or an option).
+    obstore starts in the processes that read shards (each DataLoader worker, or the main
+    process at ``num_workers=0``; see :mod:`wdsloader.io.obstore_files`).
     """
 
     storage_options: dict[str, Any] | None = None
@@ -67,7 +69,7 @@ class ReadOptions:
     cache_limit_bytes: int | None = None
     verify_checksum: bool = False
     max_open_files: int = 64
-    transport: str = "fsspec"
+    transport: str = "auto"
 
     def __post_init__(self) -> None:
         if self.transport not in ("auto", "fsspec", "obstore"):

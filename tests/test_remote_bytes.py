@@ -9,6 +9,7 @@ from __future__ import annotations
 import importlib.util
 import re
 import urllib.parse
+from typing import Any
 
 import pytest
 
@@ -114,10 +115,21 @@ def test_one_epoch_fetches_the_dataset_once_with_any_workers(proxied, num_worker
 
 # -- a cache shared by the ranks and workers of a node -----------------------------------------
 def _rank_main(
-    root: str, options: dict, cache: str, limit: int | None, rank: int, out: str, transport: str
+    root: str,
+    options: dict,
+    cache: str,
+    limit: int | None,
+    rank: int,
+    out: str,
+    transport: str,
+    step: Any,
 ) -> None:
     """One rank of 2 (a spawned process) with 2 workers: writes its keys and, after each batch,
-    the bytes in the cache folder (cached files and downloads under way) to ``out``."""
+    the bytes in the cache folder (cached files and downloads under way) to ``out``. The ranks
+    wait for each other after every batch (``step``, a barrier), as DDP's all-reduce makes
+    them: a rank never finishes its epoch before the other began it. (Without it a rank
+    that starts late on a loaded machine can find no live reader of the node, take the epoch
+    for a new run and download again a shard the other evicted, which no DDP run does.)"""
     import json
 
     from wdsloader import PlanOptions, ReadOptions, Topology
@@ -135,6 +147,7 @@ def _rank_main(
     for batch in loader:
         keys.extend(batch["__key__"])
         held.append(_held(cache))
+        step.wait(timeout=120)  # the step's all-reduce: raises for both if a rank is gone
     with open(out, "w") as f:
         json.dump({"keys": keys, "held": held}, f)
 
@@ -147,8 +160,11 @@ def _two_ranks(
 
     ctx = multiprocessing.get_context("spawn")
     outs = [str(tmp_path / f"rank{r}.json") for r in range(2)]
+    step = ctx.Barrier(2)
     procs = [
-        ctx.Process(target=_rank_main, args=(root, options, cache, limit, r, outs[r], transport))
+        ctx.Process(
+            target=_rank_main, args=(root, options, cache, limit, r, outs[r], transport, step)
+        )
         for r in range(2)
     ]
     for p in procs:
@@ -176,19 +192,8 @@ def test_two_ranks_of_two_workers_share_one_download(proxied, tmp_path):
     assert [e[2] for e in per_shard(log, ("HEAD",))] == []
 
 
-# A known bug, not a flake to hide: with obstore's timing a reader that starts late can still
-# download a shard evicted before it claimed it (seen once in a full run: one shard twice).
-# The fix (a rank claims for its workers before they start) is not built yet.
-_LATE_READER = pytest.mark.xfail(
-    reason="a late reader can download an evicted shard again", strict=False
-)
-
-
 @pytest.mark.slow  # two spawned ranks
-@pytest.mark.parametrize(
-    "transport",
-    [TRANSPORTS[0], pytest.param("obstore", marks=[*TRANSPORTS[1].marks, _LATE_READER])],
-)
+@pytest.mark.parametrize("transport", TRANSPORTS)
 def test_a_bounded_cache_shared_by_two_ranks_holds_its_limit(proxied, tmp_path, transport):
     url, direct, options, proxy = proxied
     root, manifest, sizes = _dataset(url, direct)

@@ -15,6 +15,7 @@ from tests.dataset_factory import write_dataset
 from tests.exit_check import assert_exits_cleanly
 from wdsloader import WorkerDiedError, create_loader
 from wdsloader.collate import DefaultCollator
+from wdsloader.stream.collected import closed_so_far
 
 COUNTS = [5] * 12  # one descriptor per shard leaked before
 
@@ -31,12 +32,13 @@ def open_fds() -> int:
 
 
 def settle() -> None:
-    """Collect, and let the read-ahead threads of finished iterations end (they close the
-    store's files when their last read is over)."""
+    """Collect, let the read-ahead threads of finished iterations end (they close the
+    store's files when their last read is over) and the stores of collected datasets close."""
     gc.collect()
     for t in threading.enumerate():
         if t.name.startswith("wdsloader-read"):
             t.join()
+    assert closed_so_far(timeout=60)
 
 
 @pytest.mark.skipif(not os.path.isdir("/proc/self/fd"), reason="needs /proc")
@@ -69,6 +71,28 @@ def test_iteration_broken_off_early_keeps_no_descriptors(ds):
         del loader
     settle()
     assert open_fds() <= before  # other tests' leftovers may close meanwhile; a leak grows it
+
+
+def test_a_dataset_collected_inside_its_stores_pool_closes_the_store_without_a_deadlock(ds):
+    """A read thread left over from an iteration that raised was inside ``submit`` on its
+    store's pool (which holds the pool's lock and the executors' global one) when a collection
+    there found the dataset gone; its finalizer closed the store in that thread, waited for
+    that lock for ever, and every thread pool of the process with it (a hung CI run)."""
+    holder = [create_loader(ds, "train", batch_size=4, num_workers=0)]
+    store = holder[0].dataset_obj.store
+    pool = store._thread_pool(2)  # the pool a remote read or a load of indexes submits to
+    collected = threading.Event()
+
+    def collect_inside_submit() -> None:
+        with pool._shutdown_lock:  # as ThreadPoolExecutor.submit holds it
+            holder.clear()
+            gc.collect()  # the loader and its dataset are collected here
+            collected.set()
+
+    threading.Thread(target=collect_inside_submit, daemon=True).start()
+    assert collected.wait(60), "the finalizer waited for the lock its own thread held"
+    assert closed_so_far(timeout=60)
+    assert store._pool is None  # closed all the same, on the closer thread
 
 
 EXIT_SCRIPT = """

@@ -17,6 +17,7 @@ from tests.dataset_factory import write_dataset
 from wdsloader import create_loader
 from wdsloader.mix import MixSource
 from wdsloader.plan import Resume
+from wdsloader.stream.collected import closed_so_far
 
 DIM = 1024  # 4 KiB per sample
 WINDOW = 128  # samples a worker shuffles within (and holds in memory)
@@ -29,6 +30,7 @@ def _peak_epoch_bytes(root, window: int) -> tuple[int, int]:
         root, "train", batch_size=32, num_workers=0, seed=0, shuffle_window=window
     )
     gc.collect()
+    assert closed_so_far(timeout=60)  # earlier loaders' stores closed: nothing of theirs moves
     tracemalloc.start()
     try:
         seen = sum(len(batch["vec"]) for batch in loader)

@@ -12,7 +12,6 @@ from __future__ import annotations
 import functools
 import logging
 import threading
-import weakref
 from collections.abc import Callable, Generator, Iterator, Sequence
 from typing import Any
 
@@ -32,6 +31,7 @@ from wdsloader.io.store import Store
 from wdsloader.mix.runtime import MixPlanner, SourceTags
 from wdsloader.plan.uses import shard_uses
 from wdsloader.stream.ahead import DECODE_AHEAD, made_ahead
+from wdsloader.stream.collected import close_when_collected
 from wdsloader.stream.config import LoaderConfig
 from wdsloader.stream.control import Control
 from wdsloader.stream.dataset_config import (
@@ -41,7 +41,7 @@ from wdsloader.stream.dataset_config import (
     loader_config,
 )
 from wdsloader.stream.provenance import Provenance
-from wdsloader.stream.reader import BatchReader, close_store
+from wdsloader.stream.reader import BatchReader
 from wdsloader.stream.refill import Refill as _Refill
 from wdsloader.stream.state import resume_from_dict, resume_to_dict, shards_digest
 from wdsloader.stream.telemetry import StageClock
@@ -88,7 +88,7 @@ class ShardStreamDataset(IterableDataset):
         self.shards: list[ShardInfo] = list(manifest.split(self.split).shards)
         self.shards_digest = shards_digest(self.shards)
         # a loader that is collected without finishing an iteration closes its files too
-        weakref.finalize(self, close_store, store).atexit = False
+        close_when_collected(self, store)
         self.decoder = decoder if decoder is not None else dataset_decoder(config, manifest)
         self.collate_fn = (
             collate_fn if collate_fn is not None else dataset_collate(config, manifest)

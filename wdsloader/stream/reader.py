@@ -413,8 +413,3 @@ class _StoreCloser:
     def __call__(self, _future: Future[Any] | None = None) -> None:
         if not self.finalizing():
             self.store.close()
-
-
-def close_store(store: Store) -> None:
-    """Close a store whose dataset was collected (a weakref.finalize callback)."""
-    _StoreCloser(store)()

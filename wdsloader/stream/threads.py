@@ -19,15 +19,14 @@ import queue
 import sys
 import threading
 import time
-import weakref
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 from torch.utils.data._utils import ExceptionWrapper
 from torch.utils.data._utils.pin_memory import pin_memory
 
+from wdsloader.stream.collected import close_when_collected
 from wdsloader.stream.exit_stop import forget, stop_at_exit
-from wdsloader.stream.reader import close_store
 
 if TYPE_CHECKING:
     from wdsloader.stream.dataset import ShardStreamDataset
@@ -44,7 +43,7 @@ def worker_copy(dataset: ShardStreamDataset) -> ShardStreamDataset:
     clone = copy.copy(dataset)
     # a store copies as it pickles: root and options kept, files, locks and counters new
     clone.store = copy.copy(dataset.store)
-    weakref.finalize(clone, close_store, clone.store).atexit = False
+    close_when_collected(clone, clone.store)
     clone._last_skip = ""
     clone._collate_ns = 0
     clone._decoders(dataset.loader_config.gather)

@@ -20,7 +20,7 @@ from tests.outage_proxy import OutageProxy
 from wdsloader import create_loader
 from wdsloader.errors import ShardReadError
 from wdsloader.io import ReadOptions
-from wdsloader.io.retry import Deadline, RemoteFiles
+from wdsloader.io.retry import MAX_BACKOFF_S, Deadline, RemoteFiles, next_retry
 from wdsloader.io.transient import is_transient, permanent_failure
 
 COUNTS = [8, 8, 8, 8, 8]
@@ -315,3 +315,17 @@ def test_http_outage_mid_epoch_is_retried_and_the_epoch_completes_exactly_once(
             keys = _epoch(f"{proxy.url}/ds")
         downs = proxy.downs
     _check(keys, reference, retried, downs, f"{proxy.url}/ds/train/")
+
+
+def test_one_backoff_for_shard_reads_and_root_files():
+    """``next_retry`` (shared by the shard reads' and ``read_root_file``'s retry loops): the
+    wait doubles from ``backoff`` up to the cap; no retry after the last, nor when the
+    deadline comes before the wait ends, and then the error's clause names the deadline."""
+    options = ReadOptions(retries=3, backoff=0.5)
+    unlimited = Deadline(None)
+    assert [next_retry(options, a, unlimited) for a in range(5)] == [
+        (0.5, None), (1.0, None), (MAX_BACKOFF_S, None), (MAX_BACKOFF_S, ""), (MAX_BACKOFF_S, ""),
+    ]  # fmt: skip
+    assert next_retry(options, 0, Deadline(60)) == (0.5, None)
+    assert next_retry(options, 0, Deadline(0.1)) == (0.5, ", the deadline of 0.1s reached")
+    assert next_retry(options, 3, Deadline(0.1)) == (2.0, ", the deadline of 0.1s reached")

@@ -39,7 +39,7 @@ from wdsloader.format import ShardInfo, decode_index
 from wdsloader.io.obstore_files import remote_filesystem
 from wdsloader.io.options import ReadOptions
 from wdsloader.io.ranges import Cut, Request
-from wdsloader.io.retry import MAX_BACKOFF_S, Deadline, RemoteFiles, call_fs
+from wdsloader.io.retry import Deadline, RemoteFiles, call_fs, next_retry
 from wdsloader.io.setup_errors import setup_error
 from wdsloader.io.shard_cache import OpenFiles
 from wdsloader.io.storage import join
@@ -287,10 +287,9 @@ class ShardStore(StoreChecks):
                 data = call_fs(fs, clock.remaining(), "cat_file", path, **whole)
                 return bytes(data)
             except Exception as exc:  # a transient error retried, any other raised as it is
-                delay = min(o.backoff * 2**attempt, MAX_BACKOFF_S)
-                left = clock.remaining()
-                last = attempt >= o.retries or (left is not None and left <= delay)
-                if last or not is_transient(exc) or setup_error(exc, self.root) is not None:
+                delay, last = next_retry(o, attempt, clock)
+                stop = last is not None or not is_transient(exc)
+                if stop or setup_error(exc, self.root) is not None:
                     raise
                 self._count("retries", 1)
                 time.sleep(delay)

@@ -175,11 +175,8 @@ class RemoteFiles:
         # described by its network or server error, not by the FileNotFoundError (fsspec's
         # HTTP info()) or OSError (s3fs) a client wrapped it in
         shown = transient_cause(exc)
-        delay = min(self.options.backoff * 2**attempt, MAX_BACKOFF_S)
-        left = clock.remaining()
-        expired = left is not None and left <= delay
-        if attempt >= self.options.retries or expired:
-            why = f", the deadline of {clock.limit:g}s reached" if expired else ""
+        delay, why = next_retry(self.options, attempt, clock)
+        if why is not None:
             raise ShardReadError(
                 f"{url}: read failed{at} after {attempt} retries in "
                 f"{clock.elapsed():.1f}s{why}: {self.describe(shown)}"
@@ -226,6 +223,18 @@ async def http_range(fs: Any, url: str, start: int, stop: int, sink: bytearray) 
             chunk = chunk[:need]
             sink += chunk
             need -= len(chunk)
+
+
+def next_retry(options: ReadOptions, attempt: int, clock: Deadline) -> tuple[float, str | None]:
+    """After failed attempt ``attempt`` (0-based) of a request under ``options``: the wait
+    before the next (``backoff`` doubled each time, capped at :data:`MAX_BACKOFF_S`) and None,
+    or the wait and why no attempt follows (``""``: the retries are used up; else the deadline
+    that ``clock`` reaches before the wait ends, as a clause for the error's text)."""
+    delay = min(options.backoff * 2**attempt, MAX_BACKOFF_S)
+    left = clock.remaining()
+    if left is not None and left <= delay:
+        return delay, f", the deadline of {clock.limit:g}s reached"
+    return delay, "" if attempt >= options.retries else None
 
 
 class Deadline:

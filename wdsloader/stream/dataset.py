@@ -40,6 +40,7 @@ from wdsloader.stream.dataset_config import (
     dataset_decoder,
     loader_config,
 )
+from wdsloader.stream.parent_watch import watch_parent
 from wdsloader.stream.provenance import Provenance
 from wdsloader.stream.reader import BatchReader
 from wdsloader.stream.refill import Refill as _Refill
@@ -220,6 +221,8 @@ class ShardStreamDataset(IterableDataset):
                 f"the DataLoader has {info.num_workers} workers but the plan was made for "
                 f"{self.config.num_workers}; build loaders with create_loader"
             )
+        if info is not None:  # a worker process: it ends with the training process
+            watch_parent()
         yield from self.iter_worker(worker, ahead=info is None)
 
     def iter_worker(self, worker: int, *, ahead: bool = False) -> Generator[Any, None, None]:

@@ -57,9 +57,11 @@ def _peaks(tmp_path, window: int | None) -> dict[int, int]:
 def test_epoch_memory_does_not_grow_with_the_samples(tmp_path):
     peaks = _peaks(tmp_path, WINDOW)
     # the plan's arrays grow by a few int64 per sample; the samples' bytes (4 KiB each) must
-    # not: holding even 1 in 20 of the extra 3 N samples would add > 600 KB
+    # not: holding even 1 in 20 of the extra 3 N samples would add > 600 KB. The bound is half
+    # that: the peak at N moves by ~140 KB with what else the process does meanwhile (whether
+    # a collected loader's store closes in the collecting thread or on the closer thread)
     growth = peaks[4 * N] - peaks[N]
-    assert growth < 3 * N * 64, (peaks, growth)
+    assert growth < 3 * N * 100, (peaks, growth)
     assert peaks[N] < 8 * WINDOW * DIM * 4, peaks  # a few windows of samples
 
 

@@ -37,14 +37,23 @@ N = 400  # 8 blocks
 pytestmark = [pytest.mark.usefixtures("infer_first_sample_only"), pytest.mark.slow]  # a Ray cluster
 
 
-@pytest.fixture(autouse=True)
-def ray_cluster():
-    """A local Ray of 2 CPUs for each test, so that no task of one test (a build stopped by a
-    data error or on the driver stops its tasks through the abort flag, waiting up to a
-    minute) can still run in the next."""
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+@pytest.fixture(scope="module", autouse=True)
+def _ray_shut_down_after_the_module():
     yield
     ray.shutdown()
+
+
+@pytest.fixture(autouse=True)
+def ray_cluster(request):
+    """A local Ray of 2 CPUs, shared by the tests whose builds run to their end; after a test
+    marked ``stops_a_build`` (a build stopped by a data error or on the driver stops its tasks
+    through the abort flag, waiting up to a minute) it is shut down, so that no task of that
+    test can still run in the next (which starts a new one)."""
+    if not ray.is_initialized():
+        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    yield
+    if request.node.get_closest_marker("stops_a_build"):
+        ray.shutdown()
 
 
 def sample(i: int) -> dict:
@@ -161,6 +170,7 @@ def test_a_killed_worker_is_retried_and_nothing_is_lost_or_duplicated(tmp_path, 
     assert not list((tmp_path / "ds").rglob("*.tmp-*"))
 
 
+@pytest.mark.stops_a_build
 def test_an_interrupted_driver_resumes_on_rerun_keeping_finished_blocks(tmp_path, reference):
     out = tmp_path / "ds"
     with pytest.raises(Interrupt):
@@ -181,6 +191,7 @@ def test_an_interrupted_driver_resumes_on_rerun_keeping_finished_blocks(tmp_path
     assert seen[-1] == N
 
 
+@pytest.mark.stops_a_build
 def test_a_ray_build_stopped_on_the_driver_is_resumed_by_the_local_engine(tmp_path, reference):
     out = tmp_path / "ds"
     with pytest.raises(Interrupt):
@@ -194,6 +205,7 @@ def test_a_ray_build_stopped_on_the_driver_is_resumed_by_the_local_engine(tmp_pa
     assert local_digests(out) == reference
 
 
+@pytest.mark.stops_a_build
 def test_a_data_error_in_a_task_is_raised_as_itself_and_leaves_nothing(tmp_path):
     class_ = BadShape(N)
     with pytest.raises(SchemaError, match=r"s00210.*emb|emb.*s00210"):
@@ -237,6 +249,7 @@ def test_jsonl_files_are_scanned_and_read_by_range_to_the_same_bytes(tmp_path):
     assert local_digests(tmp_path / "ray") == local_digests(tmp_path / "ref")
 
 
+@pytest.mark.stops_a_build
 def test_a_bad_input_file_found_by_the_scan_task_is_named_with_its_line(tmp_path):
     good, bad = tmp_path / "a.txt", tmp_path / "b.txt"
     good.write_text("one\n\ntwo\n")

@@ -179,6 +179,23 @@ def test_the_read_ahead_asks_the_plan_for_one_group_ahead_only(ds):
     assert groups == [[0], [1, 2, 3, 4], [5], None]
 
 
+def test_a_local_read_group_of_large_samples_holds_at_most_32_mib(ds):
+    """Each batch in flight holds batch arrays of its own: groups of a window's batches of
+    large samples held ~18 of them, each faulted in anew on an epoch's first pass."""
+    reader = create_loader(ds, "train", batch_size=1).dataset_obj.reader
+    reader.read = lambda group, pool=None, place=False, prefetch=None: [int(b[0]) for b in group]
+    reader.sample_bytes = 12 << 20  # a batch of one sample: 12 MiB, two make a group
+    ahead = reader.read_ahead(PlannedBatches(6), 4)
+    groups = [ahead.next_group() for _ in range(5)]
+    ahead.close()
+    assert groups == [[0], [1, 2], [3, 4], [5], None]
+    reader.sample_bytes = 40 << 20  # larger than the cap: one batch a group
+    ahead = reader.read_ahead(PlannedBatches(3), 4)
+    groups = [ahead.next_group() for _ in range(4)]
+    ahead.close()
+    assert groups == [[0], [1], [2], None]
+
+
 # -- the columnar decoder ---------------------------------------------------------------------
 
 

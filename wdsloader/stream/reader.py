@@ -150,8 +150,9 @@ class BatchReader:
         buf: np.ndarray | None = None
         data: list[Any]
         try:
-            if g.failed is not None or g.joined is None:
-                raise g.failed or AssertionError("a read neither started nor failed")
+            if g.failed is not None:
+                raise g.failed
+            assert g.joined is not None  # started, or failed
             joined, run_pos = g.joined.result()
             self._read_bytes(batches, placed, g.shard_idx)
             buf = np.frombuffer(joined, dtype=np.uint8)

@@ -9,6 +9,8 @@ Faults apply to GETs of paths ending with ``Faults.suffix``:
   before X, then close the connection (so X is the first byte the client did not receive);
 - ``gate``: a ``threading.Barrier`` each such GET waits at before answering (a test of concurrency:
   it only opens when that many requests are in flight at once);
+- ``hook``: called with each such GET's path, start and stop once it is logged, before it is
+  answered (a test may hold a request there, e.g. until another one arrives);
 - ``stall="answer"``: such GETs are read and never answered; ``stall="body"``: they get their
   status and headers, then no byte of the body (both until the server stops);
 - ``status=S``: such GETs are answered with HTTP status S and an empty body; with
@@ -26,6 +28,7 @@ import os
 import socket
 import threading
 import urllib.parse
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -46,6 +49,7 @@ class Faults:
     at_byte_times: int = 0
     suffix: str = ".tar"
     gate: threading.Barrier | None = None
+    hook: Callable[[str, int, int], None] | None = None
     stall: str | None = None
     status: int | None = None
     redirect_query: str | None = None
@@ -175,6 +179,9 @@ class _Handler(BaseHTTPRequestHandler):
         cut = 0 if stall else self._fault_cut(record["path"], start, stop) if body else None
         limit = stop - start if cut is None else cut
         self._record(record, status, sent=limit if body else 0, dropped=cut is not None)
+        hook = self.server.state.faults.hook
+        if body and hook is not None and record["path"].endswith(self.server.state.faults.suffix):
+            hook(record["path"], start, stop)
         if stall == "answer":
             self._hold()
             return

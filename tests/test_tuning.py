@@ -13,7 +13,7 @@ import pytest
 from tests.dataset_factory import write_dataset
 from tests.http_server import RangeHTTPServer, http_server_fixture  # noqa: F401
 from wdsloader.io import ReadOptions, ShardStore
-from wdsloader.io.tuning import UNMEASURED, Probe, Tuning, tune
+from wdsloader.io.tuning import UNMEASURED, Probe, Tuning, ahead_budget, tune
 from wdsloader.stream.reader import BatchReader
 
 MiB = 2**20
@@ -155,7 +155,7 @@ def test_the_read_ahead_reads_groups_up_to_its_byte_budget(http_server, groups_b
     ahead = reader.read_ahead(batches, 4)
     try:
         assert len(ahead.next_group() or []) == 4
-        for future, _ in list(ahead._pending):
+        for future, *_ in list(ahead._pending):
             future.result()  # the reads started: over before counting
         ahead_groups = max(1, groups_budget)  # at least one group ahead of the one handed out
         assert ahead.groups_ahead == ahead_groups
@@ -165,6 +165,41 @@ def test_the_read_ahead_reads_groups_up_to_its_byte_budget(http_server, groups_b
         assert sum(r.sent for r in tars) == want
     finally:
         ahead.close()
+
+
+@pytest.mark.parametrize(
+    ("tuned", "group", "readers", "memory", "budget"),
+    [
+        # unmeasured (128 MiB) and a 64 MiB window of 66.6 MiB: two windows
+        (128 * MiB, 66.6 * MiB, 1, 64 << 30, math.ceil(133.2 * MiB)),
+        # the tuned budget already holds two groups: kept
+        (256 * MiB, 66.6 * MiB, 1, 64 << 30, 256 * MiB),
+        # two groups of 200 MiB: at most 256 MiB
+        (64 * MiB, 200 * MiB, 1, 64 << 30, 256 * MiB),
+        # 64 readers of a 64 GiB node: 1/8 of it between them, 128 MiB each
+        (64 * MiB, 100 * MiB, 64, 64 << 30, 128 * MiB),
+        # 64 readers of a 16 GiB node: 32 MiB each, less than tuned: the tuned budget
+        (64 * MiB, 100 * MiB, 64, 16 << 30, 64 * MiB),
+        # memory unknown: the 256 MiB bound only
+        (32 * MiB, 100 * MiB, 8, None, 200 * MiB),
+    ],
+)
+def test_a_remote_reader_reads_two_groups_ahead_where_memory_allows(
+    tuned, group, readers, memory, budget
+):
+    assert ahead_budget(tuned, group, readers, memory) == budget
+
+
+def test_the_readers_budget_holds_two_windows_unless_set(http_server, monkeypatch):
+    monkeypatch.setattr("wdsloader.stream.reader.node_memory_bytes", lambda: 64 << 30)
+    url, manifest, _ = _served(http_server, [40, 40], "budget")
+    shards = manifest.split("train").shards
+    reader = BatchReader(ShardStore(url), shards, [40, 40], skip_unreadable=False)
+    assert reader.store.tuning() == UNMEASURED  # 128 MiB
+    assert reader.readahead_bytes(100 * MiB) == 200 * MiB
+    assert reader.readahead_bytes(10 * MiB) == UNMEASURED.readahead_bytes
+    explicit = ShardStore(url, ReadOptions(readahead_bytes=5 * MiB))
+    assert BatchReader(explicit, shards, [40, 40], False).readahead_bytes(100 * MiB) == 5 * MiB
 
 
 def test_the_read_ahead_budget_is_documented_as_the_memory_bound():

@@ -28,9 +28,10 @@ from __future__ import annotations
 import os
 import threading
 import time
-from collections.abc import Callable, Sequence
-from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
-from typing import Any, ClassVar, TypeVar
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import nullcontext
+from typing import Any, ClassVar
 
 import numpy as np
 
@@ -39,6 +40,7 @@ from wdsloader.format import ShardInfo, decode_index
 from wdsloader.io.obstore_files import remote_filesystem
 from wdsloader.io.options import ReadOptions
 from wdsloader.io.ranges import Cut, Request
+from wdsloader.io.request_pool import RequestPool
 from wdsloader.io.retry import Deadline, RemoteFiles, call_fs, next_retry
 from wdsloader.io.setup_errors import setup_error
 from wdsloader.io.shard_cache import OpenFiles
@@ -56,16 +58,15 @@ STAT_KEYS = tuple(
 )
 # indexes of at most this many bytes in all are read once and pickled with the store
 SHIP_INDEX_BYTES = 64 << 20
-_T = TypeVar("_T")
-_R = TypeVar("_R")
 
 
-class ShardStore(StoreChecks):
+class ShardStore(RequestPool, StoreChecks):
     """Reads indexes and byte ranges of the shards under one dataset root (path or fsspec URL).
 
     ``ShardStore(root, options)`` builds the implementation registered for the root's kind
     (:func:`wdsloader.io.store.store_kind`). Calls on one store are serialized by a lock; the
-    concurrency is inside a call. ``stats`` counts ``requests`` (storage reads issued, retries
+    concurrency is inside a call, except that a remote store waits for its requests without
+    the lock (those of calls made meanwhile queue behind them on its one pool). ``stats`` counts ``requests`` (storage reads issued, retries
     included), ``bytes_read`` (returned by :meth:`read_ranges`), ``bytes_fetched`` (received
     from remote storage), ``retries``, ``cache_hits``/``cache_misses`` (per shard and call) and
     ``evictions``.
@@ -74,6 +75,7 @@ class ShardStore(StoreChecks):
     is_local: ClassVar[bool] = False
     _PICKLED: ClassVar[tuple[str, ...]] = ("root", "options", "_shipped", "_measured", "readers")
     _SHIPS_INDEXES: ClassVar[bool] = True  # see ship_indexes
+    _READ_LOCKED: ClassVar[bool] = True  # False: _read takes the lock itself where it must
 
     def __new__(
         cls, root: str | os.PathLike[str] = "", options: ReadOptions | None = None
@@ -102,6 +104,7 @@ class ShardStore(StoreChecks):
         self._remote: RemoteFiles | None = None
         self._remote_final = False  # False: reads through fsspec until the first shard read
         self._pool: ThreadPoolExecutor | None = None
+        self._queued = 0  # work submitted to the pool and not over
         self._files = OpenFiles(self.options.max_open_files)
         self._indexes: dict[str, np.ndarray] = {}
         for key, offsets in self._shipped.items():
@@ -341,7 +344,7 @@ class ShardStore(StoreChecks):
         reqs, _, _ = self._checked(requests)
         if not reqs:
             return []
-        with self._lock:
+        with self._lock if self._READ_LOCKED else nullcontext():
             out = self._read(reqs)
         self._count("bytes_read", sum(len(b) for b in out))
         return out
@@ -381,7 +384,8 @@ class ShardStore(StoreChecks):
         return reqs, positions, total
 
     def _read(self, reqs: list[Request]) -> list[bytes]:
-        """The bytes of each (checked, non-empty) request; called under the lock."""
+        """The bytes of each (checked, non-empty) request; called under the lock (unless
+        ``_READ_LOCKED`` is False)."""
         raise NotImplementedError
 
     def _read_joined(
@@ -394,30 +398,3 @@ class ShardStore(StoreChecks):
     ) -> bytes | np.ndarray:
         """The buffer of :meth:`read_joined` (``positions``: where each request starts)."""
         raise NotImplementedError
-
-    # -- remote requests -------------------------------------------------------------------------
-    def _thread_pool(self, threads: int | None = None) -> ThreadPoolExecutor:
-        """The store's one thread pool (remote requests, downloads, the second half of a large
-        local read; used under the lock, so idle between calls), with ``threads`` threads (None:
-        as it is; when made now, the tuned concurrency)."""
-        pool = self._pool
-        if pool is not None and threads is not None and pool._max_workers != threads:
-            pool.shutdown(wait=False)  # tuned since: none of its work is pending
-            pool = None
-        if pool is None:
-            count = threads if threads is not None else max(1, self.tuning().concurrency)
-            pool = self._pool = ThreadPoolExecutor(count, "wdsloader-fetch")
-        return pool
-
-    def _run_all(self, fn: Callable[[_T], _R], items: Sequence[_T]) -> list[_R]:
-        """``[fn(x) for x in items]`` on the thread pool; raises the first error once none runs."""
-        threads = self.tuning().concurrency
-        if len(items) <= 1 or threads == 1:
-            return [fn(x) for x in items]
-        pool = self._thread_pool(threads)
-        futures = [pool.submit(fn, x) for x in items]
-        _, pending = wait(futures, return_when=FIRST_EXCEPTION)
-        for f in pending:
-            f.cancel()
-        wait(pending)
-        return [f.result() for f in futures]

@@ -23,9 +23,13 @@ class ReadOptions:
     the S3 client's connection pool is sized to the most) and ``readahead_bytes`` read ahead
     of the batches being decoded (32-256 MiB), each reading process taking its share of the
     node (its ranks, from ``LOCAL_WORLD_SIZE``, times their workers). None (the default) means
-    derived; a value set here wins. Peak memory of a reading process (each DataLoader worker) is bounded by the
-    group of batches being decoded (one shuffle window) plus ``readahead_bytes`` (plus one
-    group when a single group is larger than the budget: at least one group is read ahead).
+    derived; a value set here wins. Derived, the read-ahead holds at least two shuffle windows
+    where memory allows (at most 256 MiB, and a node's readers together at most 1/8 of its
+    memory: :func:`wdsloader.io.tuning.ahead_budget`), so that the next window's requests are
+    queued while the current one's last answers arrive. Peak memory of a reading process
+    (each DataLoader worker) is bounded by the group of batches being decoded (one shuffle
+    window) plus the read-ahead (plus one group when a single group is larger than the
+    budget: at least one group is read ahead).
     ``cache_dir`` keeps whole remote shards and indexes; the ranks and workers of a node that
     share it download each shard once (a per-file ``flock``). ``cache_limit_bytes`` caps the
     folder at every moment, downloads under way included (a ValueError without ``cache_dir``):

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import ClassVar
 
 import numpy as np
 
 from wdsloader.format import ShardInfo
 from wdsloader.io.fetch import ShardStore
-from wdsloader.io.ranges import Cut, Hole, Request, merge_requests
-from wdsloader.io.remote_into import read_remote_into, verify_checksums
+from wdsloader.io.ranges import Cut, Hole, Request
+from wdsloader.io.remote_into import RemoteRead, remote_pieces, start_remote_into
 from wdsloader.io.retry import RemoteFiles
 
 __all__ = ["RemoteStore", "copy_cuts", "fetch_side_file", "read_remote_ranges"]
@@ -25,7 +26,11 @@ def fetch_side_file(remote: RemoteFiles, rel: str, size: int | None) -> bytes:
 class RemoteStore(ShardStore):
     """Reads ranges of remote shards: overlapping or adjacent ranges of a shard merged, split
     into requests of at most ``max_request_bytes``, fetched ``concurrency`` at a time with the
-    retries and deadline of :class:`~wdsloader.io.retry.RemoteFiles`."""
+    retries and deadline of :class:`~wdsloader.io.retry.RemoteFiles`. The store's lock is
+    never held while it waits for its requests: the requests of reads started meanwhile
+    (:meth:`start_joined`) queue behind them on its one pool."""
+
+    _READ_LOCKED: ClassVar[bool] = False
 
     def read_side_file(self, shard: ShardInfo, rel: str, size: int | None = None) -> bytes:
         """A small file beside ``shard`` (see :meth:`wdsloader.io.store.Store.read_side_file`),
@@ -34,6 +39,17 @@ class RemoteStore(ShardStore):
         with self._lock:
             remote = self._storage()
         return fetch_side_file(remote, rel, size)
+
+    def start_joined(
+        self, requests: Sequence[Request], out: np.ndarray | None = None
+    ) -> RemoteRead:
+        """:meth:`~wdsloader.io.fetch.ShardStore.read_joined` (no cuts) started, not waited for:
+        its requests queued now on the store's pool, behind those of the reads started before
+        (so they go first); :meth:`RemoteRead.result` is ``(buffer, positions)`` once they are
+        answered, or raises what ``read_joined`` raises."""
+        reqs, positions, total = self._checked(requests)
+        self._ensure_process()
+        return start_remote_into(self, reqs, positions, total, out)
 
     def _read(self, reqs: list[Request]) -> list[bytes]:
         return read_remote_ranges(self, reqs)
@@ -46,9 +62,7 @@ class RemoteStore(ShardStore):
         out: np.ndarray | None,
         cuts: Sequence[Sequence[Cut]] | None,
     ) -> bytes | np.ndarray:
-        with self._lock:
-            joined = read_remote_into(self, reqs, positions, total, out)
-        self._count("bytes_read", total)
+        joined, _ = start_remote_into(self, reqs, positions, total, out).result()
         if cuts is not None:
             copy_cuts(joined.data, positions, cuts)
         return joined
@@ -60,15 +74,7 @@ def read_remote_ranges(store: ShardStore, reqs: list[Request]) -> list[bytes]:
     size, fetched with its concurrency, retries and deadline; each shard's sha256 checked first
     (once per store) when ``verify_checksum`` is set. What :class:`RemoteStore` reads, and what
     :class:`~wdsloader.io.file_store.CachedStore` reads of shards its cache has no room for."""
-    remote = store._storage(data=True)
-    verify_checksums(store, reqs)
-    segments = merge_requests(reqs)
-    step = store.tuning().request_bytes
-    pieces = [
-        (k, s, min(s + step, stop))
-        for k, (_, start, stop, _) in enumerate(segments)
-        for s in range(start, stop, step)
-    ]
+    remote, segments, pieces = remote_pieces(store, reqs)
     results = store._run_all(lambda p: remote.fetch(segments[p[0]][0].path, p[1], p[2]), pieces)
     chunks: list[list[bytes]] = [[] for _ in segments]
     for (k, _, _), data in zip(pieces, results, strict=True):

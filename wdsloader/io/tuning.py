@@ -17,7 +17,10 @@ The rules (``rtt``: seconds; ``rate``: bytes/s of one connection):
   many; a node of many reading processes few in each.
 - **read-ahead**: the bytes of that many requests, at least 32 MiB and at most
   :data:`MAX_READAHEAD_BYTES` (256 MiB): bytes read beyond the group of batches being decoded.
-  Peak memory of a reading process is bounded by the group being decoded plus this budget.
+  A reader raises it to hold :data:`AHEAD_GROUPS` groups (shuffle windows) where memory allows
+  (:func:`ahead_budget`): the next window's requests then queue behind the current one's, and
+  the link is not idle at a window's end. Peak memory of a reading process is bounded by the
+  group being decoded plus this budget (plus one group when a group is larger than it).
 
 Before anything is measured (no request answered yet), :data:`UNMEASURED` applies.
 """
@@ -25,15 +28,20 @@ Before anything is measured (no request answered yet), :data:`UNMEASURED` applie
 from __future__ import annotations
 
 import math
+import os
 import threading
 from dataclasses import dataclass
 
 __all__ = [
+    "AHEAD_GROUPS",
     "MAX_READAHEAD_BYTES",
+    "MEMORY_SHARE",
     "TARGET_BYTES_PER_S",
     "UNMEASURED",
     "Probe",
     "Tuning",
+    "ahead_budget",
+    "node_memory_bytes",
     "tune",
 ]
 
@@ -46,6 +54,10 @@ MIN_READAHEAD_BYTES = 32 * MiB
 MAX_READAHEAD_BYTES = 256 * MiB
 TARGET_BYTES_PER_S = 2.5e9  # 20 Gbit/s: the link a node's reads should be able to fill
 TRANSFER_SHARE = 0.8  # of a request's time spent transferring bytes (not waiting a round trip)
+# groups (shuffle windows) a remote reader holds read ahead of the one decoded, memory allowing
+AHEAD_GROUPS = 2
+# the most of a node's memory the read-ahead of all its readers takes together (ahead_budget)
+MEMORY_SHARE = 1 / 8
 # a request of at most this many bytes measures the round trip; of at least BULK_BYTES, the rate
 SMALL_BYTES = 256 * 1024
 BULK_BYTES = 512 * 1024
@@ -119,6 +131,29 @@ def tune(
         rtt_s=rtt_s,
         bytes_per_s=bytes_per_s,
     )
+
+
+def ahead_budget(
+    tuned: int, group_bytes: float, readers: int = 1, memory_bytes: int | None = None
+) -> int:
+    """A remote reader's read-ahead: the ``tuned`` budget (:func:`tune`), raised to hold
+    :data:`AHEAD_GROUPS` groups of ``group_bytes`` where memory allows: at most
+    :data:`MAX_READAHEAD_BYTES`, and the node's ``readers`` together at most
+    :data:`MEMORY_SHARE` of its ``memory_bytes`` (None: not known, the first bound only).
+    With two groups ahead, the next group's requests are queued while the current one's last
+    answers arrive."""
+    cap = MAX_READAHEAD_BYTES
+    if memory_bytes is not None and memory_bytes > 0:
+        cap = min(cap, int(memory_bytes * MEMORY_SHARE / max(1, readers)))
+    return max(int(tuned), min(math.ceil(AHEAD_GROUPS * group_bytes), cap))
+
+
+def node_memory_bytes() -> int | None:
+    """The machine's physical memory in bytes (None where the system does not say)."""
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (AttributeError, ValueError, OSError):
+        return None
 
 
 class Probe:

@@ -9,6 +9,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from wdsloader.format import ShardInfo
+from wdsloader.io.joined import Done, Joined, start_joined
 from wdsloader.io.store import Store
 from wdsloader.plan.coalesce import Runs
 
@@ -61,15 +62,15 @@ def widen(runs: Runs, max_gap: int, budget: int, allowed: np.ndarray | None = No
 
 
 class Prefetch:
-    """The ranges the first group of a pass read (with their bytes) and how it widens its runs;
-    the next group's read takes those bytes from here, not from storage again. Used by one read
-    thread, the first group's read before the second's."""
+    """The ranges the first group of a pass reads (with their read) and how it widens its runs;
+    the next groups' reads take those bytes from here, not from storage again. Its reads are
+    started by one read thread, the first group's before the others'."""
 
     def __init__(self, max_gap: int, budget: int = FIRST_GAP_BYTES) -> None:
         self.max_gap = max_gap
         self.budget = budget
         self._reqs: list[tuple[ShardInfo, int, int]] = []
-        self._data: bytes | np.ndarray = b""
+        self._read: Joined | None = None
         self._pos: list[int] = []
         self.kept = False
         self.fresh = True  # the first read not started yet
@@ -79,12 +80,11 @@ class Prefetch:
         self.window: np.ndarray | None = None
         self._served = 0
 
-    def keep(
-        self, reqs: Sequence[tuple[ShardInfo, int, int]], data: bytes | np.ndarray, pos: list[int]
-    ) -> None:
-        """Hold the first group's ranges ``reqs``, read back to back into ``data`` (each at
-        ``pos``)."""
-        self._reqs, self._data, self._pos, self.kept = list(reqs), data, list(pos), True
+    def keep(self, reqs: Sequence[tuple[ShardInfo, int, int]], read: Joined) -> None:
+        """Hold the first group's ranges ``reqs`` and their joined read (under way or over:
+        the ranges back to back, each where the sizes before it put it)."""
+        self._reqs, self._read, self.kept = list(reqs), read, True
+        self._pos = np.cumsum([0] + [b - a for _, a, b in self._reqs[:-1]]).tolist()
 
     def ranges(self, shard_of: dict[str, int]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """The held ranges as (shard index, start, stop) arrays (``shard_of``: index by path)."""
@@ -95,11 +95,10 @@ class Prefetch:
             np.array([b for _, _, b in r], dtype=np.int64),
         )
 
-    def read_joined(
-        self, store: Store, reqs: Sequence[tuple[ShardInfo, int, int]]
-    ) -> tuple[bytes | np.ndarray, list[int]]:
-        """:meth:`Store.read_joined` of ``reqs``, the bytes held here copied, only the others
-        requested; the held bytes are dropped after the :data:`SERVES`-th such read."""
+    def start_joined(self, store: Store, reqs: Sequence[tuple[ShardInfo, int, int]]) -> Joined:
+        """:meth:`Store.read_joined` of ``reqs`` started (:func:`~wdsloader.io.joined.start_joined`):
+        only the bytes not held here requested, the held ones copied in once the first read
+        is over; the held bytes are dropped after the :data:`SERVES`-th such read."""
         held: dict[str, list[tuple[int, int, int]]] = {}
         for (shard, a, b), p in zip(self._reqs, self._pos, strict=True):
             held.setdefault(shard.path, []).append((a, b, p))
@@ -122,19 +121,45 @@ class Prefetch:
                 plan.append((total + at - a, b - at, -1 - len(fetch)))
                 fetch.append((shard, at, b))
             total += b - a
-        data = np.frombuffer(self._data, dtype=np.uint8)
+        first = self._read
         self._served += 1
         if self._served >= SERVES:
-            self._reqs, self._pos, self.kept, self._data = [], [], False, b""
-        if not plan or all(src < 0 for _, _, src in plan) and len(fetch) == len(reqs):
-            return store.read_joined(reqs)
-        got, got_pos = store.read_joined(fetch) if fetch else (b"", [])
+            self._reqs, self._pos, self.kept, self._read = [], [], False, None
+        if first is None or all(src < 0 for _, _, src in plan):  # nothing held: read as asked
+            return start_joined(store, reqs)
+        got = start_joined(store, fetch) if fetch else Done(b"", [])
+        return _Combined(first, got, plan, positions, total)
+
+
+class _Combined:
+    """A read of ranges partly held by the first read (:meth:`Prefetch.start_joined`): the
+    requested bytes and the held ones copied into one buffer when the result is asked for."""
+
+    def __init__(
+        self,
+        held: Joined,
+        got: Joined,
+        plan: list[tuple[int, int, int]],
+        positions: list[int],
+        total: int,
+    ) -> None:
+        self.held, self.got = held, got
+        self.plan, self.positions, self.total = plan, positions, total
+
+    def result(self) -> tuple[bytes | np.ndarray, list[int]]:
+        """The buffer (held bytes and fetched ones) and where each range starts."""
+        got, got_pos = self.got.result()
         fetched = np.frombuffer(got, dtype=np.uint8)
-        out = np.empty(total, dtype=np.uint8)
-        for at, n, src in plan:
+        data = np.frombuffer(self.held.result()[0], dtype=np.uint8)
+        out = np.empty(self.total, dtype=np.uint8)
+        for at, n, src in self.plan:
             if src < 0:
                 p = got_pos[-1 - src]
                 out[at : at + n] = fetched[p : p + n]
             else:
                 out[at : at + n] = data[src : src + n]
-        return out, positions
+        return out, self.positions
+
+    def cancel(self) -> None:
+        """Drop the requests of its own bytes not sent yet."""
+        self.got.cancel()

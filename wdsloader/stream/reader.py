@@ -3,12 +3,9 @@ group of batches ahead of the decoders."""
 
 from __future__ import annotations
 
-import itertools
 import logging
-import sys
-from collections import deque
-from collections.abc import Iterator, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
+from collections.abc import Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -19,11 +16,14 @@ from wdsloader.decode.placement import Placed, Placement
 from wdsloader.errors import WdsLoaderError
 from wdsloader.format import ShardInfo
 from wdsloader.io.buffers import BufferPool
-from wdsloader.io.ranges import Cut, Hole, Piece
+from wdsloader.io.joined import Done, Joined, start_joined
+from wdsloader.io.ranges import Cut, Hole, Piece, Request
 from wdsloader.io.store import Store
+from wdsloader.io.tuning import ahead_budget, node_memory_bytes
 from wdsloader.plan.coalesce import Runs, coalesce
-from wdsloader.stream.first_read import SERVES, Prefetch, max_gap, widen
+from wdsloader.stream.first_read import Prefetch, max_gap, widen
 from wdsloader.stream.inflate import Inflater
+from wdsloader.stream.read_ahead import ReadAhead, groups
 
 log = logging.getLogger(__name__)
 
@@ -95,6 +95,18 @@ class BatchReader:
         first read widens its runs over small gaps and leaves their bytes there; the next read
         takes those bytes from it, its runs spanning them (one request on each side of them
         at most, none for bytes read before)."""
+        return self.start(batches, pool, place, prefetch).result()
+
+    def start(
+        self,
+        batches: Sequence[np.ndarray],
+        pool: BufferPool | None = None,
+        place: bool = False,
+        prefetch: Prefetch | None = None,
+    ) -> GroupRead:
+        """:meth:`read` started: the ranges planned and read, or, from a store that queues
+        its requests (:func:`~wdsloader.io.joined.start_joined`), queued behind those of the
+        reads started before and not waited for; :meth:`GroupRead.result` is the batches."""
         ids = np.concatenate(batches) if len(batches) > 1 else batches[0]
         shard_idx, local, starts, stops = self._ranges(ids)
         held = prefetch is not None and prefetch.kept
@@ -103,54 +115,69 @@ class BatchReader:
         if first and prefetch is not None:
             prefetch.fresh = False
             runs = self._widen(runs, shard_idx, starts, stops, prefetch)
-        run_of, run_start = runs.run_of, runs.start
         requests = [
             (self.shards[s], a, b)
             for s, a, b in zip(
-                runs.key.tolist(), run_start.tolist(), runs.stop.tolist(), strict=True
+                runs.key.tolist(), runs.start.tolist(), runs.stop.tolist(), strict=True
             )
         ]
+        group = GroupRead(self, batches, len(ids), shard_idx, local, starts, stops, runs, requests)
+        try:
+            if held and prefetch is not None:
+                group.joined = prefetch.start_joined(self.store, requests)
+            elif not self.store.reads_locally:
+                group.joined = start_joined(self.store, requests)
+                if first and prefetch is not None:
+                    prefetch.keep(requests, group.joined)
+            else:
+                out, cuts = None, None
+                if pool is not None:
+                    out = pool.lease(int((runs.stop - runs.start).sum()))
+                # compressed shards hold no field's bytes as they are: nothing is placed
+                if place and self.placement and self.inflate is None:
+                    cuts = self._place(batches, ids, starts, stops, shard_idx, runs, group.placed)
+                group.joined = Done(*self.store.read_joined(requests, out, cuts))
+        except (WdsLoaderError, OSError) as exc:
+            if not self.skip_unreadable:
+                raise
+            group.failed = exc
+        return group
+
+    def _finish(self, group: GroupRead) -> list[RawBatch]:
+        """The batches of a started read (:meth:`GroupRead.result`)."""
+        g = group
+        runs, batches, placed = g.runs, g.batches, g.placed
         buf: np.ndarray | None = None
         data: list[Any]
-        placed: list[dict[str, Placed]] = [{} for _ in batches]
         try:
-            out, cuts = None, None
-            if pool is not None and self.store.reads_locally:
-                out = pool.lease(int((runs.stop - run_start).sum()))
-            # compressed shards hold no field's bytes as they are: nothing is placed
-            if place and self.placement and self.store.reads_locally and self.inflate is None:
-                cuts = self._place(batches, ids, starts, stops, shard_idx, runs, placed)
-            if held and prefetch is not None:
-                joined, run_pos = prefetch.read_joined(self.store, requests)
-            else:
-                joined, run_pos = self.store.read_joined(requests, out, cuts)
-                if first and prefetch is not None:
-                    prefetch.keep(requests, joined, run_pos)
-            del out, cuts
-            self._read_bytes(batches, placed, shard_idx)
+            if g.failed is not None:
+                raise g.failed
+            assert g.joined is not None  # started, or failed
+            joined, run_pos = g.joined.result()
+            self._read_bytes(batches, placed, g.shard_idx)
             buf = np.frombuffer(joined, dtype=np.uint8)
-            data = [joined] * len(ids)
-            base = (run_start - np.asarray(run_pos, dtype=np.int64))[run_of]
+            data = [joined] * g.count
+            base = (runs.start - np.asarray(run_pos, dtype=np.int64))[runs.run_of]
         except (WdsLoaderError, OSError):
             if not self.skip_unreadable:
                 raise
             datas: list[Any] = []
-            for req in requests:
+            for req in g.requests:
                 try:
                     datas.extend(self.store.read_ranges([req]))
                 except (WdsLoaderError, OSError) as exc:
                     log.warning("skipping unreadable range: %s", exc)
                     datas.append(exc)
-            data = [datas[r] for r in run_of]
-            base = run_start[run_of]
+            data = [datas[r] for r in runs.run_of]
+            base = runs.start[runs.run_of]
             placed = [{} for _ in batches]  # each range read whole
-        rel_start, rel_stop = starts - base, stops - base
+        rel_start, rel_stop = g.starts - base, g.stops - base
         raws: list[RawBatch] = []
         pos = 0
         for batch, rows in zip(batches, placed, strict=True):
             sl = slice(pos, pos + len(batch))
             raw = RawBatch(
-                buf, data[sl], rel_start[sl], rel_stop[sl], base[sl], shard_idx[sl], local[sl]
+                buf, data[sl], rel_start[sl], rel_stop[sl], base[sl], g.shard_idx[sl], g.local[sl]
             )
             raw.placed = {k: Placed(v.rows, v.at - base[sl]) for k, v in rows.items()}
             raws.append(raw)
@@ -285,145 +312,59 @@ class BatchReader:
         per span; a first window of at most :attr:`first_alone_bytes` is read whole."""
         if self.store.reads_locally:
             cap = int(LOCAL_GROUP_BYTES // max(self.sample_bytes, 1))
-            return ReadAhead(self, _groups(batches, 1, group, cap_samples=cap))
-        budget = self.readahead_bytes()
+            return ReadAhead(self, groups(batches, 1, group, cap_samples=cap))
         first = min(group, len(batches))  # the batches of the first window
         window = first * (len(batches[0]) if first else 0) * self.sample_bytes
+        budget = self.readahead_bytes(window)
         if window <= self.first_alone_bytes or group == 1:
-            return ReadAhead(self, _groups(batches, group, group), budget)
+            return ReadAhead(self, groups(batches, group, group), budget, pipelined=True)
         prefetch = Prefetch(max_gap(self.store))
-        return ReadAhead(self, _groups(batches, 1, group, group - 1), budget, prefetch)
+        return ReadAhead(
+            self, groups(batches, 1, group, group - 1), budget, prefetch, pipelined=True
+        )
 
-    def readahead_bytes(self) -> int:
-        """The store's read-ahead budget (its :meth:`~wdsloader.io.fetch.ShardStore.tuning`;
-        0, one group ahead, for a store that has none)."""
+    def readahead_bytes(self, group_bytes: float = 0) -> int:
+        """The read-ahead budget: the store's (its :meth:`~wdsloader.io.fetch.ShardStore.tuning`;
+        0, one group ahead, for a store that has none), raised to hold two groups of
+        ``group_bytes`` where memory allows unless ``ReadOptions.readahead_bytes`` is set
+        (:func:`~wdsloader.io.tuning.ahead_budget`)."""
         tuning = getattr(self.store, "tuning", None)
-        return int(tuning().readahead_bytes) if tuning is not None else 0
+        if tuning is None:
+            return 0
+        tuned = int(tuning().readahead_bytes)
+        options = getattr(self.store, "options", None)
+        if options is not None and options.readahead_bytes is not None:
+            return tuned  # set explicitly: it wins
+        readers = int(getattr(self.store, "readers", 1))
+        return ahead_budget(tuned, group_bytes, readers, node_memory_bytes())
 
 
-def _groups(
-    batches: Sequence[np.ndarray],
-    head: int,
-    group: int,
-    second: int | None = None,
-    cap_samples: int | None = None,
-) -> Iterator[list[np.ndarray]]:
-    """``batches`` in groups, the first of ``head`` batches, the second of ``second`` (default
-    ``group``), then of ``group``: each computed only when asked for (a plan's sequence
-    computes its batches when sliced), so nothing of the epoch is held beyond the group read
-    and the group ahead. With ``cap_samples``, the groups after the first hold at most as many
-    batches as fit in that many samples (at least one; the first batch's size counts)."""
-    n = len(batches)
-    start, size = 0, head
-    sizes = iter((group if second is None else second,))
-    while start < n:
-        taken = list(batches[start : start + size])
-        yield taken
-        if cap_samples is not None and start == 0 and taken:
-            group = max(1, min(group, cap_samples // max(1, len(taken[0]))))
-            sizes = iter((group if second is None else min(second, group),))
-        start, size = start + size, next(sizes, group)
+@dataclass(eq=False)
+class GroupRead:
+    """A group's read started by :meth:`BatchReader.start`: :meth:`result` is its batches
+    (waiting for their bytes where they are still on their way)."""
 
+    reader: BatchReader
+    batches: Sequence[np.ndarray]
+    count: int  # samples
+    shard_idx: np.ndarray
+    local: np.ndarray
+    starts: np.ndarray
+    stops: np.ndarray
+    runs: Runs
+    requests: list[Request]
+    placed: list[dict[str, Placed]] = field(default_factory=list)
+    joined: Joined | None = None
+    failed: BaseException | None = None  # the start's error (skip_unreadable: read one by one)
 
-class ReadAhead:
-    """The reads of ``groups`` of batches on a thread, one after the other, each group taken
-    from the iterator (so computed) when it is submitted; the buffers come from the reader's
-    :class:`BufferPool` (kept from pass to pass), so a group's buffer is reused once the
-    caller dropped that group's batches and nothing it yielded refers to them.
+    def __post_init__(self) -> None:
+        self.placed = [{} for _ in self.batches]
 
-    At least one group is read ahead of the group handed out; remotely, more while the
-    groups read ahead and not handed out take at most ``budget`` bytes (estimated from the
-    manifest's mean sample size), so that the link stays busy while batches are decoded and
-    memory stays bounded. :meth:`close` (always call it) closes the store's files once the
-    reads under way are over."""
+    def result(self) -> list[RawBatch]:
+        """The :class:`RawBatch` of each batch (see :meth:`BatchReader.read`)."""
+        return self.reader._finish(self)
 
-    def __init__(
-        self,
-        reader: BatchReader,
-        groups: Iterator[Sequence[np.ndarray]],
-        budget: int = 0,
-        prefetch: Prefetch | None = None,
-    ) -> None:
-        self.reader = reader
-        self.pool = reader.pool
-        self.budget = budget
-        self._groups = groups
-        self._closer = _StoreCloser(reader.store)  # bound now: close may run at interpreter exit
-        self._threads = ThreadPoolExecutor(max_workers=1, thread_name_prefix="wdsloader-read")
-        self._pending: deque[tuple[Future[list[RawBatch]], float]] = deque()
-        self._last = 0.0  # bytes of the last group submitted
-        # the bytes the first group's read holds for the second's (its window)
-        self._prefetch = prefetch
-        self._submitted = 0
-        self._done = False
-        if prefetch is not None:  # the first read spans gaps of the next reads' samples only
-            ahead = [g for g in (next(groups, None) for _ in range(SERVES + 1)) if g is not None]
-            later = [b for g in ahead[1:] for b in g]
-            prefetch.window = np.concatenate(later) if later else None
-            self._groups = itertools.chain(ahead, groups)
-        self._top_up()
-
-    def _bytes(self, group: Sequence[np.ndarray]) -> float:
-        return sum(len(b) for b in group) * self.reader.sample_bytes
-
-    def _top_up(self) -> None:
-        """Submit groups while none is pending or the pending ones leave room in the budget
-        for one more (of the size of the last one submitted): a group is taken from the
-        iterator (computed) only when it is submitted."""
-        while not self._done:
-            pending = sum(b for _, b in self._pending)
-            if self._pending and pending + self._last > self.budget:
-                return
-            group = next(self._groups, None)
-            if group is None:
-                self._done = True
-                return
-            self._last = self._bytes(group)
-            prefetch = self._prefetch if self._submitted <= SERVES else None
-            future = self._threads.submit(self.reader.read, group, self.pool, True, prefetch)
-            self._pending.append((future, self._last))
-            self._submitted += 1
-
-    @property
-    def groups_ahead(self) -> int:
-        """Groups submitted and not handed out yet."""
-        return len(self._pending)
-
-    def next_group(self) -> list[RawBatch] | None:
-        """The next group's batches (None after the last), and more groups' reads started.
-        The caller drops its references to the group before asking for the next, so that its
-        buffer can serve a later read."""
-        if not self._pending:
-            return None
-        future, _ = self._pending.popleft()
-        raws = future.result()
-        self._top_up()
-        return raws
-
-    def close(self) -> None:
-        """Stop reading ahead: an abandoned iteration does not wait for the reads under way
-        (those not started are cancelled); the store's files are closed once they are over.
-        No cancel_futures: at interpreter exit its ``queue.Empty`` lookup fails on a
-        torn-down module."""
-        pending = [f for f, _ in self._pending]
-        self._pending.clear()
-        self._done = True
-        self._threads.shutdown(wait=False)
-        started = [f for f in pending if not f.cancel()]  # at most one runs (one thread)
-        if not started:
-            self._closer()
-        else:
-            started[-1].add_done_callback(self._closer)
-
-
-class _StoreCloser:
-    """Close a store's files when the last read of an iteration is over (a Future callback);
-    nothing at interpreter exit, when the process's files go anyway."""
-
-    def __init__(self, store: Store) -> None:
-        self.store = store
-        self.finalizing = sys.is_finalizing
-
-    def __call__(self, _future: Future[Any] | None = None) -> None:
-        if not self.finalizing():
-            self.store.close()
+    def cancel(self) -> None:
+        """Drop the group's requests not sent yet (its read is abandoned)."""
+        if self.joined is not None:
+            self.joined.cancel()

@@ -6,12 +6,16 @@ It checks that every reported field is filled and that the bytes fetched are the
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 import uuid
 
 import pytest
 
 from bench.remote import report
 from bench.remote import run as remote
+from bench.remote.machine import machine_busy, process_tree_cpu
 
 N = 512  # two batches of 256: the train split drops no partial batch
 
@@ -32,6 +36,9 @@ def test_remote_bench_reports_every_field(s3_server, tmp_path):
     for field in ("samples_per_s", "mb_per_s", "ttfb_s", "cpu_seconds", "samples_per_cpu_s"):
         assert row[field] > 0, field
     assert 0 < row["share_of_ceiling"]
+    assert 0 < row["machine_busy_share"] <= 1
+    # moto runs in this process: no server process to count, so no server + proxy sum
+    assert row["server_proxy_cpu_s"] is None
     # every shard byte once, plus the manifest, the idx files and HTTP headers
     assert 0.95 <= row["fetched_over_dataset"] <= 1.5
     assert row["requests"]["GET-range"] + row["requests"]["GET"] >= 1
@@ -40,6 +47,7 @@ def test_remote_bench_reports_every_field(s3_server, tmp_path):
     )
     assert "dataset_bytes" in doc and doc["dataset_bytes"]["ours"] > 0
     run = doc["profiles"]["2ms"]["runs"]["ours W0"]
+    assert run["machine_cpu"]["proxy_cpu_s"] > 0 and run["machine_cpu"]["server_cpu_s"] is None
     log = json.loads((out / "raw-smoke" / run["proxy"]["log_file"]).read_text())
     kinds = [entry[2] for entry in log]
     assert len(log) == sum(run["proxy"]["requests"].values())
@@ -98,3 +106,26 @@ def test_rows_derive_share_fetched_and_requests():
     assert ours["other_requests"] == 1
     assert lit["error"] == "RuntimeError: stalled" and lit["fetched_over_dataset"] == 0
     assert "| LitData | 0 | failed: RuntimeError: stalled |" in report.table(doc, "40ms")
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc"), reason="reads Linux's /proc")
+def test_a_server_process_trees_cpu_counts_its_children():
+    """The server's CPU-seconds include the processes it started (a server may fork)."""
+    burn = "import sys, time\nwhile time.process_time() < 0.3: pass\nprint('done', flush=True)\n"
+    burn += "sys.stdin.read()"
+    parent = (
+        "import subprocess, sys\n"
+        f"c = subprocess.Popen([sys.executable, '-c', {burn!r}], stdout=subprocess.PIPE,"
+        " stdin=subprocess.PIPE, text=True)\n"
+        "print(c.stdout.readline(), end='', flush=True)\ninput()\nc.stdin.close(); c.wait()"
+    )
+    proc = subprocess.Popen(
+        [sys.executable, "-c", parent], stdout=subprocess.PIPE, stdin=subprocess.PIPE, text=True
+    )
+    try:
+        assert proc.stdout is not None and proc.stdout.readline() == "done\n"
+        assert process_tree_cpu(proc.pid) >= 0.3  # the child's burn, not the idle parent's
+    finally:
+        proc.communicate("\n", timeout=60)
+    busy = machine_busy()
+    assert busy is not None and 0 < busy[0] <= busy[1]

@@ -37,6 +37,9 @@ SETTINGS = {
     "the system's dataset on the server",
     "cpu": "CPU-seconds of the reading process and its DataLoader workers (user + system), "
     "from the loader's construction to the end of the epoch (imports excluded)",
+    "machine": "server + proxy CPU-s: the S3 server's process and the proxy (a thread of the "
+    "bench process) during the reader's whole process (imports included); machine busy: the "
+    "share of all cores busy meanwhile (every process on the machine)",
     "requests": "counted at the proxy: GET with a Range, whole-object GET, HEAD, LIST (a GET of "
     "the bucket); LIST by webdataset/HF includes the one listing of the shard names",
 }
@@ -52,6 +55,7 @@ def rows(doc: dict[str, Any], profile: str) -> list[dict[str, Any]]:
         system, nw = label.rsplit(" W", 1)
         size = doc["dataset_bytes"].get(_format(system))
         proxy = r.get("proxy") or {}
+        machine = r.get("machine_cpu") or {}
         seconds = r.get("seconds")
         rate = size / seconds / 1e6 if size and seconds else None
         requests = proxy.get("requests") or {}
@@ -70,12 +74,18 @@ def rows(doc: dict[str, Any], profile: str) -> list[dict[str, Any]]:
                 "cpu_seconds": r.get("cpu_seconds"),
                 "samples_per_cpu_s": r.get("samples_per_cpu_s"),
                 "share_of_ceiling": rate / top if rate and top else None,
+                "server_proxy_cpu_s": _sum(machine.get("server_cpu_s"), machine.get("proxy_cpu_s")),
+                "machine_busy_share": machine.get("machine_busy_share"),
                 "exactly_once": r.get("exactly_once"),
                 "dist_over_n": r.get("dist_over_n"),
                 "abs_rho": r.get("abs_rho"),
             }
         )
     return out
+
+
+def _sum(*values: float | None) -> float | None:
+    return None if any(v is None for v in values) else sum(v for v in values if v is not None)
 
 
 def _format(system: str) -> str:
@@ -99,13 +109,14 @@ def table(doc: dict[str, Any], profile: str) -> str:
         f"(ceiling {_n(top.get('mb_per_s'))} MB/s)\n\n"
         "| system | nw | samples/s | MB/s | first batch s | fetched / dataset "
         "| GET range / GET / HEAD / LIST | CPU-s | samples / CPU-s | share of ceiling "
-        "| exactly once | dist/N, abs rho |\n|---|---:|---:|---:|---:|---:|---|---:|---:|---:|---|---|\n"
+        "| server + proxy CPU-s | machine busy | exactly once | dist/N, abs rho |\n"
+        "|---|---:|---:|---:|---:|---:|---|---:|---:|---:|---:|---:|---|---|\n"
     )
     lines = []
     for row in rows(doc, profile):
         name = TITLES.get(row["system"], row["system"])
         if row["error"]:
-            lines.append(f"| {name} | {row['workers']} | failed: {row['error'][:80]} |" + " |" * 9)
+            lines.append(f"| {name} | {row['workers']} | failed: {row['error'][:80]} |" + " |" * 11)
             continue
         req = " / ".join(str(row["requests"][k]) for k in KINDS)
         lines.append(
@@ -114,6 +125,8 @@ def table(doc: dict[str, Any], profile: str) -> str:
             f"| {_n(row['fetched_over_dataset'], '.2f', 'x')} | {req} "
             f"| {_n(row['cpu_seconds'], '.1f')} | {_n(row['samples_per_cpu_s'])} "
             f"| {_n(row['share_of_ceiling'] and row['share_of_ceiling'] * 100, '.0f', '%')} "
+            f"| {_n(row['server_proxy_cpu_s'], '.1f')} "
+            f"| {_n(row['machine_busy_share'] and row['machine_busy_share'] * 100, '.0f', '%')} "
             f"| {'yes' if row['exactly_once'] else 'NO'} "
             f"| {_n(row['dist_over_n'], '.2f')}, {_n(row['abs_rho'], '.3f')} |"
         )

@@ -35,6 +35,7 @@ if ROOT not in sys.path:
 
 from bench import run as local  # noqa: E402
 from bench.remote import readers, report  # noqa: E402
+from bench.remote.machine import CpuWatch  # noqa: E402
 from bench.remote.proxy import PROFILES, LatencyProxy  # noqa: E402
 from bench.remote.server import S3Server, ceiling  # noqa: E402
 
@@ -146,10 +147,13 @@ def one_epoch(
     }
     run.env.update(server.env(proxy.url))
     proxy.snapshot(reset=True)
+    watch = CpuWatch(server.pid)
+    watch.start()
     try:
         result = run(spec, f"{proxy.profile.name} {system} W{workers}", timeout=args.timeout)
     finally:
         shutil.rmtree(cache, ignore_errors=True)
+    result["machine_cpu"] = watch.stop()  # the whole process's run, its imports included
     stats = proxy.snapshot(reset=True, log=True)
     log_path = os.path.join(run.raw, f"{run.count:04d}-requests.json")
     with open(log_path, "w") as f:  # the request log: t, connection, kind, path, range

@@ -82,6 +82,11 @@ class S3Server:
     def address(self) -> tuple[str, int]:
         return ("127.0.0.1", self.port)
 
+    @property
+    def pid(self) -> int | None:
+        """The server's process (None: moto in this process, or a server started elsewhere)."""
+        return self._proc.pid if self._proc is not None else None
+
     def start(self) -> S3Server:
         if self.kind == "existing":
             return self

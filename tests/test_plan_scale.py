@@ -18,7 +18,7 @@ from wdsloader.plan import (
     rank_batches,
     worker_batches,
 )
-from wdsloader.plan.order import order_of
+from wdsloader.plan.order import BLOCK, order_of
 
 FEW = settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
@@ -35,6 +35,38 @@ def test_keyed_permutation_is_a_bijection_with_its_inverse(n, keys):
     y = perm(x)
     assert y.dtype == np.int64 and np.array_equal(np.sort(y), x)
     assert np.array_equal(perm.inverse(y), x)
+
+
+@settings(max_examples=30, deadline=None)
+@given(
+    n=st.integers(1, 3 * BLOCK + 100),
+    bounds=st.lists(st.integers(0, 3 * BLOCK + 100), min_size=2, max_size=2),
+    keys=st.lists(st.integers(0, 2**64 - 1), min_size=6, max_size=6),
+)
+def test_images_kept_in_blocks_are_the_permutations_images(n, bounds, keys):
+    """``images(a, b)`` (blocks of images kept and reused) equals the network evaluated on
+    ``arange(a, b)``, across block edges and up to the domain's end, asked in any order."""
+    perm = KeyedPermutation(n, np.array(keys, dtype=np.uint64))
+    a, b = sorted(min(v, n) for v in bounds)
+    b = max(b, a + 1) if a < n else n
+    for start, stop in ((a, b), (0, min(n, BLOCK + 1)), (a, b), (max(0, n - 5), n)):
+        if start < stop:
+            want = perm(np.arange(start, stop, dtype=np.int64))
+            assert np.array_equal(perm.images(start, stop), want)
+    assert len(perm._blocks) <= 2
+
+
+def test_scattered_positions_near_or_far_give_the_orders_ids():
+    """Positions spread over a window (slot ids from the kept blocks) and over the whole epoch
+    (slot ids evaluated one by one) give the ids of the epoch's whole order."""
+    cfg = PlanConfig(counts=(50_000, 33_333, 7), batch_size=1, span=3, seed=5)
+    whole = epoch_order(cfg, 2)
+    order = order_of(cfg, 2)
+    rng = np.random.default_rng(0)
+    for width in (500, 20_000, order.size):
+        start = int(rng.integers(0, order.size - width + 1))
+        pos = rng.permutation(np.arange(start, start + width))[: max(1, width // 9)]
+        assert np.array_equal(order.take(pos), whole[pos])
 
 
 @settings(max_examples=40, deadline=None)

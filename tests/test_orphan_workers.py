@@ -184,3 +184,17 @@ def test_a_worker_sees_its_parent_gone_also_when_its_starter_is_not_its_parent()
     assert not _gone(os.getppid(), os.getpid())
     assert _gone(os.getppid(), ended.pid)
     assert _gone(os.getppid() + 1, None)
+
+
+def test_a_starter_that_ended_and_was_not_reaped_counts_as_gone():
+    """A training process that ended is a zombie until its own parent waits for it (a launcher
+    that does not wait): its forkserver workers see it gone all the same."""
+    zombie = subprocess.Popen([sys.executable, "-c", ""])
+    try:
+        deadline = time.monotonic() + 60.0
+        while _started(zombie.pid) is not None:  # None: a zombie, as it is not waited for
+            assert time.monotonic() < deadline, "the process did not end"
+            time.sleep(0.01)  # a poll under the deadline above
+        assert _gone(os.getppid(), zombie.pid)
+    finally:
+        zombie.wait()

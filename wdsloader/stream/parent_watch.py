@@ -67,8 +67,9 @@ def _watch(parent: int, owner: int | None) -> None:
 
 
 def _gone(parent: int, owner: int | None) -> bool:
-    """Whether this process was given another parent than ``parent`` or ``owner`` ended (and
-    was reaped: also when it ended before this process started watching it)."""
+    """Whether this process was given another parent than ``parent`` or ``owner`` ended (also
+    when it ended before this process started watching it, and when it is a zombie: ended,
+    not reaped yet by a parent that does not wait for it)."""
     if os.getppid() != parent:
         return True
     if owner is None or owner == parent:
@@ -79,4 +80,15 @@ def _gone(parent: int, owner: int | None) -> bool:
         return True
     except PermissionError:  # exists (another user's)
         pass
-    return False
+    return _zombie(owner)
+
+
+def _zombie(pid: int) -> bool:
+    """Whether process ``pid`` has ended and waits to be reaped (Linux's /proc; elsewhere
+    False)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            state = f.read().rsplit(b")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state in (b"Z", b"X")

@@ -465,3 +465,28 @@ def test_large_batch_arrays_are_advised_huge_pages_where_the_system_has_them(mon
     plain = BufferPool(populate=True).lease(8 * 2**20)
     assert "hg" not in _vm_flags(plain.ctypes.data)
     assert isinstance(_backing(plain), mmap.mmap)  # MAP_POPULATE
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="no fork here")
+def test_a_forked_process_never_writes_into_the_parents_pooled_buffers():
+    """A free block of a pool (read buffers with holes, batch arrays) that a forked process
+    (a DataLoader worker) leases and fills is its own copy: the parent's bytes stay."""
+    for pool in (BufferPool(keep=2, small_pages=True), BufferPool(keep=2, populate=True)):
+        block = pool.lease(8 * 2**20)
+        block[:] = 1
+        address = block.ctypes.data
+        del block  # free in the pool, inherited by the child
+        pid = os.fork()
+        if pid == 0:  # the child: lease the same block, overwrite it, report, never return
+            code = 4
+            try:
+                got = pool.lease(8 * 2**20)
+                got[:] = 9
+                code = 0 if got.ctypes.data == address else 3
+            finally:
+                os._exit(code)
+        _, status = os.waitpid(pid, 0)
+        assert os.waitstatus_to_exitcode(status) == 0
+        again = pool.lease(8 * 2**20)
+        assert again.ctypes.data == address
+        assert int(again.min()) == int(again.max()) == 1  # nothing of the child's 9s

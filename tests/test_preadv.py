@@ -323,8 +323,8 @@ def _backing(array):
 
 
 def test_batch_arrays_are_mapped_populated_and_workers_get_an_empty_pool_alike(root):
-    """Batch arrays of long rows come from a pool whose large blocks are faulted in when made
-    (``MAP_POPULATE``), not while the reads copy into them; a worker's copy keeps that."""
+    """Batch arrays of long rows come from a pool whose large blocks are mappings of their own
+    (huge pages, or faulted in when made: ``MAP_POPULATE``); a worker's copy keeps that."""
     pool = create_loader(root, "train", batch_size=8).dataset_obj.columnar.out_pool
     assert pool.populate and not pool.small_pages
     block = pool.lease(8 * 2**20)

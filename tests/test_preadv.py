@@ -23,6 +23,7 @@ from wdsloader.decode.placement import restore
 from wdsloader.errors import ShardFormatError
 from wdsloader.format import Manifest, ShardInfo, iter_members
 from wdsloader.format.ustar import BLOCK
+from wdsloader.io import buffers
 from wdsloader.io.buffers import BufferPool
 from wdsloader.io.ranges import IOV_MAX, Hole, preadv_all, split_range
 from wdsloader.stream import reader as reader_module
@@ -322,8 +323,8 @@ def _backing(array):
 
 
 def test_batch_arrays_are_mapped_populated_and_workers_get_an_empty_pool_alike(root):
-    """Batch arrays of long rows come from a pool whose large blocks are faulted in when made
-    (``MAP_POPULATE``), not while the reads copy into them; a worker's copy keeps that."""
+    """Batch arrays of long rows come from a pool whose large blocks are mappings of their own
+    (huge pages, or faulted in when made: ``MAP_POPULATE``); a worker's copy keeps that."""
     pool = create_loader(root, "train", batch_size=8).dataset_obj.columnar.out_pool
     assert pool.populate and not pool.small_pages
     block = pool.lease(8 * 2**20)
@@ -426,3 +427,66 @@ def test_a_large_joined_read_is_split_over_two_threads_with_the_same_bytes(root,
     assert sorted(s for s, _ in ran) == [0, 1000, 2000, 3000]
     store.close()
     assert not [t for t in threading.enumerate() if t.name.startswith("wdsloader-fetch")]
+
+
+def _vm_flags(address: int) -> list[str]:
+    """The kernel's flags of the mapping that holds ``address`` (``/proc/self/smaps``)."""
+    inside = False
+    with open("/proc/self/smaps") as f:
+        for line in f:
+            span = re.match(r"([0-9a-f]+)-([0-9a-f]+) ", line)
+            if span:
+                inside = int(span[1], 16) <= address < int(span[2], 16)
+            elif inside and line.startswith("VmFlags:"):
+                return line.split()[1:]
+    raise AssertionError(f"no mapping holds {address:#x}")
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/smaps"), reason="Linux only")
+def test_large_batch_arrays_are_advised_huge_pages_where_the_system_has_them(monkeypatch):
+    """A batch array of 4 MiB or more is private memory advised ``MADV_HUGEPAGE`` and starts
+    on a huge-page boundary (a 40 MiB array: 20 page faults, not 10,240); where the system has
+    no transparent huge pages it is populated when made, as before."""
+    thp = "/sys/kernel/mm/transparent_hugepage/enabled"
+    if not os.path.exists(thp) or "[never]" in open(thp).read():
+        pytest.skip("no transparent huge pages here")
+    pool = BufferPool(keep=2, populate=True)
+    block = pool.lease(8 * 2**20 + 5)
+    flags = _vm_flags(block.ctypes.data)
+    assert "hg" in flags and "sh" not in flags  # shared memory takes no THP advice
+    assert block.ctypes.data % (2 * 2**20) == 0 and len(block) == 8 * 2**20 + 5
+    block[:] = 3
+    assert int(block.sum()) == 3 * (8 * 2**20 + 5)
+    address = block.ctypes.data
+    del block
+    assert pool.lease(8 * 2**20).ctypes.data == address  # the ring: the same block again
+    assert "hg" not in _vm_flags(BufferPool(populate=True).lease(2**20).ctypes.data)  # small
+    monkeypatch.setattr(buffers, "HUGE_PAGES", False)
+    plain = BufferPool(populate=True).lease(8 * 2**20)
+    assert "hg" not in _vm_flags(plain.ctypes.data)
+    assert isinstance(_backing(plain), mmap.mmap)  # MAP_POPULATE
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="no fork here")
+def test_a_forked_process_never_writes_into_the_parents_pooled_buffers():
+    """A free block of a pool (read buffers with holes, batch arrays) that a forked process
+    (a DataLoader worker) leases and fills is its own copy: the parent's bytes stay."""
+    for pool in (BufferPool(keep=2, small_pages=True), BufferPool(keep=2, populate=True)):
+        block = pool.lease(8 * 2**20)
+        block[:] = 1
+        address = block.ctypes.data
+        del block  # free in the pool, inherited by the child
+        pid = os.fork()
+        if pid == 0:  # the child: lease the same block, overwrite it, report, never return
+            code = 4
+            try:
+                got = pool.lease(8 * 2**20)
+                got[:] = 9
+                code = 0 if got.ctypes.data == address else 3
+            finally:
+                os._exit(code)
+        _, status = os.waitpid(pid, 0)
+        assert os.waitstatus_to_exitcode(status) == 0
+        again = pool.lease(8 * 2**20)
+        assert again.ctypes.data == address
+        assert int(again.min()) == int(again.max()) == 1  # nothing of the child's 9s

@@ -94,24 +94,64 @@ def _new_block(nbytes: int, small_pages: bool, populate: bool = False) -> np.nda
     """A uint8 block, not zero-filled (numpy asks for huge pages for large arrays, where the
     system allows them). A large one with ``small_pages`` is an anonymous mapping in 4 KiB
     pages, each faulted in only when first written (the holes of a read buffer take no
-    memory); with ``populate`` one populated at once (``MAP_POPULATE``): faulting a batch array
-    in while the reads copy into it costs more (measured on 160 KiB blobs: huge-page faults in
-    the copies took 100-300 ms for each of a pass's first batch arrays)."""
+    memory); with ``populate`` one in huge pages where the system has them
+    (:func:`_huge_block`), else populated at once (``MAP_POPULATE``): a batch array every use
+    writes whole, faulted in before the reads copy into it."""
     if nbytes < 2 * _HUGE_PAGE or not (small_pages or populate):
         return np.empty(nbytes, dtype=np.uint8)
     if small_pages:
-        mapped = mmap.mmap(-1, nbytes)
+        # private: a forked process writes its own copy of a free block, never the parent's
+        # (and a private page faults in ~40% faster than a shared one)
+        mapped = _anonymous(nbytes)
         if hasattr(mmap, "MADV_NOHUGEPAGE"):
             mapped.madvise(mmap.MADV_NOHUGEPAGE)
+    elif HUGE_PAGES:
+        return _huge_block(nbytes)
     elif hasattr(mmap, "MAP_POPULATE"):
-        flags = mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | mmap.MAP_POPULATE
-        mapped = mmap.mmap(-1, nbytes, flags=flags)
+        mapped = mmap.mmap(-1, nbytes, flags=_PRIVATE | mmap.MAP_POPULATE)
     else:
         return np.empty(nbytes, dtype=np.uint8)
     return np.frombuffer(mapped, dtype=np.uint8)
 
 
+def _huge_block(nbytes: int) -> np.ndarray:
+    """``nbytes`` of private anonymous memory advised ``MADV_HUGEPAGE``, starting on a
+    huge-page boundary: a 40 MiB batch array is faulted in by 20 faults instead of 10,240, and
+    the copies into it miss the TLB far less often (measured here on 160 KiB blobs: ~10 ms of
+    CPU to fault in and fill 40 MiB instead of ~50 with ``MAP_POPULATE`` in 4 KiB pages, ~5 ms
+    to refill it instead of ~20). Advice refused leaves 4 KiB pages, faulted in by the
+    copies."""
+    # private: shared memory takes no THP advice; room to start on a boundary
+    mapped = _anonymous(nbytes + _HUGE_PAGE)
+    try:
+        mapped.madvise(mmap.MADV_HUGEPAGE)
+    except OSError:
+        pass
+    whole = np.frombuffer(mapped, dtype=np.uint8)
+    start = -whole.ctypes.data % _HUGE_PAGE
+    return whole[start : start + nbytes]
+
+
+def _thp_usable() -> bool:
+    """Whether this system backs memory advised ``MADV_HUGEPAGE`` with transparent huge pages
+    (Linux with THP ``always`` or ``madvise``, not ``never``)."""
+    if not hasattr(mmap, "MADV_HUGEPAGE"):
+        return False
+    try:
+        with open("/sys/kernel/mm/transparent_hugepage/enabled") as f:
+            return "[never]" not in f.read()
+    except OSError:
+        return False
+
+
+HUGE_PAGES = _thp_usable()  # large batch arrays in huge pages (:func:`_huge_block`)
 _HUGE_PAGE = 2 * 2**20
+_PRIVATE = getattr(mmap, "MAP_PRIVATE", 0) | getattr(mmap, "MAP_ANONYMOUS", 0)  # POSIX
+
+
+def _anonymous(nbytes: int) -> mmap.mmap:
+    """An anonymous mapping of ``nbytes``, private where the system has private mappings."""
+    return mmap.mmap(-1, nbytes, flags=_PRIVATE) if _PRIVATE else mmap.mmap(-1, nbytes)
 
 
 def _rounded(nbytes: int) -> int:

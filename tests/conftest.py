@@ -86,17 +86,17 @@ def infer_first_sample_only(monkeypatch):
 
 
 @pytest.fixture(scope="session")
-def mix_ddp_reports(request, tmp_path_factory) -> dict[str, list[dict]]:
-    """{module name: its reports, one per rank} of the mixing tests under DDP this session runs
-    (the modules whose tests use this fixture), from launches they share
-    (tests/mix_ddp_launch.py): one torchrun for their first phases, one for their resumes."""
-    from tests.mix_ddp_launch import run_phases
+def ddp_reports(request, tmp_path_factory) -> dict[str, list[dict]]:
+    """{module name: its reports, one per rank} of the tests under DDP this session runs (the
+    modules whose tests use this fixture), from launches they share (tests/ddp_launch.py): one
+    torchrun for their first phases, one for their resumes."""
+    from tests.ddp_launch import run_phases
 
     names = sorted(
         {
             item.module.__name__
             for item in request.session.items
-            if "mix_ddp_reports" in getattr(item, "fixturenames", ())
+            if "ddp_reports" in getattr(item, "fixturenames", ())
         }
     )
     folders = {name: tmp_path_factory.mktemp(name.rsplit(".", 1)[1]) for name in names}

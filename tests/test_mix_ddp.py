@@ -2,8 +2,8 @@
 (gloo); every rank steps the same number of times, and a state saved mid-epoch resumes exactly on
 new loaders.
 
-Its ``scenario`` runs under torchrun in the launch that the mixing tests under DDP share
-(tests/mix_ddp_launch.py).
+Its ``scenario`` runs under torchrun in the launch that the tests under DDP share
+(tests/ddp_launch.py).
 """
 
 from __future__ import annotations
@@ -88,8 +88,8 @@ def scenario(folder: Path, phase: str) -> None:
 
 
 @pytest.fixture(scope="module")
-def runs(mix_ddp_reports):
-    return mix_ddp_reports[__name__]
+def runs(ddp_reports):
+    return ddp_reports[__name__]
 
 
 def test_every_rank_steps_the_same_number_of_times_with_exact_quotas(runs):

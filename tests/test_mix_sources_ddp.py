@@ -2,8 +2,8 @@
 three-source mix; every rank yields the same number of batches with the exact quotas, and a state
 saved mid-epoch resumes exactly in a second torchrun (a new process group, new workers).
 
-Its ``scenario`` runs under torchrun in the launches that the mixing tests under DDP share
-(tests/mix_ddp_launch.py).
+Its ``scenario`` runs under torchrun in the launches that the tests under DDP share
+(tests/ddp_launch.py).
 """
 
 from __future__ import annotations
@@ -78,8 +78,8 @@ def scenario(folder: Path, phase: str) -> None:
 
 
 @pytest.fixture(scope="module")
-def runs(mix_ddp_reports):
-    return mix_ddp_reports[__name__]
+def runs(ddp_reports):
+    return ddp_reports[__name__]
 
 
 def test_every_rank_yields_the_same_batches_with_the_exact_quotas(runs):

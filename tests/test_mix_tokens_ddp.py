@@ -3,8 +3,8 @@ DataLoader worker, over two sources of very different document lengths; both ran
 number of batches, each source's tokens per epoch are its share within one document, and a state
 saved mid-epoch resumes exactly in a second torchrun.
 
-Its ``scenario`` runs under torchrun in the launches that the mixing tests under DDP share
-(tests/mix_ddp_launch.py).
+Its ``scenario`` runs under torchrun in the launches that the tests under DDP share
+(tests/ddp_launch.py).
 """
 
 from __future__ import annotations
@@ -88,8 +88,8 @@ def scenario(folder: Path, phase: str) -> None:
 
 
 @pytest.fixture(scope="module")
-def runs(mix_ddp_reports):
-    return mix_ddp_reports[__name__]
+def runs(ddp_reports):
+    return ddp_reports[__name__]
 
 
 def test_both_ranks_yield_the_same_batches_and_each_source_its_tokens(runs):

@@ -1,14 +1,15 @@
-"""The torchrun launches of the mixing tests under real DDP (tests/test_mix_ddp.py,
-tests/test_mix_sources_ddp.py, tests/test_mix_tokens_ddp.py), shared: a launch costs seconds of
-interpreter and torch start-up per process on a 2-core machine, so one launch runs the first
-phase of every such test module the session runs, in turn in one process group, and a second
-launch (a new process group, new processes) the phase "second" of those that resume there.
+"""The 2-rank torchrun launches of the tests under real DDP (tests/test_mix_ddp.py,
+tests/test_mix_sources_ddp.py, tests/test_mix_tokens_ddp.py, tests/test_pack_loader.py,
+tests/test_telemetry.py), shared: a launch costs seconds of interpreter and torch start-up per
+process on a 2-core machine, so one launch runs the first phase of every such test module the
+session runs, in turn in one process group, and a second launch (a new process group, new
+processes) the phase "second" of those that resume there.
 
 Each module has ``PHASES`` (its phases, in order), ``prepare(folder)`` (writes its datasets in
 ``folder``) and ``scenario(folder, phase)`` (one rank's part of a phase, in the process group;
 rank 0 writes every rank's report to ``folder/{phase}.json``).
 
-Run by torchrun as ``python tests/mix_ddp_launch.py --phase PHASE MODULE=FOLDER ...``.
+Run by torchrun as ``python tests/ddp_launch.py --phase PHASE MODULE=FOLDER ...``.
 """
 
 from __future__ import annotations

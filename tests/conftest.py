@@ -3,24 +3,9 @@
 from __future__ import annotations
 
 import logging
-import os
 import uuid
 
 import pytest
-
-
-@pytest.fixture(scope="session", autouse=True)
-def _fsync_checks_its_descriptor_only():
-    """``os.fsync`` in the tests' own process checks its descriptor (a closed or bad one still
-    raises, as fsync does) without flushing to disk: no test can observe durability (that takes
-    a power cut), and the ~1,000 fsyncs of a file of build tests took seconds on a busy disk."""
-
-    def fsync(fd) -> None:
-        os.fstat(fd if isinstance(fd, int) else fd.fileno())
-
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(os, "fsync", fsync)
-        yield
 
 
 @pytest.fixture(scope="session")

@@ -68,3 +68,21 @@ def infer_first_sample_only(monkeypatch):
     from build_shards.probe import infer
 
     monkeypatch.setattr(infer, "INFER_ROWS", 1)
+
+
+@pytest.fixture(scope="session")
+def ddp_reports(request, tmp_path_factory) -> dict[str, list[dict]]:
+    """{module name: its reports, one per rank} of the tests under DDP this session runs (the
+    modules whose tests use this fixture), from launches they share (tests/ddp_launch.py): one
+    torchrun for their first phases, one for their resumes."""
+    from tests.ddp_launch import run_phases
+
+    names = sorted(
+        {
+            item.module.__name__
+            for item in request.session.items
+            if "ddp_reports" in getattr(item, "fixturenames", ())
+        }
+    )
+    folders = {name: tmp_path_factory.mktemp(name.rsplit(".", 1)[1]) for name in names}
+    return run_phases(folders)

@@ -23,10 +23,23 @@ SCHEMA = {
 }
 
 
+_NPY_HEADERS: dict[tuple[str, tuple[int, ...]], bytes] = {}
+
+
 def npy_bytes(arr: np.ndarray) -> bytes:
+    """``np.save``'s bytes for ``arr``. The header of a C-ordered array of plain dtype is kept
+    per dtype and shape: np.save's header code was half the time of writing a dataset of 100k
+    samples."""
+    plain = arr.dtype.fields is None and not arr.dtype.hasobject and arr.flags.c_contiguous
+    key = (arr.dtype.str, arr.shape)
+    if plain and key in _NPY_HEADERS:
+        return _NPY_HEADERS[key] + arr.tobytes()
     buf = io.BytesIO()
     np.save(buf, arr, allow_pickle=False)
-    return buf.getvalue()
+    data = buf.getvalue()
+    if plain:
+        _NPY_HEADERS[key] = data[: len(data) - arr.nbytes]
+    return data
 
 
 def sample_members(i: int, shard: int) -> list[tuple[str, bytes]]:

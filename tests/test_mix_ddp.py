@@ -2,19 +2,17 @@
 (gloo); every rank steps the same number of times, and a state saved mid-epoch resumes exactly on
 new loaders.
 
-This file is also the script torchrun runs (``python tests/test_mix_ddp.py --data ... --out ...``).
+Its ``scenario`` runs under torchrun in the launch that the tests under DDP share
+(tests/ddp_launch.py).
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 from collections import Counter
 from pathlib import Path
 
 import pytest
-
-from tests.torchrun_harness import run_torchrun
 
 COUNTS = {"web": [40], "code": [100, 57], "tiny": [13]}  # per dataset: samples per shard
 BATCH = 4
@@ -59,42 +57,39 @@ def _play(mdl, epochs: int, stop: tuple[int, int] | None = None) -> dict:
     return {"seen": seen, "len": len(mdl)}
 
 
-def main() -> None:
+PHASES = ("first",)  # the resume is played in the same processes, on new loaders
+
+
+def prepare(folder: Path) -> None:
+    from tests.dataset_factory import write_dataset
+
+    for name, counts in COUNTS.items():
+        write_dataset(str(folder / name), {"train": counts})
+
+
+def scenario(folder: Path, phase: str) -> None:
+    """This rank's part (in the process group torchrun started); rank 0 writes every rank's
+    report to ``folder/{phase}.json``."""
     import torch.distributed as dist
 
-    p = argparse.ArgumentParser()
-    p.add_argument("--data", required=True)
-    p.add_argument("--out", required=True)
-    args = p.parse_args()
-    dist.init_process_group("gloo")
-    rank = dist.get_rank()
-    data = Path(args.data)
-    report = {"full": _play(_build(data), epochs=2)}
-    report["first"] = _play(_build(data), epochs=2, stop=STOP)
+    report = {"full": _play(_build(folder), epochs=2)}
+    report["first"] = _play(_build(folder), epochs=2, stop=STOP)
     # new loaders (new worker pools), the saved state through JSON as a checkpoint would be
-    mdl = _build(data)
+    mdl = _build(folder)
     mdl.load_state_dict(json.loads(json.dumps(report["first"]["state"])))
     report["second"] = _play(mdl, epochs=2)
     gathered: list = [None] * dist.get_world_size()
     dist.all_gather_object(gathered, report)
-    if rank == 0:
-        Path(args.out).write_text(json.dumps(gathered))
-    dist.destroy_process_group()
+    if dist.get_rank() == 0:
+        (folder / f"{phase}.json").write_text(json.dumps(gathered))
 
 
 # ------------------------------------------------------------------------------------ tests
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory):
-    from tests.dataset_factory import write_dataset
-
-    tmp = tmp_path_factory.mktemp("mixddp")
-    for name, counts in COUNTS.items():
-        write_dataset(str(tmp / name), {"train": counts})
-    out = tmp / "report.json"
-    run_torchrun(Path(__file__), "--data", str(tmp), "--out", str(out), cwd=tmp)
-    return json.loads(out.read_text())
+def runs(ddp_reports):
+    return ddp_reports[__name__]
 
 
 def test_every_rank_steps_the_same_number_of_times_with_exact_quotas(runs):
@@ -127,7 +122,3 @@ def test_a_mid_epoch_state_resumes_exactly_on_new_loaders(runs):
         state = r["first"]["state"]
         assert state["epoch"] == epoch and state["position"] == step
         assert all(row["state"]["format"] == "wdsloader.stream.loader" for row in state["loaders"])
-
-
-if __name__ == "__main__":
-    main()

@@ -2,20 +2,17 @@
 three-source mix; every rank yields the same number of batches with the exact quotas, and a state
 saved mid-epoch resumes exactly in a second torchrun (a new process group, new workers).
 
-This file is also the script torchrun runs (``python tests/test_mix_sources_ddp.py --data ...
---out ... --phase first|second``).
+Its ``scenario`` runs under torchrun in the launches that the tests under DDP share
+(tests/ddp_launch.py).
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 from collections import Counter
 from pathlib import Path
 
 import pytest
-
-from tests.torchrun_harness import run_torchrun
 
 COUNTS = {"web": [300, 200], "code": [120], "tiny": [13]}  # per source: samples per shard
 BATCH = 8
@@ -48,48 +45,41 @@ def _play(loader, epochs: int, stop: tuple[int, int] | None = None) -> dict:
     return {"seen": seen, "len": len(loader)}
 
 
-def main() -> None:
+PHASES = ("first", "second")  # the second in a new process group: new processes, new workers
+
+
+def prepare(folder: Path) -> None:
+    from tests.dataset_factory import write_dataset
+
+    for name, counts in COUNTS.items():
+        write_dataset(str(folder / name), {"train": counts})
+
+
+def scenario(folder: Path, phase: str) -> None:
+    """This rank's part of ``phase`` (in the process group torchrun started); rank 0 writes
+    every rank's report to ``folder/{phase}.json``."""
     import torch.distributed as dist
 
-    p = argparse.ArgumentParser()
-    p.add_argument("--data", required=True)
-    p.add_argument("--out", required=True)
-    p.add_argument("--phase", choices=["first", "second"], required=True)
-    args = p.parse_args()
-    dist.init_process_group("gloo")
     rank = dist.get_rank()
-    data, out = Path(args.data), Path(args.out)
-    if args.phase == "first":
-        report = {"full": _play(_loader(data), 2), "first": _play(_loader(data), 2, stop=STOP)}
+    if phase == "first":
+        report = {"full": _play(_loader(folder), 2), "first": _play(_loader(folder), 2, stop=STOP)}
     else:  # a new process group: the state of this rank, from the first run's checkpoint
-        states = json.loads((out / "first.json").read_text())
-        loader = _loader(data)
+        states = json.loads((folder / "first.json").read_text())
+        loader = _loader(folder)
         loader.load_state_dict(states[rank]["first"]["state"])
         report = {"second": _play(loader, 2)}
     gathered: list = [None] * dist.get_world_size()
     dist.all_gather_object(gathered, report)
     if rank == 0:
-        (out / f"{args.phase}.json").write_text(json.dumps(gathered))
-    dist.destroy_process_group()
+        (folder / f"{phase}.json").write_text(json.dumps(gathered))
 
 
 # ------------------------------------------------------------------------------------ tests
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory):
-    from tests.dataset_factory import write_dataset
-
-    tmp = tmp_path_factory.mktemp("mixsrcddp")
-    for name, counts in COUNTS.items():
-        write_dataset(str(tmp / name), {"train": counts})
-    for phase in ("first", "second"):
-        run_torchrun(
-            Path(__file__), "--data", str(tmp), "--out", str(tmp), "--phase", phase, cwd=tmp
-        )
-    first = json.loads((tmp / "first.json").read_text())
-    second = json.loads((tmp / "second.json").read_text())
-    return [{**a, **b} for a, b in zip(first, second, strict=True)]
+def runs(ddp_reports):
+    return ddp_reports[__name__]
 
 
 def test_every_rank_yields_the_same_batches_with_the_exact_quotas(runs):
@@ -116,7 +106,3 @@ def test_a_mid_epoch_state_resumes_exactly_in_a_new_process_group(runs):
         assert head + tail == r["full"]["seen"][str(epoch)]
         assert r["first"]["state"]["epoch"] == epoch and r["first"]["state"]["batches_done"] == step
         assert "mix" in r["first"]["state"]["fingerprint"]
-
-
-if __name__ == "__main__":
-    main()

@@ -3,20 +3,17 @@ DataLoader worker, over two sources of very different document lengths; both ran
 number of batches, each source's tokens per epoch are its share within one document, and a state
 saved mid-epoch resumes exactly in a second torchrun.
 
-This file is also the script torchrun runs (``python tests/test_mix_tokens_ddp.py --data ...
---out ... --phase first|second``).
+Its ``scenario`` runs under torchrun in the launches that the tests under DDP share
+(tests/ddp_launch.py).
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 from collections import Counter
 from pathlib import Path
 
 import pytest
-
-from tests.torchrun_harness import run_torchrun
 
 BATCH = 4
 STOP = (1, 3)  # epoch, batch: where the first run saves its state
@@ -53,53 +50,46 @@ def _play(loader, epochs: int, stop: tuple[int, int] | None = None) -> dict:
     return {"seen": seen}
 
 
-def main() -> None:
+PHASES = ("first", "second")  # the second in a new process group: new processes, new workers
+
+
+def prepare(folder: Path) -> None:
+    import numpy as np
+
+    from build_shards import SampleOptions, ShardOptions, build_shards
+
+    for name, n in (("short", 300), ("long", 60)):
+        docs = [{"__key__": f"{name}{i:04d}", "input_ids": np.zeros(_len(i, SCALE[name]), np.int32),
+                 "i": i} for i in range(n)]  # fmt: skip
+        build_shards(docs, folder / name, splits={"train": 1.0}, shards=ShardOptions(max_count=50),
+                     samples=SampleOptions(lengths="input_ids"))  # fmt: skip
+
+
+def scenario(folder: Path, phase: str) -> None:
+    """This rank's part of ``phase`` (in the process group torchrun started); rank 0 writes
+    every rank's report to ``folder/{phase}.json``."""
     import torch.distributed as dist
 
-    p = argparse.ArgumentParser()
-    p.add_argument("--data", required=True)
-    p.add_argument("--out", required=True)
-    p.add_argument("--phase", choices=["first", "second"], required=True)
-    args = p.parse_args()
-    dist.init_process_group("gloo")
     rank = dist.get_rank()
-    data, out = Path(args.data), Path(args.out)
-    if args.phase == "first":
-        report = {"full": _play(_loader(data), 2), "first": _play(_loader(data), 2, stop=STOP)}
-    else:
-        states = json.loads((out / "first.json").read_text())
-        loader = _loader(data)
+    if phase == "first":
+        report = {"full": _play(_loader(folder), 2), "first": _play(_loader(folder), 2, stop=STOP)}
+    else:  # a new process group: the state of this rank, from the first run's checkpoint
+        states = json.loads((folder / "first.json").read_text())
+        loader = _loader(folder)
         loader.load_state_dict(states[rank]["first"]["state"])
         report = {"second": _play(loader, 2)}
     gathered: list = [None] * dist.get_world_size()
     dist.all_gather_object(gathered, report)
     if rank == 0:
-        (out / f"{args.phase}.json").write_text(json.dumps(gathered))
-    dist.destroy_process_group()
+        (folder / f"{phase}.json").write_text(json.dumps(gathered))
 
 
 # ------------------------------------------------------------------------------------ tests
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory):
-    import numpy as np
-
-    from build_shards import SampleOptions, ShardOptions, build_shards
-
-    tmp = tmp_path_factory.mktemp("tokmixddp")
-    for name, n in (("short", 300), ("long", 60)):
-        docs = [{"__key__": f"{name}{i:04d}", "input_ids": np.zeros(_len(i, SCALE[name]), np.int32),
-                 "i": i} for i in range(n)]  # fmt: skip
-        build_shards(docs, tmp / name, splits={"train": 1.0}, shards=ShardOptions(max_count=50),
-                     samples=SampleOptions(lengths="input_ids"))  # fmt: skip
-    for phase in ("first", "second"):
-        run_torchrun(
-            Path(__file__), "--data", str(tmp), "--out", str(tmp), "--phase", phase, cwd=tmp
-        )
-    first = json.loads((tmp / "first.json").read_text())
-    second = json.loads((tmp / "second.json").read_text())
-    return [{**a, **b} for a, b in zip(first, second, strict=True)]
+def runs(ddp_reports):
+    return ddp_reports[__name__]
 
 
 def test_both_ranks_yield_the_same_batches_and_each_source_its_tokens(runs):
@@ -126,7 +116,3 @@ def test_a_mid_epoch_state_resumes_exactly_in_a_new_process_group(runs):
         assert len(head) == step
         assert head + tail == r["full"]["seen"][str(epoch)]
         assert r["first"]["state"]["batches_done"] == step
-
-
-if __name__ == "__main__":
-    main()

@@ -3,12 +3,12 @@ which every document of the epoch comes exactly once (a split document's pieces 
 with 2 DataLoader workers and 2 ranks (in one process, and under torchrun with gloo), equal
 batch counts per rank, exact and elastic resume, and clear errors.
 
-This file is also the script torchrun runs (``python tests/test_pack_loader.py --data --out``).
+Its ``scenario`` runs under torchrun in the launch that the tests under DDP share
+(tests/ddp_launch.py).
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 from collections import defaultdict
 from pathlib import Path
@@ -18,7 +18,6 @@ import pytest
 import torch
 
 from tests.http_server import http_server_fixture  # noqa: F401
-from tests.torchrun_harness import run_torchrun
 
 MAX_TOKENS = 48
 N_DOCS = 160
@@ -254,31 +253,31 @@ def test_skipped_documents_become_padding_and_batches_keep_their_shape(data, tmp
     _assert_exactly_once(docs, {d: keys[d] for d in docs})
 
 
-# ----------------------------------------------------------------------- the torchrun script
+# ----------------------------------------------------------------------- under torchrun
+PHASES = ("first",)
 
 
-def main() -> None:
+def prepare(folder: Path) -> None:
+    _build(folder / "ds")
+
+
+def scenario(folder: Path, phase: str) -> None:
+    """This rank's epoch (in the process group torchrun started); rank 0 writes every rank's
+    report to ``folder/{phase}.json``."""
     import torch.distributed as dist
 
-    p = argparse.ArgumentParser()
-    p.add_argument("--data", required=True)
-    p.add_argument("--out", required=True)
-    args = p.parse_args()
-    dist.init_process_group("gloo")
-    loader = _loader(Path(args.data), num_workers=2, distributed=True, drop_last=True)
+    loader = _loader(folder / "ds", num_workers=2, distributed=True, drop_last=True)
     seen = [[b["document_ids"].tolist(), b["input_ids"].tolist(), loader.dropped] for b in loader]
     gathered: list = [None] * dist.get_world_size()
     dist.all_gather_object(gathered, {"len": len(loader), "seen": seen})
     if dist.get_rank() == 0:
-        Path(args.out).write_text(json.dumps(gathered))
-    dist.destroy_process_group()
+        (folder / f"{phase}.json").write_text(json.dumps(gathered))
 
 
 @pytest.mark.slow
-def test_torchrun_two_ranks_two_workers(data, tmp_path) -> None:
-    out = tmp_path / "report.json"
-    run_torchrun(Path(__file__), "--data", str(data), "--out", str(out), cwd=tmp_path)
-    ranks = json.loads(out.read_text())
+def test_torchrun_two_ranks_two_workers(data, ddp_reports) -> None:
+    # the launch's dataset is built as ``data`` is (the same documents, keys and shards)
+    ranks = ddp_reports[__name__]
     assert ranks[0]["len"] == ranks[1]["len"] == len(ranks[0]["seen"]) == len(ranks[1]["seen"])
     docs: dict[int, list[int]] = defaultdict(list)
     for r in ranks:
@@ -308,7 +307,3 @@ def test_a_dropped_lengths_read_is_retried_through_the_store(http_server):
     gets = [r for r in http_server.requests() if r.path.endswith(".wdslen")]
     assert [r.dropped for r in gets][:2] == [True, False]
     assert sum(len(b["input_ids"]) for b in loader) == len(loader) * 3
-
-
-if __name__ == "__main__":
-    main()

@@ -21,6 +21,9 @@ OPTS = dict(
     samples=SampleOptions(key_field="key"),
 )
 N = 230
+# the items' blocks before the tests' own layouts: Ray Data's default for from_items (200 blocks
+# of one or two rows) spends ~5 s per run of the pipeline on the tasks of those tiny blocks
+IN_BLOCKS = 6
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -45,10 +48,15 @@ def rows(n: int = N) -> list[dict]:
     ]
 
 
-def test_two_block_layouts_give_the_same_shards(tmp_path):
+def items():
+    """The rows as a ``ray.data.Dataset`` of IN_BLOCKS blocks."""
     import ray.data
 
-    base = ray.data.from_items(rows()).map(lambda r: {**r, "label": r["label"] * 10})
+    return ray.data.from_items(rows(), override_num_blocks=IN_BLOCKS)
+
+
+def test_two_block_layouts_give_the_same_shards(tmp_path):
+    base = items().map(lambda r: {**r, "label": r["label"] * 10})
     built = {}
     for layout in (3, 17):
         ds = base.repartition(layout)
@@ -65,12 +73,10 @@ def test_two_block_layouts_give_the_same_shards(tmp_path):
 
 
 def test_write_shards_ends_a_ray_data_pipeline_with_our_shards_and_manifest(tmp_path):
-    import ray.data
-
     from build_shards import write_shards
     from wdsloader.format import Manifest
 
-    ds = ray.data.from_items(rows()).repartition(4).filter(lambda r: r["label"] != 0)
+    ds = items().repartition(4).filter(lambda r: r["label"] != 0)
     m = write_shards(ds, tmp_path / "out", **OPTS)
     kept = [r for r in rows() if r["label"] != 0]
     assert m.num_samples == len(kept)

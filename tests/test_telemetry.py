@@ -22,11 +22,15 @@ SLEEP = 0.01
 STAGE_SLEEP = 0.002  # per sample decoded (slow decode), per storage request (slow fetch)
 
 
+def build(root) -> None:
+    items = [{"emb": np.full(64, i, np.float32), "label": i % 5} for i in range(240)]
+    build_shards(items, root, shards=ShardOptions(max_count=60))
+
+
 @pytest.fixture(scope="module")
 def built(tmp_path_factory):
     root = tmp_path_factory.mktemp("telemetry") / "ds"
-    items = [{"emb": np.full(64, i, np.float32), "label": i % 5} for i in range(240)]
-    build_shards(items, root, shards=ShardOptions(max_count=60))
+    build(root)
     return root
 
 
@@ -191,16 +195,51 @@ def test_on_s3_requests_are_the_servers_and_bytes_each_samples_once(s3_bucket, c
     assert m["bytes_read"] == spans and m["samples"] == 240 and m["batches"] == 12
 
 
-@pytest.mark.slow
-def test_all_ranks_over_two_processes_gives_the_slowest_ranks_wait_and_the_mean(built, tmp_path):
+# -- under torchrun: its ``scenario`` runs in the launch the tests under DDP share
+# (tests/ddp_launch.py)
+PHASES = ("first",)
+
+
+class SleepyCollate:
+    """Stacks ``emb``; sleeps ``sleep`` seconds first (picklable: a module-level class)."""
+
+    def __init__(self, sleep: float) -> None:
+        self.sleep = sleep
+
+    def __call__(self, samples: list[dict]) -> dict:
+        time.sleep(self.sleep)
+        return {"emb": torch.stack([torch.as_tensor(s["emb"]) for s in samples])}
+
+
+def prepare(folder) -> None:
+    build(folder / "ds")
+
+
+def scenario(folder, phase: str) -> None:
+    """This rank reads an epoch, rank 1's collate sleeping 2 * SLEEP a batch (so rank 1 waits
+    longest); rank 0 writes every rank's own metrics and ``loader.metrics(all_ranks=True)`` to
+    ``folder/{phase}.json``."""
     import json
 
-    from tests.torchrun_harness import ROOT, run_torchrun
+    import torch.distributed as dist
 
-    script = ROOT / "tests" / "telemetry_run.py"
-    args = ["--data", str(built), "--out", str(tmp_path), "--sleep", str(2 * SLEEP)]
-    run_torchrun(script, *args)  # --sleep: rank 1's collate only
-    r0, r1 = (json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1))
+    rank = dist.get_rank()
+    collate = SleepyCollate(2 * SLEEP if rank == 1 else 0.0)
+    loader = create_loader(folder / "ds", "train", 10, 0, distributed=True, collate_fn=collate)
+    batches = sum(1 for _ in loader)
+    mine, group = loader.metrics(), loader.metrics(all_ranks=True)
+    gathered: list = [None] * dist.get_world_size()
+    dist.all_gather_object(
+        gathered, {"rank": rank, "batches": batches, "mine": mine, "group": group}
+    )
+    if rank == 0:
+        (folder / f"{phase}.json").write_text(json.dumps(gathered))
+
+
+@pytest.mark.slow
+def test_all_ranks_over_two_processes_gives_the_slowest_ranks_wait_and_the_mean(ddp_reports):
+    r0, r1 = ddp_reports[__name__]
+    assert (r0["rank"], r1["rank"]) == (0, 1)
     assert r0["batches"] == r1["batches"] == 12  # 240 samples, 2 ranks, batches of 10
     fast, slow = r0["mine"], r1["mine"]
     assert slow["collate_s"] >= 12 * 2 * SLEEP > fast["collate_s"]

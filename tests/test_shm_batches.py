@@ -1,0 +1,127 @@
+"""Batches handed from worker processes through one reused shared-memory block per batch."""
+
+from __future__ import annotations
+
+import gc
+import io
+import pickle
+from multiprocessing import reduction
+
+import pytest
+import torch
+
+from tests.dataset_factory import write_dataset
+from wdsloader import create_loader
+from wdsloader.stream.options import WorkerOptions
+from wdsloader.stream.shm_batches import BlockRing, PackedBatch
+
+COUNTS = [37, 23, 41, 9, 30]
+
+
+@pytest.fixture(scope="module")
+def ds(tmp_path_factory):
+    root = tmp_path_factory.mktemp("shm") / "ds"
+    write_dataset(str(root), {"train": COUNTS})
+    return str(root)
+
+
+def sent(obj):
+    """``obj`` pickled the way a worker process sends it, then unpickled."""
+    buf = io.BytesIO()
+    reduction.ForkingPickler(buf, pickle.HIGHEST_PROTOCOL).dump(obj)
+    return pickle.loads(buf.getvalue())
+
+
+def counted_descriptors(monkeypatch) -> list[int]:
+    """The file descriptors sent from now on (the list fills as they are)."""
+    fds: list[int] = []
+    dup = reduction.DupFd
+    monkeypatch.setattr(reduction, "DupFd", lambda fd: fds.append(fd) or dup(fd))
+    return fds
+
+
+def a_batch():
+    wide = torch.arange(6 * 700, dtype=torch.float32).view(6, 700)
+    return {
+        "__key__": [f"k{i}" for i in range(6)],
+        "x": wide,
+        "cols": wide[:, ::7],  # not contiguous
+        "label": torch.arange(6),
+        "mask": torch.tensor([True, False, True, True, False, False]),
+        "one": torch.tensor(3.5, dtype=torch.float64),
+        "none": torch.empty(0, 4, dtype=torch.int32),
+        "meta": [{"i": i} for i in range(6)],
+    }
+
+
+def test_a_batch_arrives_equal_in_one_block_with_one_descriptor(monkeypatch):
+    want = a_batch()
+    ring = BlockRing()
+    fds = counted_descriptors(monkeypatch)
+    packed = ring.pack(a_batch())
+    assert isinstance(packed, PackedBatch)
+    got = sent(packed)
+    assert len(fds) == 1  # torch alone sends one per tensor (six here)
+    assert list(got) == list(want)
+    for name, value in want.items():
+        if isinstance(value, torch.Tensor):
+            assert got[name].dtype == value.dtype and got[name].shape == value.shape
+            assert torch.equal(got[name], value), name
+        else:
+            assert got[name] == value
+    storages = {got[n].untyped_storage().data_ptr() for n in ("x", "cols", "label", "mask")}
+    assert len(storages) == 1
+    ring.close()
+
+
+def test_a_block_is_reused_only_once_no_tensor_of_its_batch_is_left():
+    ring = BlockRing(size=2)
+    first = sent(ring.pack(a_batch()))
+    row = first["x"][2]  # a view keeps the whole batch's block
+    del first
+    gc.collect()
+    second = sent(ring.pack({"x": torch.full((6, 700), -1.0)}))
+    assert ring.allocated == 2
+    assert torch.equal(row, torch.arange(1400, 2100, dtype=torch.float32))  # not overwritten
+    # every block in use: the batch goes torch's way, as it came
+    plain = {"x": torch.ones(3)}
+    assert ring.pack(plain) is plain
+    del row, second
+    gc.collect()
+    third = sent(ring.pack(a_batch()))
+    assert ring.allocated == 2 and ring.packed == 3
+    assert torch.equal(third["x"], a_batch()["x"])
+    ring.close()
+
+
+def test_batches_without_cpu_tensors_go_as_they_came():
+    ring = BlockRing()
+    for batch in ([torch.ones(3)], {"k": ["a"]}, {"t": torch.ones(2).share_memory_()}):
+        assert ring.pack(batch) is batch
+    assert ring.allocated == 0
+
+
+@pytest.mark.parametrize("persistent", [False, True])
+def test_worker_processes_send_each_batch_in_one_block_and_threads_do_not(ds, persistent):
+    kw = {"batch_size": 4, "drop_last": False, "seed": 5, "num_workers": 2}
+    procs = create_loader(ds, "train", workers=WorkerOptions(persistent_workers=persistent), **kw)
+    threads = create_loader(ds, "train", workers=WorkerOptions(mode="thread"), **kw)
+    for _epoch in range(2):
+        want, seen = list(threads), []
+        for b in want:
+            by_thread = [v for v in b.values() if isinstance(v, torch.Tensor)]
+            assert len({t.untyped_storage().data_ptr() for t in by_thread}) == len(by_thread)
+        for i, a in enumerate(procs):  # each batch dropped before the next (blocks reused)
+            b = want[i]
+            assert list(a) == list(b) and a["__key__"] == b["__key__"]
+            for name, value in b.items():
+                if isinstance(value, torch.Tensor):
+                    assert value.dtype == a[name].dtype and torch.equal(a[name], value)
+                else:
+                    assert a[name] == value
+            tensors = [v for v in a.values() if isinstance(v, torch.Tensor)]
+            assert len(tensors) >= 2
+            assert len({t.untyped_storage().data_ptr() for t in tensors}) == 1
+            seen.extend(a["__index__"].tolist())
+        assert i + 1 == len(want)
+        assert sorted(seen) == list(range(sum(COUNTS)))  # exactly once

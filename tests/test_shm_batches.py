@@ -7,13 +7,15 @@ import io
 import pickle
 from multiprocessing import reduction
 
+import numpy as np
 import pytest
 import torch
 
+from build_shards import ShardOptions, build_shards
 from tests.dataset_factory import write_dataset
-from wdsloader import create_loader
+from wdsloader import batch_arrays, create_loader
 from wdsloader.stream.options import WorkerOptions
-from wdsloader.stream.shm_batches import BlockRing, PackedBatch
+from wdsloader.stream.shm_batches import HEADER, BlockRing, PackedBatch
 
 COUNTS = [37, 23, 41, 9, 30]
 
@@ -125,3 +127,61 @@ def test_worker_processes_send_each_batch_in_one_block_and_threads_do_not(ds, pe
             seen.extend(a["__index__"].tolist())
         assert i + 1 == len(want)
         assert sorted(seen) == list(range(sum(COUNTS)))  # exactly once
+
+
+def test_an_array_made_in_a_lent_block_is_sent_where_it_lies():
+    ring = BlockRing()
+    image = batch_arrays.empty((6, 32, 32, 3), np.uint8)  # no lender: a plain array
+    assert image.base is None
+    batch_arrays.set_lender(ring.lend)
+    try:
+        image = batch_arrays.empty((6, 32, 32, 3), np.uint8)
+    finally:
+        batch_arrays.set_lender(None)
+    image[...] = np.arange(image.size, dtype=np.uint64).reshape(image.shape) % 251
+    want = image.copy()
+    packed = ring.pack({"image": torch.from_numpy(image), "label": torch.arange(6)})
+    assert len(packed.blocks) == 2 and packed.specs["image"][0] == 1  # the lent block
+    got = sent(packed)
+    del image, packed
+    gc.collect()
+    assert np.array_equal(got["image"].numpy(), want) and got["label"].tolist() == list(range(6))
+    assert ring.lend(want.nbytes) is not None and ring.allocated == 3  # in use: another one
+    del got
+    gc.collect()
+    again = ring.lend(want.nbytes)  # the first lent block, free again
+    assert again is not None and again.ctypes.data == ring.lent[0][2].ctypes.data + HEADER
+
+
+def test_a_lent_array_dropped_unsent_frees_its_block():
+    ring = BlockRing(lent=1)
+    first = ring.lend(1 << 16)
+    assert ring.lend(1 << 16) is None  # the one lent block is taken
+    del first
+    gc.collect()
+    assert ring.lend(1 << 16) is not None and ring.allocated == 1
+
+
+def test_worker_processes_send_decoded_images_without_a_copy(tmp_path):
+    pytest.importorskip("simplejpeg")
+    from tests.test_decode_images import _jpeg, _photo
+
+    rows = [
+        {"__key__": f"k{i:04d}", "image.jpg": _jpeg(_photo(48, 40, i)), "label": i}
+        for i in range(40)
+    ]
+    build_shards(rows, str(tmp_path / "ds"), shards=ShardOptions(max_count=16))
+    kw = {"batch_size": 8, "seed": 1, "num_workers": 2}
+    want = list(
+        create_loader(str(tmp_path / "ds"), "train", **kw, workers=WorkerOptions(mode="thread"))
+    )
+    for i, got in enumerate(create_loader(str(tmp_path / "ds"), "train", **kw)):
+        assert got["__key__"] == want[i]["__key__"]
+        assert torch.equal(got["image"], want[i]["image"]) and torch.equal(
+            got["label"], want[i]["label"]
+        )
+        # the images in a block of their own (lent to the decoder), the rest copied in one
+        image, label = got["image"].untyped_storage(), got["label"].untyped_storage()
+        assert image.data_ptr() != label.data_ptr()
+        assert label.data_ptr() == got["__index__"].untyped_storage().data_ptr()
+        assert image.nbytes() >= got["image"].nbytes > label.nbytes()

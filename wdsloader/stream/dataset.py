@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 from torch.utils.data import IterableDataset, get_worker_info
 
-from wdsloader import plan
+from wdsloader import batch_arrays, plan
 from wdsloader.collate.batch import collate_columns
 from wdsloader.decode.batch import Columns, RawBatch
 from wdsloader.decode.columnar import ColumnarDecoder
@@ -227,11 +227,13 @@ class ShardStreamDataset(IterableDataset):
             return
         watch_parent()  # a worker process: it ends with the training process
         ring = BlockRing()  # its batches reach the training process through reused blocks
+        batch_arrays.set_lender(ring.lend)  # decoded images are made in them
         try:
             for batch in self.iter_worker(worker):
                 yield ring.pack(batch)
                 del batch
         finally:
+            batch_arrays.set_lender(None)
             ring.close()
 
     def iter_worker(self, worker: int, *, ahead: bool = False) -> Generator[Any, None, None]:

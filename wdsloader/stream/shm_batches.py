@@ -1,18 +1,20 @@
-"""Hand a worker process's batch to the training process through one reused shared-memory block.
+"""Hand a worker process's batch to the training process through reused shared-memory blocks.
 
 Without this, torch pickles every tensor of a batch by copying its storage into a new
 shared-memory segment (each page of it faulted in afresh, on every batch) and sending one file
 descriptor per tensor (each one a connection to the worker's resource sharer). A
 :class:`BlockRing` instead copies the batch's tensors into one block of a small ring of
 ``memfd`` blocks, kept mapped and faulted in, and sends the block's descriptor once per batch;
-the training process maps it and rebuilds the same dict of tensors (views of the mapping), and
-the block goes back to the ring when no tensor of that batch is left in the training process.
-A batch that is not a dict, holds no CPU tensor, or finds every block still in use
-goes torch's way, unchanged.
+an array a decoder made in a block the ring lent it (:mod:`wdsloader.batch_arrays`: decoded
+images) is sent where it lies, without a copy. The training process maps the blocks and
+rebuilds the same dict of tensors (views of the mappings); a block goes back to the ring when
+no tensor of that batch is left in the training process. A batch that is not a dict, holds no
+CPU tensor, or finds every block in use goes torch's way, unchanged.
 """
 
 from __future__ import annotations
 
+import itertools
 import mmap
 import os
 import weakref
@@ -25,77 +27,130 @@ import torch
 HEADER = 64  # bytes before the first tensor: the block's in-use flag (uint64), then padding
 ALIGN = 64  # each tensor starts on this boundary
 RING = 4  # blocks per worker: the batches torch prefetches, one being used, one being made
+LENT = 4  # more blocks per worker for arrays lent to decoders
+Block = tuple[int, mmap.mmap, np.ndarray]  # (descriptor, mapping, in-use flag)
 
 
 class BlockRing:
     """A worker process's shared-memory blocks, reused once the training process has dropped
-    every tensor of the batch that a block carried."""
+    every tensor of the batch that a block carried.
 
-    def __init__(self, size: int = RING) -> None:
-        self.size = size
-        self.blocks: list[tuple[int, mmap.mmap, np.ndarray]] = []  # (fd, mapping, flag)
+    A block's flag is 0 when free; a block holding a batch on its way (or in the training
+    process) has a nonzero flag, which the training process sets back to 0; a block lent to
+    a decoder has a token of its own until the batch is packed, or back to 0 when the lent
+    array is dropped before that."""
+
+    def __init__(self, size: int = RING, lent: int = LENT) -> None:
+        self.size, self.lent_size = size, lent
+        self.blocks: list[Block] = []  # the batches' blocks
+        self.lent: list[Block] = []  # blocks lent to decoders
         self.allocated = 0  # blocks made
-        self.packed = 0  # batches that went through a block
+        self.packed = 0  # batches that went through blocks
+        self._tokens = itertools.count(2)
 
     def pack(self, batch: Any) -> Any:
         """``batch`` ready to be sent: a :class:`PackedBatch` when it is a dict holding CPU
-        tensors and a free block exists (or may be made), else ``batch`` itself."""
+        tensors and blocks for them are free (or may be made), else ``batch`` itself."""
         if not isinstance(batch, dict) or not hasattr(os, "memfd_create"):
             return batch
+        found: dict[str, tuple[int, int]] = {}  # tensor name -> (lent block, offset)
         places: dict[str, int] = {}
         end = HEADER
         for name, value in batch.items():
-            if _movable(value):
+            if not _movable(value):
+                continue
+            where = self._in_lent(value)
+            if where is not None:
+                found[name] = where
+            else:
                 places[name] = end
                 end += -(-value.numel() * value.element_size() // ALIGN) * ALIGN
-        if not places:
+        if not places and not found:
             return batch
-        block = self._free_block(end)
-        if block is None:
-            return batch
-        fd, mapped, flag = block
-        flag[0] = 1  # in use until the training process drops the batch
-        data = np.frombuffer(mapped, dtype=np.uint8)
-        specs = {}
-        for name, start in places.items():
+        blocks: list[Block] = []
+        if places:
+            block = self._free_block(self.blocks, end, self.size)
+            if block is None:
+                return batch
+            block[2][0] = 1  # in use until the training process drops the batch
+            blocks.append(block)
+            data = np.frombuffer(block[1], dtype=np.uint8)
+            for name, start in places.items():
+                value = batch[name]
+                dest = torch.from_numpy(data[start : start + _nbytes(value)]).view(value.dtype)
+                dest.view(value.shape).copy_(value)
+        specs = {
+            n: (0, start, batch[n].dtype, tuple(batch[n].shape)) for n, start in places.items()
+        }
+        for name, (i, offset) in found.items():
+            block = self.lent[i]
+            if block not in blocks:
+                block[2][0] = 1  # handed over: the training process frees it
+                blocks.append(block)
             value = batch[name]
-            nbytes = value.numel() * value.element_size()
-            dest = torch.from_numpy(data[start : start + nbytes]).view(value.dtype)
-            dest.view(value.shape).copy_(value)
-            specs[name] = (start, value.dtype, tuple(value.shape))
-        rest = {k: v for k, v in batch.items() if k not in places}
+            specs[name] = (blocks.index(block), offset, value.dtype, tuple(value.shape))
+        rest = {k: v for k, v in batch.items() if k not in specs}
         self.packed += 1
-        return PackedBatch(reduction.DupFd(fd), len(mapped), specs, rest, list(batch))
+        sent = [(reduction.DupFd(b[0]), len(b[1])) for b in blocks]
+        return PackedBatch(sent, specs, rest, list(batch))
 
-    def _free_block(self, nbytes: int) -> tuple[int, mmap.mmap, np.ndarray] | None:
-        """A block of at least ``nbytes`` that the training process no longer uses (blocks
-        too small for it are freed), a new one while the ring has room, else None."""
-        for i, block in enumerate(self.blocks):
+    def lend(self, nbytes: int) -> np.ndarray | None:
+        """``nbytes`` of a free lent block for a decoder's array, or None when none is free
+        and no more may be made; the block is free again if the array is dropped unsent."""
+        block = self._free_block(self.lent, HEADER + nbytes, self.lent_size)
+        if block is None:
+            return None
+        token = next(self._tokens)
+        block[2][0] = token
+        data = np.frombuffer(block[1], dtype=np.uint8)[HEADER : HEADER + nbytes]
+        lease = _Lease(data)
+        weakref.finalize(lease, _unsent, block[2], token).atexit = False
+        return np.asarray(lease)
+
+    def _in_lent(self, value: torch.Tensor) -> tuple[int, int] | None:
+        """(index in :attr:`lent`, offset) of a tensor that lies in a lent block, else None."""
+        if not value.is_contiguous():
+            return None
+        ptr = value.data_ptr()
+        for i, (_fd, mapped, flag) in enumerate(self.lent):
+            base = flag.ctypes.data
+            if flag[0] > 1 and base <= ptr and ptr + _nbytes(value) <= base + len(mapped):
+                return i, ptr - base
+        return None
+
+    def _free_block(self, ring: list[Block], nbytes: int, most: int) -> Block | None:
+        """A block of ``ring`` of at least ``nbytes`` that is free (a free one too small for
+        it is freed), a new one while ``ring`` has fewer than ``most``, else None."""
+        for i, block in enumerate(ring):
             if block[2][0] == 0:
                 if len(block[1]) >= nbytes:
                     return block
-                self._close(self.blocks.pop(i))
+                self._close(ring.pop(i))
                 break
-        if len(self.blocks) >= self.size:
+        if len(ring) >= most:
             return None
         size = -(-nbytes * 9 // 8 // mmap.PAGESIZE) * mmap.PAGESIZE  # room for larger batches
         fd = os.memfd_create("wdsloader-batch", os.MFD_CLOEXEC)
         os.ftruncate(fd, size)
         flags = mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0)  # faulted in once, here
         mapped = mmap.mmap(fd, size, flags=flags)
-        flag = np.frombuffer(mapped, dtype=np.uint64, count=1)
-        self.blocks.append((fd, mapped, flag))
+        ring.append((fd, mapped, np.frombuffer(mapped, dtype=np.uint64, count=1)))
         self.allocated += 1
-        return self.blocks[-1]
+        return ring[-1]
 
     @staticmethod
-    def _close(block: tuple[int, mmap.mmap, np.ndarray]) -> None:
+    def _close(block: Block) -> None:
         os.close(block[0])  # the mapping goes with its last array
 
     def close(self) -> None:
         """Release every block (those the training process still maps stay valid there)."""
-        while self.blocks:
-            self._close(self.blocks.pop())
+        for ring in (self.blocks, self.lent):
+            while ring:
+                self._close(ring.pop())
+
+
+def _nbytes(value: torch.Tensor) -> int:
+    return value.numel() * value.element_size()
 
 
 def _movable(value: Any) -> bool:
@@ -108,29 +163,37 @@ def _movable(value: Any) -> bool:
     )
 
 
+def _unsent(flag: np.ndarray, token: int) -> None:
+    """A lent array was dropped: its block is free unless it was sent (or lent again)."""
+    if flag[0] == token:
+        flag[0] = 0
+
+
+Spec = tuple[int, int, torch.dtype, tuple[int, ...]]  # (block, offset, dtype, shape)
+
+
 class PackedBatch:
     """A batch on its way from a worker process: unpickled, it is the batch again (a dict,
-    its tensors views of the block mapped in the receiving process)."""
+    its tensors views of the blocks mapped in the receiving process)."""
 
-    __slots__ = ("dupfd", "names", "rest", "size", "specs")
+    __slots__ = ("blocks", "names", "rest", "specs")
 
     def __init__(
         self,
-        dupfd: Any,
-        size: int,
-        specs: dict[str, tuple[int, torch.dtype, tuple[int, ...]]],
+        blocks: list[tuple[Any, int]],
+        specs: dict[str, Spec],
         rest: dict[str, Any],
         names: list[str],
     ) -> None:
-        self.dupfd, self.size, self.specs, self.rest, self.names = dupfd, size, specs, rest, names
+        self.blocks, self.specs, self.rest, self.names = blocks, specs, rest, names
 
     def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
-        return _unpack, (self.dupfd, self.size, self.specs, self.rest, self.names)
+        return _unpack, (self.blocks, self.specs, self.rest, self.names)
 
 
 class _Lease:
-    """The object every tensor of one received batch refers to; its collection marks the
-    block free for the worker to reuse."""
+    """The object every tensor in one mapped block refers to; its collection frees the
+    block (in the training process: for the worker to reuse)."""
 
     __slots__ = ("__array_interface__", "__weakref__")
 
@@ -147,14 +210,9 @@ def _release(data: np.ndarray) -> None:
     data[:8].view(np.uint64)[0] = 0  # the mapping itself goes when ``data`` does
 
 
-def _unpack(
-    dupfd: Any,
-    size: int,
-    specs: dict[str, tuple[int, torch.dtype, tuple[int, ...]]],
-    rest: dict[str, Any],
-    names: list[str],
-) -> dict[str, Any]:
-    """The batch a :class:`PackedBatch` carries, in the receiving process."""
+def _mapped(dupfd: Any, size: int) -> torch.Tensor:
+    """A block sent by a worker, mapped here: a uint8 tensor over it that frees the block
+    when nothing refers to it any more."""
     fd = dupfd.detach()
     try:
         data = np.frombuffer(mmap.mmap(fd, size), dtype=np.uint8)
@@ -162,13 +220,20 @@ def _unpack(
         os.close(fd)
     lease = _Lease(data)
     weakref.finalize(lease, _release, data).atexit = False
-    whole = torch.from_numpy(np.asarray(lease))
+    return torch.from_numpy(np.asarray(lease))
+
+
+def _unpack(
+    blocks: list[tuple[Any, int]], specs: dict[str, Spec], rest: dict[str, Any], names: list[str]
+) -> dict[str, Any]:
+    """The batch a :class:`PackedBatch` carries, in the receiving process."""
+    whole = [_mapped(dupfd, size) for dupfd, size in blocks]
     out: dict[str, Any] = {}
     for name in names:
         if name in rest:
             out[name] = rest[name]
             continue
-        start, dtype, shape = specs[name]
+        block, start, dtype, shape = specs[name]
         nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
-        out[name] = whole[start : start + nbytes].view(dtype).view(shape)
+        out[name] = whole[block][start : start + nbytes].view(dtype).view(shape)
     return out

@@ -73,6 +73,12 @@ def test_a_batch_arrives_equal_in_one_block_with_one_descriptor(monkeypatch):
             assert got[name] == value
     storages = {got[n].untyped_storage().data_ptr() for n in ("x", "cols", "label", "mask")}
     assert len(storages) == 1
+    del got
+    gc.collect()
+    # the block again: already mapped here, so no descriptor goes with the batch
+    again = sent(ring.pack(a_batch()))
+    assert len(fds) == 1 and ring.allocated == 1
+    assert torch.equal(again["x"], want["x"]) and torch.equal(again["cols"], want["cols"])
     ring.close()
 
 

@@ -4,7 +4,8 @@ Without this, torch pickles every tensor of a batch by copying its storage into 
 shared-memory segment (each page of it faulted in afresh, on every batch) and sending one file
 descriptor per tensor (each one a connection to the worker's resource sharer). A
 :class:`BlockRing` instead copies the batch's tensors into one block of a small ring of
-``memfd`` blocks, kept mapped and faulted in, and sends the block's descriptor once per batch;
+``memfd`` blocks, kept mapped and faulted in, and sends each block's descriptor once: the
+training process keeps the block mapped (no socket round trip, no ``mmap`` per batch);
 an array a decoder made in a block the ring lent it (:mod:`wdsloader.batch_arrays`: decoded
 images) is sent where it lies, without a copy. The training process maps the blocks and
 rebuilds the same dict of tensors (views of the mappings); a block goes back to the ring when
@@ -18,6 +19,7 @@ import itertools
 import mmap
 import os
 import weakref
+from collections.abc import Iterable
 from multiprocessing import reduction
 from typing import Any
 
@@ -28,7 +30,7 @@ HEADER = 64  # bytes before the first tensor: the block's in-use flag (uint64), 
 ALIGN = 64  # each tensor starts on this boundary
 RING = 4  # blocks per worker: the batches torch prefetches, one being used, one being made
 LENT = 4  # more blocks per worker for arrays lent to decoders
-Block = tuple[int, mmap.mmap, np.ndarray]  # (descriptor, mapping, in-use flag)
+Block = tuple[int, mmap.mmap, np.ndarray, int]  # (descriptor, mapping, in-use flag, serial)
 
 
 class BlockRing:
@@ -47,6 +49,10 @@ class BlockRing:
         self.allocated = 0  # blocks made
         self.packed = 0  # batches that went through blocks
         self._tokens = itertools.count(2)
+        self._serials = itertools.count()
+        self._sent: set[int] = set()  # serials of the blocks the training process has mapped
+        self._dropped: list[int] = []  # serials of blocks closed since the last batch packed
+        self.key = (os.getpid(), os.urandom(8))  # this ring, in the training process's maps
 
     def pack(self, batch: Any) -> Any:
         """``batch`` ready to be sent: a :class:`PackedBatch` when it is a dict holding CPU
@@ -91,8 +97,15 @@ class BlockRing:
             specs[name] = (blocks.index(block), offset, value.dtype, tuple(value.shape))
         rest = {k: v for k, v in batch.items() if k not in specs}
         self.packed += 1
-        sent = [(reduction.DupFd(b[0]), len(b[1])) for b in blocks]
-        return PackedBatch(sent, specs, rest, list(batch))
+        sent = [self._handle(b) for b in blocks]
+        dropped, self._dropped = self._dropped, []
+        return PackedBatch((*self.key, dropped), sent, specs, rest, list(batch))
+
+    def _handle(self, block: Block) -> tuple[int, Any, int]:
+        """(serial, descriptor the first time the block is sent, else None, size)."""
+        first = block[3] not in self._sent
+        self._sent.add(block[3])
+        return block[3], reduction.DupFd(block[0]) if first else None, len(block[1])
 
     def lend(self, nbytes: int) -> np.ndarray | None:
         """``nbytes`` of a free lent block for a decoder's array, or None when none is free
@@ -112,7 +125,7 @@ class BlockRing:
         if not value.is_contiguous():
             return None
         ptr = value.data_ptr()
-        for i, (_fd, mapped, flag) in enumerate(self.lent):
+        for i, (_fd, mapped, flag, _serial) in enumerate(self.lent):
             base = flag.ctypes.data
             if flag[0] > 1 and base <= ptr and ptr + _nbytes(value) <= base + len(mapped):
                 return i, ptr - base
@@ -134,13 +147,15 @@ class BlockRing:
         os.ftruncate(fd, size)
         flags = mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0)  # faulted in once, here
         mapped = mmap.mmap(fd, size, flags=flags)
-        ring.append((fd, mapped, np.frombuffer(mapped, dtype=np.uint64, count=1)))
+        flag = np.frombuffer(mapped, dtype=np.uint64, count=1)
+        ring.append((fd, mapped, flag, next(self._serials)))
         self.allocated += 1
         return ring[-1]
 
-    @staticmethod
-    def _close(block: Block) -> None:
+    def _close(self, block: Block) -> None:
         os.close(block[0])  # the mapping goes with its last array
+        if block[3] in self._sent:
+            self._dropped.append(block[3])  # the training process unmaps it
 
     def close(self) -> None:
         """Release every block (those the training process still maps stay valid there)."""
@@ -170,30 +185,33 @@ def _unsent(flag: np.ndarray, token: int) -> None:
 
 
 Spec = tuple[int, int, torch.dtype, tuple[int, ...]]  # (block, offset, dtype, shape)
+Ring = tuple[int, bytes, list[int]]  # (worker pid, ring token, serials of closed blocks)
+Sent = tuple[int, Any, int]  # (serial, descriptor or None, size)
 
 
 class PackedBatch:
     """A batch on its way from a worker process: unpickled, it is the batch again (a dict,
     its tensors views of the blocks mapped in the receiving process)."""
 
-    __slots__ = ("blocks", "names", "rest", "specs")
+    __slots__ = ("blocks", "names", "rest", "ring", "specs")
 
     def __init__(
         self,
-        blocks: list[tuple[Any, int]],
+        ring: Ring,
+        blocks: list[Sent],
         specs: dict[str, Spec],
         rest: dict[str, Any],
         names: list[str],
     ) -> None:
-        self.blocks, self.specs, self.rest, self.names = blocks, specs, rest, names
+        self.ring, self.blocks, self.specs, self.rest, self.names = ring, blocks, specs, rest, names
 
     def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
-        return _unpack, (self.blocks, self.specs, self.rest, self.names)
+        return _unpack, (self.ring, self.blocks, self.specs, self.rest, self.names)
 
 
 class _Lease:
-    """The object every tensor in one mapped block refers to; its collection frees the
-    block (in the training process: for the worker to reuse)."""
+    """The object every tensor of one batch in one mapped block refers to; its collection
+    frees the block (in the training process: for the worker to reuse)."""
 
     __slots__ = ("__array_interface__", "__weakref__")
 
@@ -207,27 +225,49 @@ class _Lease:
 
 
 def _release(data: np.ndarray) -> None:
-    data[:8].view(np.uint64)[0] = 0  # the mapping itself goes when ``data`` does
+    data[:8].view(np.uint64)[0] = 0
 
 
-def _mapped(dupfd: Any, size: int) -> torch.Tensor:
-    """A block sent by a worker, mapped here: a uint8 tensor over it that frees the block
-    when nothing refers to it any more."""
-    fd = dupfd.detach()
-    try:
-        data = np.frombuffer(mmap.mmap(fd, size), dtype=np.uint8)
-    finally:
-        os.close(fd)
+# the training process's mappings of its workers' blocks: pid -> (ring token, serial -> block)
+_MAPS: dict[int, tuple[bytes, dict[int, np.ndarray]]] = {}
+
+
+def forget(pids: Iterable[int]) -> None:
+    """Unmap the blocks of the worker processes ``pids`` (their iterator is gone) once no
+    tensor refers to them."""
+    for pid in pids:
+        _MAPS.pop(pid, None)
+
+
+def _mapped(maps: dict[int, np.ndarray], sent: Sent) -> torch.Tensor:
+    """A block sent by a worker, mapped here (the first time it comes): a uint8 tensor over it
+    that frees the block when nothing refers to it any more."""
+    serial, dupfd, size = sent
+    if dupfd is not None:
+        fd = dupfd.detach()
+        try:
+            maps[serial] = np.frombuffer(mmap.mmap(fd, size), dtype=np.uint8)
+        finally:
+            os.close(fd)
+    data = maps.get(serial)
+    if data is None:
+        raise RuntimeError(f"a worker sent a batch in block {serial}, which was never mapped")
     lease = _Lease(data)
     weakref.finalize(lease, _release, data).atexit = False
     return torch.from_numpy(np.asarray(lease))
 
 
 def _unpack(
-    blocks: list[tuple[Any, int]], specs: dict[str, Spec], rest: dict[str, Any], names: list[str]
+    ring: Ring, blocks: list[Sent], specs: dict[str, Spec], rest: dict[str, Any], names: list[str]
 ) -> dict[str, Any]:
     """The batch a :class:`PackedBatch` carries, in the receiving process."""
-    whole = [_mapped(dupfd, size) for dupfd, size in blocks]
+    pid, token, dropped = ring
+    entry = _MAPS.get(pid)
+    if entry is None or entry[0] != token:  # the worker's first batch of a new pass
+        entry = _MAPS[pid] = (token, {})
+    for serial in dropped:
+        entry[1].pop(serial, None)
+    whole = [_mapped(entry[1], sent) for sent in blocks]
     out: dict[str, Any] = {}
     for name in names:
         if name in rest:

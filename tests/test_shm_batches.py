@@ -102,6 +102,22 @@ def test_a_block_is_reused_only_once_no_tensor_of_its_batch_is_left():
     ring.close()
 
 
+def test_a_block_that_cannot_be_made_leaves_the_batch_to_torch(monkeypatch):
+    def no_more(*_args):
+        raise OSError(24, "Too many open files")
+
+    ring = BlockRing()
+    monkeypatch.setattr("os.memfd_create", no_more)
+    batch = a_batch()
+    assert ring.pack(batch) is batch
+    batch_arrays.set_lender(ring.lend)
+    try:
+        assert batch_arrays.empty((4, 8), np.float32).shape == (4, 8)
+    finally:
+        batch_arrays.set_lender(None)
+    assert ring.allocated == 0
+
+
 def test_batches_without_cpu_tensors_go_as_they_came():
     ring = BlockRing()
     for batch in ([torch.ones(3)], {"k": ["a"]}, {"t": torch.ones(2).share_memory_()}):

@@ -143,10 +143,17 @@ class BlockRing:
         if len(ring) >= most:
             return None
         size = -(-nbytes * 9 // 8 // mmap.PAGESIZE) * mmap.PAGESIZE  # room for larger batches
-        fd = os.memfd_create("wdsloader-batch", os.MFD_CLOEXEC)
-        os.ftruncate(fd, size)
         flags = mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0)  # faulted in once, here
-        mapped = mmap.mmap(fd, size, flags=flags)
+        try:
+            fd = os.memfd_create("wdsloader-batch", os.MFD_CLOEXEC)
+        except OSError:  # no descriptor or memory left for one: torch's way
+            return None
+        try:
+            os.ftruncate(fd, size)
+            mapped = mmap.mmap(fd, size, flags=flags)
+        except OSError:
+            os.close(fd)
+            return None
         flag = np.frombuffer(mapped, dtype=np.uint64, count=1)
         ring.append((fd, mapped, flag, next(self._serials)))
         self.allocated += 1

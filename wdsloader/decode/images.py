@@ -18,6 +18,8 @@ from typing import Any
 
 import numpy as np
 
+from wdsloader import batch_arrays
+
 Buffer = bytes | bytearray | memoryview
 
 BACKENDS = ("auto", "simplejpeg", "pillow")
@@ -243,7 +245,7 @@ def jpeg_batch(fn: Callable[[Any], Any], members: Sequence[memoryview]) -> np.nd
         return None
     s = 1 if size is None else dct_scale(height, width, size)
     h, w = -(-height // s), -(-width // s)
-    out = np.empty((len(members), h, w, 3 if colorspace == "RGB" else 1), dtype=np.uint8)
+    out = batch_arrays.empty((len(members), h, w, 3 if colorspace == "RGB" else 1), np.uint8)
 
     def rows(lo: int, hi: int) -> bool:
         try:

@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 from torch.utils.data import IterableDataset, get_worker_info
 
-from wdsloader import plan
+from wdsloader import batch_arrays, plan
 from wdsloader.collate.batch import collate_columns
 from wdsloader.decode.batch import Columns, RawBatch
 from wdsloader.decode.columnar import ColumnarDecoder
@@ -44,6 +44,7 @@ from wdsloader.stream.parent_watch import watch_parent
 from wdsloader.stream.provenance import Provenance
 from wdsloader.stream.reader import BatchReader
 from wdsloader.stream.refill import Refill as _Refill
+from wdsloader.stream.shm_batches import BlockRing
 from wdsloader.stream.state import resume_from_dict, resume_to_dict, shards_digest
 from wdsloader.stream.telemetry import StageClock
 
@@ -221,9 +222,19 @@ class ShardStreamDataset(IterableDataset):
                 f"the DataLoader has {info.num_workers} workers but the plan was made for "
                 f"{self.config.num_workers}; build loaders with create_loader"
             )
-        if info is not None:  # a worker process: it ends with the training process
-            watch_parent()
-        yield from self.iter_worker(worker, ahead=info is None)
+        if info is None:
+            yield from self.iter_worker(worker, ahead=True)
+            return
+        watch_parent()  # a worker process: it ends with the training process
+        ring = BlockRing()  # its batches reach the training process through reused blocks
+        batch_arrays.set_lender(ring.lend)  # decoded images are made in them
+        try:
+            for batch in self.iter_worker(worker):
+                yield ring.pack(batch)
+                del batch
+        finally:
+            batch_arrays.set_lender(None)
+            ring.close()
 
     def iter_worker(self, worker: int, *, ahead: bool = False) -> Generator[Any, None, None]:
         """The batches of plan worker ``worker`` in this iteration, made in this thread

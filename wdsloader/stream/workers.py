@@ -12,12 +12,14 @@ was reading.
 from __future__ import annotations
 
 import signal
+import weakref
 from multiprocessing.connection import wait
 from typing import TYPE_CHECKING, Any
 
 from torch.utils.data._utils import signal_handling
 
 from wdsloader.errors import WorkerDiedError
+from wdsloader.stream.shm_batches import forget
 
 if TYPE_CHECKING:
     from wdsloader.stream.dataset import ShardStreamDataset
@@ -36,6 +38,8 @@ class WorkerWatch:
         self.workers: list[Any] = list(getattr(iterator, "_workers", None) or ())
         self.pids = tuple(w.pid for w in self.workers)
         self.dataset = dataset
+        if self.workers:  # the blocks their batches came in stay mapped as long as they run
+            weakref.finalize(iterator, forget, self.pids).atexit = False
         if self.workers and getattr(iterator, "_worker_pids_set", False):
             # torch's SIGCHLD check is armed only inside next() (see :meth:`next`)
             signal_handling._remove_worker_pids(id(iterator))

@@ -76,6 +76,9 @@ class ShardStore(RequestPool, StoreChecks):
     _PICKLED: ClassVar[tuple[str, ...]] = ("root", "options", "_shipped", "_measured", "readers")
     _SHIPS_INDEXES: ClassVar[bool] = True  # see ship_indexes
     _READ_LOCKED: ClassVar[bool] = True  # False: _read takes the lock itself where it must
+    # True: this process reads the shards' bytes itself (it starts no worker processes), so
+    # every read goes through the shards' transport from the first (the manifest's)
+    reads_here: bool = False
 
     def __new__(
         cls, root: str | os.PathLike[str] = "", options: ReadOptions | None = None
@@ -172,6 +175,7 @@ class ShardStore(RequestPool, StoreChecks):
         """The files under the root, read with this store's retries (opened on first use).
         ``data``: for shards' bytes (the obstore transport starts only for these in a process
         that may still fork workers; see :func:`~wdsloader.io.obstore_files.remote_filesystem`)."""
+        data = data or self.reads_here
         if self._remote is None or (data and not self._remote_final):
             # the client's own retries off: RemoteFiles retries, under the deadline
             fs, base, self._remote_final = remote_filesystem(

@@ -428,14 +428,16 @@ def open_source(
     """The store and manifest of the dataset at ``root``, or (``root`` None) of the mix of
     ``options``, with its spec."""
     read, check = options.read_options, options.errors.check_shards
+    # no worker processes (threads read in this one): no fork to keep obstore out of
+    here = options.num_workers == 0 or options.workers.mode == "thread"
     if options.mix is None:
         assert root is not None
-        return (*open_dataset(root, read, check, options.split), None)
+        return (*open_dataset(root, read, check, options.split, here), None)
     from wdsloader.mix.store import open_mix
 
     return open_mix(
         list(options.mix.sources), options.split, options.decode.fields,
         options.mix.spec_options(),
-        lambda url: open_dataset(url, read, check, options.split),
+        lambda url: open_dataset(url, read, check, options.split, here),
         functools.partial(read_source_lengths, read),
     )  # fmt: skip

@@ -79,7 +79,7 @@ class ShardStore(RequestPool, StoreChecks):
     _PICKLED: ClassVar[tuple[str, ...]] = ("root", "options", "_shipped", "_measured", "readers")
     _SHIPS_INDEXES: ClassVar[bool] = True  # see ship_indexes
     _READ_LOCKED: ClassVar[bool] = True  # False: _read takes the lock itself where it must
-    # True: this process reads the shards' bytes itself (it starts no worker processes), so
+    # True: this process forks no worker processes (none, threads, or spawned ones), so
     # every read goes through the shards' transport from the first (the manifest's)
     reads_here: bool = False
 

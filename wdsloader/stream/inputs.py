@@ -21,8 +21,8 @@ def open_dataset(
     root: str, options: ReadOptions, check_shards: bool, split: str, reads_here: bool = False
 ) -> tuple[ShardStore, Manifest]:
     """The store over ``root`` and its manifest (read under the options' timeouts; its default
-    curriculum checked). ``reads_here``: this process reads the shards itself (no worker
-    processes), so the manifest and indexes are read with the shards' client (obstore's
+    curriculum checked). ``reads_here``: this process forks no workers (it reads the shards
+    itself, or its workers are spawned), so the manifest and indexes are read with the shards' client (obstore's
     where it reads them: no s3fs set up)."""
     store = open_store(root, options)
     store.reads_here = reads_here

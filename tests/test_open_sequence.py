@@ -123,19 +123,22 @@ _NW0_EPOCH = """
 import json, sys
 from wdsloader import create_loader
 from wdsloader.io import ReadOptions
-root, storage = sys.argv[1], json.loads(sys.argv[2])
+from wdsloader.stream.options import WorkerOptions
+root, storage, threads = sys.argv[1], json.loads(sys.argv[2]), int(sys.argv[3])
+more = {"num_workers": threads, "workers": WorkerOptions(mode="thread")} if threads else {}
 loader = create_loader(root, "train", batch_size=8, seed=3, drop_last=False,
-                       read_options=ReadOptions(storage_options=storage))
+                       read_options=ReadOptions(storage_options=storage), **more)
 ids = sorted(int(i) for b in loader for i in b["idx"].tolist())
 clients = sorted(m for m in ("s3fs", "aiobotocore", "botocore") if m in sys.modules)
 print(json.dumps([ids, clients]))
 """
 
 
+@pytest.mark.parametrize("threads", [0, 2])
 def test_at_num_workers_0_everything_is_read_through_obstore_without_importing_s3fs(
-    s3_server, monkeypatch, tmp_path
+    s3_server, monkeypatch, tmp_path, threads
 ):
-    """A process that forks no workers reads its shards through obstore (the default transport
+    """A process that forks no workers (``num_workers=0``, or worker threads) reads its shards through obstore (the default transport
     where it can), so the manifest, listing and indexes go through it too: no s3fs import and
     client set-up (~0.6 s at 40 ms RTT) before the first request, and no botocore import for
     a region no AWS config can give. Every request (the manifest's GET first) is obstore's."""
@@ -166,7 +169,7 @@ def test_at_num_workers_0_everything_is_read_through_obstore_without_importing_s
         env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
         env.update(HOME=str(tmp_path), PYTHONPATH=os.pathsep.join(sys.path))
         run = subprocess.run(
-            [sys.executable, "-c", _NW0_EPOCH, root, json.dumps(via)],
+            [sys.executable, "-c", _NW0_EPOCH, root, json.dumps(via), str(threads)],
             capture_output=True, text=True, timeout=240, env=env, check=False,
         )  # fmt: skip
         log = proxy.snapshot(log=True)["log"]

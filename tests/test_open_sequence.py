@@ -199,4 +199,4 @@ def test_the_indexes_of_many_shards_are_requested_together(http_server, monkeypa
     monkeypatch.setattr(type(store), "_index_bytes", waited)
     assert store.ship_indexes(shards)
     assert [len(store.index(s)) for s in shards] == [3] * n  # 2 samples + the end offset
-    assert store.stats["requests"] == n  # each index once
+    assert store.stats["requests"] - store.stats["retries"] == n  # each index once

@@ -205,15 +205,17 @@ loader = create_loader(
     root, "train", batch_size=16, num_workers=2, drop_last=False, seed=3, read_options=read,
     workers=WorkerOptions(multiprocessing_context=context),
 )
-print(json.dumps([k for batch in loader for k in batch["__key__"]]))
+print(json.dumps([[k for batch in loader for k in batch["__key__"]], "s3fs" in sys.modules]))
 """
 
 
 @pytest.mark.parametrize("context", ["fork", "spawn"])
 def test_every_worker_reads_through_obstore_and_every_sample_once(s3_server, monkeypatch, context):
-    """The parent process does not start obstore before its workers (its runtime does not
-    survive a fork): each worker, forked or spawned, starts its own and reads every shard byte
-    through it (obstore's User-Agent on each ranged GET of a shard), every sample once."""
+    """A parent process that forks its workers does not start obstore before them (its runtime
+    does not survive a fork): it reads the manifest and indexes through s3fs; one that spawns
+    them reads everything through obstore (no s3fs set up). Each worker starts its own obstore
+    and reads every shard byte through it (obstore's User-Agent on each ranged GET of a
+    shard), every sample once."""
     import json
     import os
     import subprocess
@@ -243,8 +245,11 @@ def test_every_worker_reads_through_obstore_and_every_sample_once(s3_server, mon
         )  # fmt: skip
         log = proxy.snapshot(log=True)["log"]
     assert run.returncode == 0, run.stderr[-3000:]
-    keys = json.loads(run.stdout.strip().splitlines()[-1])
+    keys, parent_s3fs = json.loads(run.stdout.strip().splitlines()[-1])
     assert sorted(keys) == [f"train{i:07d}" for i in range(sum(COUNTS))]
+    assert parent_s3fs == (context == "fork")
+    if context == "spawn":
+        assert {e[2].split()[1] for e in log} == {"obstore"}  # the manifest's GET too
     shard_reads = [e for e in log if e[3].split("?")[0].endswith(".tar")]
     assert {e[2] for e in shard_reads} == {"GET-range obstore"}, {e[2] for e in shard_reads}
     sizes = {s.path: s.num_bytes for s in manifest.split("train").shards}

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from tests.dataset_factory import write_dataset
+from tests.http_server import http_server_fixture  # noqa: F401
 from wdsloader import ErrorPolicy, ReadOptions, create_loader
 from wdsloader.errors import ShardFormatError
 from wdsloader.io import ShardStore
@@ -115,3 +116,87 @@ def test_the_manifest_read_through_the_store_is_retried_on_a_transient_error(
     assert failed == [f"{root.removeprefix('s3://')}/manifest.json"]
     assert loader.manifest.split("train").num_samples == sum(COUNTS)
     assert _epoch_ids(loader) == list(range(sum(COUNTS)))
+
+
+# a fresh interpreter: its modules after an epoch tell which clients the loader set up
+_NW0_EPOCH = """
+import json, sys
+from wdsloader import create_loader
+from wdsloader.io import ReadOptions
+from wdsloader.stream.options import WorkerOptions
+root, storage, threads = sys.argv[1], json.loads(sys.argv[2]), int(sys.argv[3])
+more = {"num_workers": threads, "workers": WorkerOptions(mode="thread")} if threads else {}
+loader = create_loader(root, "train", batch_size=8, seed=3, drop_last=False,
+                       read_options=ReadOptions(storage_options=storage), **more)
+ids = sorted(int(i) for b in loader for i in b["idx"].tolist())
+clients = sorted(m for m in ("s3fs", "aiobotocore", "botocore") if m in sys.modules)
+print(json.dumps([ids, clients]))
+"""
+
+
+@pytest.mark.parametrize("threads", [0, 2])
+def test_at_num_workers_0_everything_is_read_through_obstore_without_importing_s3fs(
+    s3_server, monkeypatch, tmp_path, threads
+):
+    """A process that forks no workers (``num_workers=0``, or worker threads) reads its shards through obstore (the default transport
+    where it can), so the manifest, listing and indexes go through it too: no s3fs import and
+    client set-up (~0.6 s at 40 ms RTT) before the first request, and no botocore import for
+    a region no AWS config can give. Every request (the manifest's GET first) is obstore's."""
+    pytest.importorskip("obstore")
+    import json
+    import os
+    import subprocess
+    import sys
+
+    from bench.remote import proxy as proxy_module
+    from tests.conftest import new_bucket
+
+    plain = proxy_module.classify
+
+    def by_client(head: bytes) -> str:
+        client = "obstore" if b"\nuser-agent: object_store/" in head.lower() else "other"
+        return f"{plain(head)} {client}"
+
+    monkeypatch.setattr(proxy_module, "classify", by_client)
+    url, options = new_bucket(s3_server, "nw0")
+    root = f"{url}/ds"
+    write_dataset(root, {"train": COUNTS}, storage_options=options)
+    host, port = s3_server.removeprefix("http://").split(":")
+    with proxy_module.LatencyProxy(
+        (host, int(port)), proxy_module.Profile("none", 0.0, None)
+    ) as proxy:
+        via = {**options, "client_kwargs": {"endpoint_url": proxy.url}}
+        env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
+        env.update(HOME=str(tmp_path), PYTHONPATH=os.pathsep.join(sys.path))
+        run = subprocess.run(
+            [sys.executable, "-c", _NW0_EPOCH, root, json.dumps(via), str(threads)],
+            capture_output=True, text=True, timeout=240, env=env, check=False,
+        )  # fmt: skip
+        log = proxy.snapshot(log=True)["log"]
+    assert run.returncode == 0, run.stderr[-3000:]
+    ids, clients = json.loads(run.stdout.strip().splitlines()[-1])
+    assert ids == list(range(sum(COUNTS)))  # every sample once
+    assert clients == []
+    assert log[0][3] == "/" + root.removeprefix("s3://") + "/manifest.json"  # one GET first
+    assert {e[2].split()[1] for e in log} == {"obstore"}
+
+
+def test_the_indexes_of_many_shards_are_requested_together(http_server, monkeypatch):
+    """Before the first batch the loader reads every shard's index: at the 32 requests in
+    flight of the shards' reads, 1,000 shards took 31 round trips (1.2 s at 40 ms RTT); the
+    indexes (tiny requests) go up to INDEX_CONCURRENCY at once: 100 here in one round."""
+    n = 100
+    manifest = write_dataset(str(http_server.root / "many"), {"train": [2] * n})
+    shards = manifest.split("train").shards
+    store = ShardStore(f"{http_server.url}/many")
+    together = threading.Barrier(n, timeout=60)  # broken unless all n are in flight at once
+    read = type(store)._index_bytes
+
+    def waited(self, shard, expected):
+        together.wait()
+        return read(self, shard, expected)
+
+    monkeypatch.setattr(type(store), "_index_bytes", waited)
+    assert store.ship_indexes(shards)
+    assert [len(store.index(s)) for s in shards] == [3] * n  # 2 samples + the end offset
+    assert store.stats["requests"] - store.stats["retries"] == n  # each index once

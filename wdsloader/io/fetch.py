@@ -40,7 +40,7 @@ from wdsloader.format import ShardInfo, decode_index
 from wdsloader.io.obstore_files import remote_filesystem
 from wdsloader.io.options import ReadOptions
 from wdsloader.io.ranges import Cut, Request
-from wdsloader.io.request_pool import RequestPool
+from wdsloader.io.request_pool import RequestPool, wait_all
 from wdsloader.io.retry import Deadline, RemoteFiles, call_fs, next_retry
 from wdsloader.io.setup_errors import setup_error
 from wdsloader.io.shard_cache import OpenFiles
@@ -58,6 +58,9 @@ STAT_KEYS = tuple(
 )
 # indexes of at most this many bytes in all are read once and pickled with the store
 SHIP_INDEX_BYTES = 64 << 20
+# index requests in flight at once (each a few KiB: the round trips, not the link, bound them;
+# at the shards' 32, 1,000 shards' indexes took 31 round trips before the first batch)
+INDEX_CONCURRENCY = 128
 
 
 class ShardStore(RequestPool, StoreChecks):
@@ -76,6 +79,9 @@ class ShardStore(RequestPool, StoreChecks):
     _PICKLED: ClassVar[tuple[str, ...]] = ("root", "options", "_shipped", "_measured", "readers")
     _SHIPS_INDEXES: ClassVar[bool] = True  # see ship_indexes
     _READ_LOCKED: ClassVar[bool] = True  # False: _read takes the lock itself where it must
+    # True: this process forks no worker processes (none, threads, or spawned ones), so
+    # every read goes through the shards' transport from the first (the manifest's)
+    reads_here: bool = False
 
     def __new__(
         cls, root: str | os.PathLike[str] = "", options: ReadOptions | None = None
@@ -172,6 +178,7 @@ class ShardStore(RequestPool, StoreChecks):
         """The files under the root, read with this store's retries (opened on first use).
         ``data``: for shards' bytes (the obstore transport starts only for these in a process
         that may still fork workers; see :func:`~wdsloader.io.obstore_files.remote_filesystem`)."""
+        data = data or self.reads_here
         if self._remote is None or (data and not self._remote_final):
             # the client's own retries off: RemoteFiles retries, under the deadline
             fs, base, self._remote_final = remote_filesystem(
@@ -227,12 +234,19 @@ class ShardStore(RequestPool, StoreChecks):
             return offsets
 
     def load_indexes(self, shards: Sequence[ShardInfo]) -> None:
-        """Read the indexes of ``shards`` not read yet, ``options.concurrency`` at a time
-        (later :meth:`index` calls answer from memory)."""
+        """Read the indexes of ``shards`` not read yet (remotely up to
+        :data:`INDEX_CONCURRENCY` at once, or ``options.concurrency`` where it is set; later
+        :meth:`index` calls answer from memory)."""
         self._ensure_process()
         with self._lock:
             todo = list({s.idx_path: s for s in shards if s.idx_path not in self._indexes}.values())
-            for shard, offsets in zip(todo, self._run_all(self._load_index, todo), strict=True):
+            if self.is_local or len(todo) <= 1:
+                found = self._run_all(self._load_index, todo)
+            else:  # on threads of their own: no data read is queued yet to go first
+                most = self.options.concurrency or INDEX_CONCURRENCY
+                with ThreadPoolExecutor(min(len(todo), most), "wdsloader-index") as p:
+                    found = wait_all([p.submit(self._load_index, s) for s in todo])
+            for shard, offsets in zip(todo, found, strict=True):
                 self._indexes[shard.idx_path] = offsets
 
     def ship_indexes(self, shards: Sequence[ShardInfo], limit: int = SHIP_INDEX_BYTES) -> bool:

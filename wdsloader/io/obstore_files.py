@@ -21,8 +21,10 @@ in a repr, a message or the pickled state (the store is rebuilt in each process)
 Fork: obstore 0.12's runtime does not survive a fork (a process forked after obstore made a
 request in its parent hangs at its first request). obstore therefore starts only in a process
 that reads shard bytes: a DataLoader worker (fork, spawn or forkserver: each starts its own) or
-the main process at ``num_workers=0``; the main process reads what it needs before its workers
-start (the listing, the indexes, side files) through fsspec. A process forked after obstore
+the main process at ``num_workers=0``. A main process that forks no workers (none, threads,
+or workers started by ``spawn`` or ``forkserver``) reads its manifest, listing and indexes
+through obstore too (no s3fs set up); one that forks them reads what it needs before they
+start (the manifest, the listing, the indexes, side files) through fsspec. A process forked after obstore
 made requests above it (workers of a loader made after a ``num_workers=0`` epoch in the same
 process) reads through fsspec, with a warning (start its workers with ``spawn`` or
 ``forkserver`` to keep obstore there).
@@ -215,6 +217,9 @@ def _region(config: dict[str, Any]) -> str | None:
     region = config.get("region") or os.environ.get("AWS_REGION")
     if region or os.environ.get("AWS_DEFAULT_REGION"):
         return region or os.environ.get("AWS_DEFAULT_REGION")
+    config_file = os.environ.get("AWS_CONFIG_FILE") or "~/.aws/config"
+    if not os.path.isfile(os.path.expanduser(config_file)):
+        return None  # botocore has nowhere else to find it (and takes ~0.2 s to import)
     import botocore.session  # type: ignore[import-untyped,unused-ignore]
 
     found = botocore.session.Session(profile=config.get("profile")).get_config_variable("region")

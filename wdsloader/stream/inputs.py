@@ -18,11 +18,14 @@ from wdsloader.io.store import open_store
 
 
 def open_dataset(
-    root: str, options: ReadOptions, check_shards: bool, split: str
+    root: str, options: ReadOptions, check_shards: bool, split: str, reads_here: bool = False
 ) -> tuple[ShardStore, Manifest]:
     """The store over ``root`` and its manifest (read under the options' timeouts; its default
-    curriculum checked)."""
+    curriculum checked). ``reads_here``: this process forks no workers (it reads the shards
+    itself, or its workers are spawned), so the manifest and indexes are read with the shards' client (obstore's
+    where it reads them: no s3fs set up)."""
     store = open_store(root, options)
+    store.reads_here = reads_here
     # remotely the manifest comes through the store's client (set up once per process)
     read = None if store.is_local else store.read_root_file
     try:

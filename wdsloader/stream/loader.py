@@ -40,7 +40,7 @@ from wdsloader.stream.options import (
 from wdsloader.stream.packing import packed_config, packing_fingerprint
 from wdsloader.stream.prefetch import DevicePrefetcher
 from wdsloader.stream.replay import StepSamples, step_samples
-from wdsloader.stream.start_method import check_sendable
+from wdsloader.stream.start_method import check_sendable, start_method
 from wdsloader.stream.state import LoaderState, epoch_fingerprint, stage_fingerprint
 from wdsloader.stream.telemetry import Hook, Telemetry
 from wdsloader.stream.telemetry import all_ranks as all_ranks_metrics
@@ -428,14 +428,19 @@ def open_source(
     """The store and manifest of the dataset at ``root``, or (``root`` None) of the mix of
     ``options``, with its spec."""
     read, check = options.read_options, options.errors.check_shards
+    # no worker process forked from this one (none, threads, or spawned/forkserver ones): no
+    # fork to keep obstore's runtime out of, so it reads the manifest and indexes too
+    workers = options.workers
+    here = options.num_workers == 0 or workers.mode == "thread"
+    here = here or start_method(workers.multiprocessing_context) != "fork"
     if options.mix is None:
         assert root is not None
-        return (*open_dataset(root, read, check, options.split), None)
+        return (*open_dataset(root, read, check, options.split, here), None)
     from wdsloader.mix.store import open_mix
 
     return open_mix(
         list(options.mix.sources), options.split, options.decode.fields,
         options.mix.spec_options(),
-        lambda url: open_dataset(url, read, check, options.split),
+        lambda url: open_dataset(url, read, check, options.split, here),
         functools.partial(read_source_lengths, read),
     )  # fmt: skip

@@ -107,11 +107,15 @@ def test_a_queued_requests_deadline_starts_when_it_is_sent_not_when_it_is_queued
 
 
 # -- an error in a later group -----------------------------------------------------------------
-@pytest.mark.parametrize("fault", ["500", "404", "cut"])
+@pytest.mark.parametrize(
+    "fault, first_alone", [("500", True), ("404", True), ("cut", True), ("500", False)]
+)
 def test_a_later_groups_read_error_is_raised_once_in_order_and_the_loader_resumes(
-    http_server, fault
+    http_server, fault, first_alone
 ):
-    local, url, shards = _dataset(http_server, f"err{fault}")
+    """``first_alone``: the first window read at once, else its first batch first (and the
+    rest of the window taking the bytes the first read holds)."""
+    local, url, shards = _dataset(http_server, f"err{fault}{first_alone}")
     reference = _keys(create_loader(local, "train", **KW))
     bad = shards[2].path  # the 3rd group's shard: read while the earlier ones are decoded
     faults = {
@@ -121,13 +125,16 @@ def test_a_later_groups_read_error_is_raised_once_in_order_and_the_loader_resume
     }[fault]
     secret_url = url.replace("http://", f"http://bob:{PASSWORD}@")
     loader = create_loader(secret_url, "train", read_options=ReadOptions(**FAST), **KW)
+    if not first_alone:
+        loader.dataset_obj.reader.first_alone_bytes = 0
     http_server.faults = faults
     got: list[list[str]] = []
     with pytest.raises(Exception) as info:
         for batch in loader:
             got.append(list(batch["__key__"]))
     text = str(info.value)
-    assert f"http://***@127.0.0.1:{http_server.url.rsplit(':', 1)[1]}/err{fault}/{bad}" in text
+    port = http_server.url.rsplit(":", 1)[1]
+    assert f"http://***@127.0.0.1:{port}/err{fault}{first_alone}/{bad}" in text
     assert PASSWORD not in text and PASSWORD not in repr(info.value)
     assert isinstance(info.value, (ShardReadError, FileNotFoundError)), repr(info.value)
     # every batch before the failing shard's group, in order, and none after it
@@ -280,3 +287,45 @@ def test_a_read_whose_queued_requests_the_stores_close_cancelled_raises_and_does
     thread.join(HOLD_S * 3)  # never reached, passing: the waiter returns at once
     assert not thread.is_alive(), "wait_all waits for ever for a request cancelled by close"
     assert len(outcome) == 1 and isinstance(outcome[0], CancelledError)
+
+
+# -- S3, many small shards ----------------------------------------------------------------------
+def test_s3_pass_resumed_mid_epoch_gives_the_remaining_batches_exactly_once(
+    s3_bucket, s3_transport, tmp_path
+):
+    url, storage = s3_bucket
+    counts = [40, 24, 56, 8, 64, 32]
+    write_dataset(str(tmp_path / "ds"), {"train": counts})
+    write_dataset(url, {"train": counts}, storage)
+    kw = dict(KW, plan=PlanOptions(shuffle_window=48, span=16))
+    reference = _keys(create_loader(str(tmp_path / "ds"), "train", **kw))
+    options = ReadOptions(storage_options=storage, transport=s3_transport, concurrency=3)
+    for k in (1, 4, 9):  # in the first group, at a group's end, further on
+        loader = create_loader(url, "train", read_options=options, **kw)
+        it = iter(loader)
+        head = [list(next(it)["__key__"]) for _ in range(k)]
+        state = loader.state_dict()
+        del it  # requests of the groups ahead in flight
+        resumed = create_loader(url, "train", read_options=options, **kw)
+        resumed.load_state_dict(state)
+        rest = _keys(resumed)
+        assert head + rest == reference
+        keys = [key for b in head + rest for key in b]
+        assert len(keys) == len(set(keys)) == sum(counts)
+
+
+def test_hundreds_of_small_shards_with_a_window_larger_than_the_read_ahead_budget(http_server):
+    counts = [3] * 160 + [5] * 40  # 680 samples, windows over dozens of shards
+    local, url, _ = _dataset(http_server, "small", counts)
+    kw = dict(KW, plan=PlanOptions(shuffle_window=256, span=4))
+    # (more descriptors than shards: a local group of more shards than max_open_files fails)
+    many = ReadOptions(max_open_files=512)
+    reference = _keys(create_loader(local, "train", read_options=many, **kw))
+    # a budget of one byte: one group ahead only, each group far larger than the budget
+    options = ReadOptions(concurrency=4, readahead_bytes=1, max_request_bytes=1 << 12)
+    loader = create_loader(url, "train", read_options=options, **kw)
+    loader.dataset_obj.reader.first_alone_bytes = 0  # the first batch first, then its window
+    got = _keys(loader)
+    assert got == reference
+    keys = [k for b in got for k in b]
+    assert len(keys) == len(set(keys)) == sum(counts)

@@ -12,6 +12,7 @@ import os
 import threading
 from concurrent.futures import CancelledError
 
+import numpy as np
 import pytest
 
 from tests.dataset_factory import write_dataset
@@ -22,6 +23,7 @@ from wdsloader.io import ReadOptions, ShardStore
 from wdsloader.io import retry as retry_module
 from wdsloader.io.request_pool import wait_all
 from wdsloader.stream import read_ahead
+from wdsloader.stream.reader import BatchReader
 
 COUNTS = [64] * 6  # with a window of 64 samples: a group of 4 batches of 16 per shard
 HOLD_S = 20.0  # the longest a held request waits (never, passing)
@@ -329,3 +331,25 @@ def test_hundreds_of_small_shards_with_a_window_larger_than_the_read_ahead_budge
     assert got == reference
     keys = [k for b in got for k in b]
     assert len(keys) == len(set(keys)) == sum(counts)
+
+
+def test_a_read_ahead_that_failed_to_start_does_not_keep_the_store_open(http_server):
+    """The store is closed by the last read-ahead of it to end: one whose start failed counts
+    as ended, or no later pass would close the store's files and threads."""
+    _, url, shards = _dataset(http_server, "failed")
+    reader = BatchReader(ShardStore(url, ReadOptions()), shards, COUNTS, skip_unreadable=False)
+    closed = threading.Event()
+    close = reader.store.close
+    reader.store.close = lambda: (close(), closed.set())  # type: ignore[method-assign]
+
+    def broken():
+        raise ValueError("no groups")
+        yield
+
+    with pytest.raises(ValueError, match="no groups"):
+        read_ahead.ReadAhead(reader, broken(), pipelined=True)
+    ahead = read_ahead.ReadAhead(reader, iter([[np.arange(16)]]), pipelined=True)
+    (raw,) = ahead.next_group()
+    assert len(raw.shard) == 16 and ahead.next_group() is None
+    ahead.close()
+    assert closed.wait(HOLD_S)  # never reached, passing: closed once its last read is over

@@ -100,12 +100,17 @@ class ReadAhead:
         self._lock = threading.Lock()
         self._reads: set[GroupRead] = set()
         self._closed = False
-        if prefetch is not None:  # the first read spans gaps of the next reads' samples only
-            ahead = [g for g in (next(groups, None) for _ in range(SERVES + 1)) if g is not None]
-            later = [b for g in ahead[1:] for b in g]
-            prefetch.window = np.concatenate(later) if later else None
-            self._groups = itertools.chain(ahead, groups)
-        self._top_up()
+        try:
+            if prefetch is not None:  # the first read spans gaps of the next reads' samples only
+                firsts = (next(groups, None) for _ in range(SERVES + 1))
+                ahead = [g for g in firsts if g is not None]
+                later = [b for g in ahead[1:] for b in g]
+                prefetch.window = np.concatenate(later) if later else None
+                self._groups = itertools.chain(ahead, groups)
+            self._top_up()
+        except BaseException:
+            self.close()  # over: the store's last read-ahead to end closes it
+            raise
 
     def _bytes(self, group: Sequence[np.ndarray]) -> float:
         return sum(len(b) for b in group) * self.reader.sample_bytes

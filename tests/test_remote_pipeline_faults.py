@@ -22,7 +22,7 @@ from wdsloader.errors import ShardReadError
 from wdsloader.io import ReadOptions, ShardStore
 from wdsloader.io import retry as retry_module
 from wdsloader.io.request_pool import wait_all
-from wdsloader.stream import read_ahead
+from wdsloader.stream import collected, read_ahead
 from wdsloader.stream.reader import BatchReader
 
 COUNTS = [64] * 6  # with a window of 64 samples: a group of 4 batches of 16 per shard
@@ -47,7 +47,12 @@ def _shard(key: str) -> int:
 
 
 def _ours() -> set[threading.Thread]:
-    return {t for t in threading.enumerate() if t.name.startswith("wdsloader-")}
+    """The wdsloader threads alive, but the process's one closer of collected stores."""
+    return {
+        t
+        for t in threading.enumerate()
+        if t.name.startswith("wdsloader-") and t.name != collected.THREAD_NAME
+    }
 
 
 def _settle(before: set[threading.Thread]) -> set[threading.Thread]:
@@ -161,7 +166,7 @@ def test_iterations_abandoned_mid_epoch_leave_no_thread_or_descriptor_and_resume
     remote = create_loader(url, "train", read_options=ReadOptions(concurrency=2), **KW)
     before = _ours()
     fds = None
-    for k in [1, 3, 5, 2, 7, 1]:  # batches taken before the break: groups in flight
+    for k in [1, 3, 5, 2, 7, 1, 4, 6]:  # batches taken before the break: groups in flight
         got = []
         for loader in (reference, remote):
             it = iter(loader)
@@ -172,7 +177,9 @@ def test_iterations_abandoned_mid_epoch_leave_no_thread_or_descriptor_and_resume
         assert _settle(before) == set()  # the store closed: its pool's threads are gone
         count = len(os.listdir("/proc/self/fd"))
         fds = count if fds is None else fds
-        assert count <= fds  # the first round opened the connections; none leaks after
+        # the pool's 2 kept-alive connections may open and close in any round (a client and a
+        # server socket each, both in this process); a descriptor leaked per round exceeds it
+        assert count <= fds + 4
         resumed = create_loader(url, "train", read_options=ReadOptions(concurrency=2), **KW)
         resumed.load_state_dict(state)
         rest = _keys(resumed)

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Sequence
-from concurrent.futures import FIRST_EXCEPTION, Future, ThreadPoolExecutor, wait
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, TypeVar
 
 from wdsloader.io.tuning import Tuning
@@ -26,11 +26,31 @@ _R = TypeVar("_R")
 
 def wait_all(futures: Sequence[Future[_R]]) -> list[_R]:
     """The results of ``futures`` in order; at the first error, those not started are
-    cancelled and the error is raised once none of them runs."""
-    _, pending = wait(futures, return_when=FIRST_EXCEPTION)
-    for f in pending:
-        f.cancel()
-    wait(pending)
+    cancelled and the error is raised once none of them runs. A future cancelled where no
+    thread will run it (the store closed: its pool's queue cancelled) counts as over: its
+    ``CancelledError`` is raised, where ``concurrent.futures.wait`` would wait for ever."""
+    over = threading.Condition()
+    left, failed = [len(futures)], [False]
+
+    def one_over(f: Future[_R]) -> None:  # also called by cancel(), on the cancelling thread
+        with over:
+            left[0] -= 1
+            failed[0] = failed[0] or (not f.cancelled() and f.exception() is not None)
+            over.notify_all()
+
+    for f in futures:
+        f.add_done_callback(one_over)
+    with over:
+        over.wait_for(lambda: left[0] == 0 or failed[0])
+    if left[0]:
+        for f in futures:
+            f.cancel()
+        with over:
+            over.wait_for(lambda: left[0] == 0)
+    errors = [f.exception() for f in futures if not f.cancelled()]
+    error = next((e for e in errors if e is not None), None)
+    if error is not None:  # the first error, before a request cancelled because of it
+        raise error
     return [f.result() for f in futures]
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import itertools
 import sys
 import threading
+import weakref
 from collections import deque
 from collections.abc import Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor, wait
@@ -99,12 +100,17 @@ class ReadAhead:
         self._lock = threading.Lock()
         self._reads: set[GroupRead] = set()
         self._closed = False
-        if prefetch is not None:  # the first read spans gaps of the next reads' samples only
-            ahead = [g for g in (next(groups, None) for _ in range(SERVES + 1)) if g is not None]
-            later = [b for g in ahead[1:] for b in g]
-            prefetch.window = np.concatenate(later) if later else None
-            self._groups = itertools.chain(ahead, groups)
-        self._top_up()
+        try:
+            if prefetch is not None:  # the first read spans gaps of the next reads' samples only
+                firsts = (next(groups, None) for _ in range(SERVES + 1))
+                ahead = [g for g in firsts if g is not None]
+                later = [b for g in ahead[1:] for b in g]
+                prefetch.window = np.concatenate(later) if later else None
+                self._groups = itertools.chain(ahead, groups)
+            self._top_up()
+        except BaseException:
+            self.close()  # over: the store's last read-ahead to end closes it
+            raise
 
     def _bytes(self, group: Sequence[np.ndarray]) -> float:
         return sum(len(b) for b in group) * self.reader.sample_bytes
@@ -219,13 +225,34 @@ def _close_after(starts: list[Future[GroupRead]], closer: _StoreCloser) -> None:
 
 
 class _StoreCloser:
-    """Close a store's files when the last read of an iteration is over (a Future callback);
-    nothing at interpreter exit, when the process's files go anyway."""
+    """Close a store's files when the last read of an iteration is over (a Future callback),
+    unless another read-ahead of the store is open then (a pass started while an abandoned
+    one still waited for its read: its requests are queued on the store's pool, and close
+    would cancel them); the last one to end closes it. Nothing at interpreter exit, when the
+    process's files go anyway."""
 
     def __init__(self, store: Store) -> None:
         self.store = store
         self.finalizing = sys.is_finalizing
+        self._open, self._lock = _OPEN, _OPEN_LOCK  # bound now: it may run at interpreter exit
+        self._over = False
+        with self._lock:
+            self._open[store] = self._open.get(store, 0) + 1
 
     def __call__(self, _future: Future[Any] | None = None) -> None:
-        if not self.finalizing():
+        if self.finalizing():
+            return
+        with self._lock:
+            if self._over:
+                return
+            self._over = True
+            left = self._open.pop(self.store, 1) - 1
+            if left:
+                self._open[self.store] = left
+        if not left:
             self.store.close()
+
+
+# the read-ahead instances of each store not over yet (their closer not run)
+_OPEN: weakref.WeakKeyDictionary[Store, int] = weakref.WeakKeyDictionary()
+_OPEN_LOCK = threading.Lock()

@@ -95,6 +95,24 @@ def test_local_index_matches_the_idx_file_and_the_tar(local_ds):
         assert store.index(shard) is off  # cached
 
 
+def test_a_joined_read_over_more_shards_than_open_files_reads_each_file(local_ds):
+    """A joined read whose requests span more shards than ``max_open_files``: the descriptors
+    it collected stay open until it has read (closing the least recently used one of them
+    failed the read with EBADF, or read another file that got the descriptor's number)."""
+    root, m = local_ds
+    shards = m.splits["train"].shards
+    assert len(shards) >= 3
+    store = ShardStore(root, ReadOptions(max_open_files=1))
+    reqs = sample_ranges(store, shards)
+    reqs = [reqs[i] for i in np.random.default_rng(1).permutation(len(reqs))]
+    buf, positions = store.read_joined(reqs)
+    got = [bytes(buf[p : p + b - a]) for p, (_, a, b) in zip(positions, reqs, strict=True)]
+    assert got == expected(Path(root), reqs)
+    other = store.read_ranges(reqs[:1])  # the limit holds again after the read
+    assert other == expected(Path(root), reqs[:1]) and len(store._files._fds) <= 1
+    store.close()
+
+
 def test_local_read_ranges_exact_bytes(local_ds):
     root, m = local_ds
     shards = m.splits["train"].shards

@@ -95,13 +95,18 @@ class FileStore(ShardStore):
             jobs: list[Job] = []
             last, fd = None, -1
             self._count("requests", len(reqs))  # once: a lock per sample cost ~10% of a read
-            for i, ((shard, start, stop), pos) in enumerate(zip(reqs, positions, strict=True)):
-                if shard is not last:  # requests of a shard come one after the other
-                    last, fd = shard, self._fd(shard, paths[shard.path], pinned)
-                into = sink[pos : pos + stop - start]
-                pieces = [into] if cuts is None or not cuts[i] else split_range(into, cuts[i])
-                jobs.append((fd, pieces, start, shard.path))
-            self._preadv_jobs(jobs, len(sink))
+            self._files.pinned = pinned  # the descriptors collected stay open until read
+            try:
+                for i, ((shard, start, stop), pos) in enumerate(zip(reqs, positions, strict=True)):
+                    if shard is not last:  # requests of a shard come one after the other
+                        last, fd = shard, self._fd(shard, paths[shard.path], pinned)
+                    into = sink[pos : pos + stop - start]
+                    pieces = [into] if cuts is None or not cuts[i] else split_range(into, cuts[i])
+                    jobs.append((fd, pieces, start, shard.path))
+                self._preadv_jobs(jobs, len(sink))
+            finally:
+                self._files.pinned = ()
+                self._files.trim()
             return []
         return [
             self._pread(self._fd(shard, paths[shard.path], pinned), start, stop, self.url(shard))

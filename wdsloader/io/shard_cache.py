@@ -30,7 +30,7 @@ import posixpath
 import re
 import uuid
 from collections import OrderedDict
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Collection, Iterator
 
 from wdsloader.format import ShardInfo
 from wdsloader.io.cache_ledger import (
@@ -51,11 +51,13 @@ _HASH_CHUNK = 8 << 20
 
 class OpenFiles:
     """Read-only descriptors of local files by path; beyond ``limit`` the least recently used
-    are closed."""
+    are closed, except those of ``pinned`` (the files of a read whose descriptors are being
+    collected: they stay open until it is over, above the limit if need be)."""
 
     def __init__(self, limit: int) -> None:
         self.limit = limit
         self._fds: OrderedDict[str, int] = OrderedDict()
+        self.pinned: Collection[str] = ()
 
     def get(self, path: str) -> int | None:
         """The descriptor held for ``path`` (now the most recently used), or None."""
@@ -71,8 +73,16 @@ class OpenFiles:
         """Hold ``fd`` for ``path``, closing any descriptor held for it before."""
         self.forget(path)
         self._fds[path] = fd
-        while len(self._fds) > self.limit:
-            close_quietly(self._fds.popitem(last=False)[1])
+        self.trim(keep=path)
+
+    def trim(self, keep: str | None = None) -> None:
+        """Close the least recently used descriptors beyond ``limit``, but those of
+        :attr:`pinned` and ``keep``."""
+        excess = len(self._fds) - self.limit
+        if excess > 0:
+            free = [p for p in self._fds if p not in self.pinned and p != keep][:excess]
+            for old in free:
+                close_quietly(self._fds.pop(old))
 
     def forget(self, path: str) -> None:
         """Close the descriptor held for ``path``, if any."""

@@ -18,7 +18,7 @@ from wdsloader.io.file_store import LocalStore
 from wdsloader.io.store import STORES
 from wdsloader.stream import LoggingReporter, TensorBoardReporter
 
-SLEEP = 0.01
+SLEEP = 0.05  # a collate this slow stands out of decode and fetch times on a loaded machine
 STAGE_SLEEP = 0.002  # per sample decoded (slow decode), per storage request (slow fetch)
 
 

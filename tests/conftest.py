@@ -38,6 +38,20 @@ def new_bucket(endpoint: str, prefix: str = "test") -> tuple[str, dict]:
     return f"s3://{bucket}", options
 
 
+def classify_by_client(monkeypatch) -> None:
+    """Make the latency proxy (bench/remote/proxy.py) count each request as its kind plus
+    ``obstore`` (obstore's User-Agent) or ``other``, for tests that check which client asked."""
+    from bench.remote import proxy as proxy_module
+
+    plain = proxy_module.classify
+
+    def by_client(head: bytes) -> str:
+        client = "obstore" if b"\nuser-agent: object_store/" in head.lower() else "other"
+        return f"{plain(head)} {client}"
+
+    monkeypatch.setattr(proxy_module, "classify", by_client)
+
+
 @pytest.fixture()
 def build_workers(monkeypatch):
     """A build that asks for worker processes starts them however small it is (the rule that

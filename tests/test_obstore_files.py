@@ -14,7 +14,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from tests.conftest import new_bucket
+from tests.conftest import classify_by_client, new_bucket
 from tests.dataset_factory import write_dataset
 from wdsloader import create_loader
 from wdsloader.errors import ShardReadError
@@ -223,13 +223,7 @@ def test_every_worker_reads_through_obstore_and_every_sample_once(s3_server, mon
 
     from bench.remote import proxy as proxy_module
 
-    plain = proxy_module.classify
-
-    def by_client(head: bytes) -> str:
-        client = "obstore" if b"\nuser-agent: object_store/" in head.lower() else "other"
-        return f"{plain(head)} {client}"
-
-    monkeypatch.setattr(proxy_module, "classify", by_client)
+    classify_by_client(monkeypatch)
     url, options = new_bucket(s3_server, "obstore")
     root = f"{url}/ds"
     manifest = write_dataset(root, {"train": COUNTS}, storage_options=options)

@@ -149,15 +149,9 @@ def test_at_num_workers_0_everything_is_read_through_obstore_without_importing_s
     import sys
 
     from bench.remote import proxy as proxy_module
-    from tests.conftest import new_bucket
+    from tests.conftest import classify_by_client, new_bucket
 
-    plain = proxy_module.classify
-
-    def by_client(head: bytes) -> str:
-        client = "obstore" if b"\nuser-agent: object_store/" in head.lower() else "other"
-        return f"{plain(head)} {client}"
-
-    monkeypatch.setattr(proxy_module, "classify", by_client)
+    classify_by_client(monkeypatch)
     url, options = new_bucket(s3_server, "nw0")
     root = f"{url}/ds"
     write_dataset(root, {"train": COUNTS}, storage_options=options)

@@ -460,7 +460,7 @@ def test_large_batch_arrays_are_advised_huge_pages_where_the_system_has_them(mon
     address = block.ctypes.data
     del block
     assert pool.lease(8 * 2**20).ctypes.data == address  # the ring: the same block again
-    monkeypatch.setattr(buffers, "HUGE_PAGES", False)
+    monkeypatch.setattr(buffers, "huge_pages", lambda: False)
     plain = BufferPool(populate=True).lease(8 * 2**20)
     assert "hg" not in _vm_flags(plain.ctypes.data)
     assert isinstance(_backing(plain), mmap.mmap)  # MAP_POPULATE

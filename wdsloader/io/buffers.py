@@ -3,6 +3,7 @@ them any more."""
 
 from __future__ import annotations
 
+import functools
 import mmap
 import weakref
 from collections import deque
@@ -105,7 +106,7 @@ def _new_block(nbytes: int, small_pages: bool, populate: bool = False) -> np.nda
         mapped = _anonymous(nbytes)
         if hasattr(mmap, "MADV_NOHUGEPAGE"):
             mapped.madvise(mmap.MADV_NOHUGEPAGE)
-    elif HUGE_PAGES:
+    elif huge_pages():
         return _huge_block(nbytes)
     elif hasattr(mmap, "MAP_POPULATE"):
         mapped = mmap.mmap(-1, nbytes, flags=_PRIVATE | mmap.MAP_POPULATE)
@@ -132,9 +133,11 @@ def _huge_block(nbytes: int) -> np.ndarray:
     return whole[start : start + nbytes]
 
 
-def _thp_usable() -> bool:
+@functools.cache
+def huge_pages() -> bool:
     """Whether this system backs memory advised ``MADV_HUGEPAGE`` with transparent huge pages
-    (Linux with THP ``always`` or ``madvise``, not ``never``)."""
+    (Linux with THP ``always`` or ``madvise``, not ``never``): large batch arrays then live in
+    huge pages (:func:`_huge_block`). Read once, when the first large batch array is made."""
     if not hasattr(mmap, "MADV_HUGEPAGE"):
         return False
     try:
@@ -144,7 +147,6 @@ def _thp_usable() -> bool:
         return False
 
 
-HUGE_PAGES = _thp_usable()  # large batch arrays in huge pages (:func:`_huge_block`)
 _HUGE_PAGE = 2 * 2**20
 _PRIVATE = getattr(mmap, "MAP_PRIVATE", 0) | getattr(mmap, "MAP_ANONYMOUS", 0)  # POSIX
 

@@ -129,6 +129,23 @@ def _cls_width(data, at):
     data[at + BLOCK + 2] = 0
 
 
+def _size_digit(data, at):
+    data[at + 124] = ord("8")  # not an octal digit: only the full parser reads it (or not)
+
+
+def _npy_padding(data, at):
+    # a space of the .npy header's padding (before its newline) made another byte
+    end = data.index(b"\n", at + BLOCK)
+    data[end - 1] = ord("x")
+    return False  # the member header is untouched
+
+
+def _npy_data(data, at):
+    # the first byte of the array data, in the block that starts with the .npy header
+    data[at + BLOCK + 128] ^= 0x40
+    return False
+
+
 CASES = {
     "mtime": ("emb.npy", _mtime),
     "size": ("neg.npy", _size),
@@ -137,6 +154,9 @@ CASES = {
     "npy": ("emb.npy", _npy),
     "cls_width": ("label.cls", _cls_width),  # read by the template: see below
     "json_checksum": ("meta.json", _checksum),
+    "cls_size_digit": ("label.cls", _size_digit),
+    "npy_padding": ("neg.npy", _npy_padding),
+    "npy_data": ("emb.npy", _npy_data),  # array data: read by the template, as it is
 }
 
 
@@ -151,6 +171,8 @@ def test_a_hostile_sample_after_the_template_gives_the_full_checks_outcome(
     assert any(counted)
     if case == "cls_width":
         assert all(counted) and fast[150 // BATCH]["label"][150 % BATCH] == 15
+    elif case == "npy_data":
+        assert all(counted) and fast[HOSTILE // BATCH]["emb"][HOSTILE % BATCH][0] != HOSTILE
     else:
         assert not all(counted)  # the hostile batch went to the full checks
     assert fast == _without_templates(root, monkeypatch)

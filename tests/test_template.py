@@ -155,6 +155,7 @@ CASES = {
     "cls_width": ("label.cls", _cls_width),  # read by the template: see below
     "json_checksum": ("meta.json", _checksum),
     "cls_size_digit": ("label.cls", _size_digit),
+    "json_name": ("meta.json", _name),  # a later member named with another key
     "npy_padding": ("neg.npy", _npy_padding),
     "npy_data": ("emb.npy", _npy_data),  # array data: read by the template, as it is
 }

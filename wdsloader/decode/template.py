@@ -39,6 +39,8 @@ from wdsloader.format.ustar import (
 )
 
 _DOT, _SLASH, _UNDERSCORE = ord("."), ord("/"), ord("_")
+_NOT_IN_KEY = np.zeros(256, dtype=bool)
+_NOT_IN_KEY[[_DOT, _SLASH, 0]] = True
 
 
 @dataclass(frozen=True, slots=True)
@@ -140,12 +142,13 @@ class SampleTemplate:
         k, key_len = len(self.rel), self.key_len
         headers = got[:, :k]
         keys = headers[:, 0, :key_len].copy()
-        if (headers[:, 1:, :key_len] != keys[:, None]).any() or not _plain_keys(keys):
+        if not _plain_keys(keys):
             return None
         fields = headers[:, :, CHECKSUM].copy()
         varying = headers[:, self.varying, SIZE].copy()
-        # the bytes that may differ blanked, the rest compared with the template's at once
-        headers[:, :, :key_len] = 0
+        # the bytes that may differ blanked (each name's key XORed with its sample's key: zero
+        # where they are equal), the rest compared with the template's at once
+        headers[:, :, :key_len] ^= keys[:, None]
         headers[:, :, CHECKSUM] = 0
         for i in self.varying.tolist():
             headers[:, i, SIZE] = 0
@@ -206,7 +209,7 @@ def _checksums_are(fields: np.ndarray, sums: np.ndarray) -> bool:
 def _plain_keys(keys: np.ndarray) -> bool:
     """Whether each key (``(n, key_len)`` bytes) reads as the row parser reads it: no dot,
     slash or NUL inside, not led by ``__`` (a metadata name is the parser's to skip)."""
-    if ((keys == _DOT) | (keys == _SLASH) | (keys == 0)).any():
+    if _NOT_IN_KEY[keys].any():
         return False
     return not (
         keys.shape[1] >= 2 and ((keys[:, 0] == _UNDERSCORE) & (keys[:, 1] == _UNDERSCORE)).any()

@@ -38,9 +38,9 @@ def _built(tmp_path):
     return root
 
 
-def _epoch(root, **kwargs):
+def _epoch(root, batch_size=BATCH, **kwargs):
     """Every batch (as plain values), or the error that ended the epoch."""
-    loader = create_loader(root, "train", BATCH, shuffle=False, **kwargs)
+    loader = create_loader(root, "train", batch_size, shuffle=False, **kwargs)
     out = []
     try:
         for b in loader:
@@ -181,3 +181,29 @@ def test_a_hostile_sample_after_the_template_gives_the_full_checks_outcome(
         assert re.search(r"train-\d+-\d+\.tar", fast[-1]), fast[-1]
     else:
         assert fast == _epoch(root, gather=False)
+
+
+def _mode_same_sum(data, at):
+    # the mode field's "0000644" made "0000653": another header, the same byte sum, so its
+    # checksum still holds (only the comparison with the template's bytes sees it)
+    assert data[at + 104 : at + 107] == b"644"
+    data[at + 105] += 1
+    data[at + 106] -= 1
+    return False
+
+
+@pytest.mark.parametrize("patch", [_mode_same_sum, _npy_padding])
+@pytest.mark.parametrize("sample", [100, 130, 143])  # in the batch's first chunk, its tail, last
+def test_a_hostile_sample_anywhere_in_a_batch_longer_than_a_chunk_is_caught(
+    tmp_path, monkeypatch, counted, sample, patch
+):
+    """Batches of 48 samples: one chunk of :data:`template.CHUNK` compared, then the rest."""
+    assert template.CHUNK < 48 < 2 * template.CHUNK
+    root = _built(tmp_path)
+    _patch_member(root, sample, "neg.npy", patch)
+    fast = _epoch(root, batch_size=48)
+    assert counted.count(False) == 1  # the hostile batch (96-143) alone took the full checks
+    with monkeypatch.context() as m:
+        m.setattr(template.Templates, "read", lambda self, raw: None)
+        assert fast == _epoch(root, batch_size=48)
+    assert fast == _epoch(root, batch_size=48, gather=False)

@@ -41,6 +41,9 @@ from wdsloader.format.ustar import (
 _DOT, _SLASH, _UNDERSCORE = ord("."), ord("/"), ord("_")
 _NOT_IN_KEY = np.zeros(256, dtype=bool)
 _NOT_IN_KEY[[_DOT, _SLASH, 0]] = True
+CHUNK = 32
+"""Samples whose blocks one ``memcmp`` compares with the template's (the template keeps its
+blocks repeated this many times)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,7 +75,6 @@ class SampleTemplate:
     member; ``walked`` maps its extension to ``i``); ``fields``: the gathered fields."""
 
     __slots__ = (
-        "_tiled",
         "base_sum",
         "blocks",
         "const",
@@ -82,6 +84,7 @@ class SampleTemplate:
         "npy_lens",
         "rel",
         "sizes",
+        "tiled",
         "varying",
         "walked",
     )
@@ -120,7 +123,7 @@ class SampleTemplate:
         # each header's checksum less its key and variable size bytes (the checksum field
         # counted as spaces): the rest of its bytes are the template's
         self.base_sum = const[: len(rel)].sum(axis=1, dtype=np.int64) + 8 * ord(" ")
-        self._tiled: tuple[int, bytes] | None = None
+        self.tiled = np.tile(const, (CHUNK, 1)).tobytes()
 
     def read(self, buf: np.ndarray, start: np.ndarray, stop: np.ndarray) -> Read | None:
         """The batch of samples ``buf[start[j]:stop[j]]`` read by the template, or None when a
@@ -154,7 +157,7 @@ class SampleTemplate:
             headers[:, i, SIZE] = 0
         for i, length in enumerate(self.npy_lens):
             got[:, k + i, length:] = 0
-        if scratch != self._expected(n):
+        if not self._matches(scratch):
             return None
         sums = self.base_sum + keys.sum(axis=1, dtype=np.int64)[:, None]
         sizes = np.broadcast_to(self.sizes, (n, k))
@@ -177,12 +180,16 @@ class SampleTemplate:
         }
         return Read(_keys(keys), gathered, found_at)
 
-    def _expected(self, n: int) -> bytes:
-        """The template's blocks (what :meth:`read` may let differ blanked) for ``n``
-        samples, as one byte string (kept for the last ``n`` asked)."""
-        if self._tiled is None or self._tiled[0] != n:
-            self._tiled = (n, np.tile(self.const, (n, 1)).tobytes())
-        return self._tiled[1]
+    def _matches(self, got: bytearray) -> bool:
+        """Whether ``got`` (blocks of samples, blanked as :meth:`read` does) holds the
+        template's blocks for every sample: ``memcmp`` of :data:`CHUNK` samples at a time."""
+        tiled = self.tiled
+        at, size = 0, len(got)
+        while at + len(tiled) <= size:
+            if not got.startswith(tiled, at):
+                return False
+            at += len(tiled)
+        return at == size or got.startswith(memoryview(tiled)[: size - at], at)
 
 
 def _keys(keys: np.ndarray) -> list[str]:

@@ -38,9 +38,9 @@ def _built(tmp_path):
     return root
 
 
-def _epoch(root, **kwargs):
+def _epoch(root, batch_size=BATCH, **kwargs):
     """Every batch (as plain values), or the error that ended the epoch."""
-    loader = create_loader(root, "train", BATCH, shuffle=False, **kwargs)
+    loader = create_loader(root, "train", batch_size, shuffle=False, **kwargs)
     out = []
     try:
         for b in loader:
@@ -129,6 +129,23 @@ def _cls_width(data, at):
     data[at + BLOCK + 2] = 0
 
 
+def _size_digit(data, at):
+    data[at + 124] = ord("8")  # not an octal digit: only the full parser reads it (or not)
+
+
+def _npy_padding(data, at):
+    # a space of the .npy header's padding (before its newline) made another byte
+    end = data.index(b"\n", at + BLOCK)
+    data[end - 1] = ord("x")
+    return False  # the member header is untouched
+
+
+def _npy_data(data, at):
+    # the first byte of the array data, in the block that starts with the .npy header
+    data[at + BLOCK + 128] ^= 0x40
+    return False
+
+
 CASES = {
     "mtime": ("emb.npy", _mtime),
     "size": ("neg.npy", _size),
@@ -137,6 +154,10 @@ CASES = {
     "npy": ("emb.npy", _npy),
     "cls_width": ("label.cls", _cls_width),  # read by the template: see below
     "json_checksum": ("meta.json", _checksum),
+    "cls_size_digit": ("label.cls", _size_digit),
+    "json_name": ("meta.json", _name),  # a later member named with another key
+    "npy_padding": ("neg.npy", _npy_padding),
+    "npy_data": ("emb.npy", _npy_data),  # array data: read by the template, as it is
 }
 
 
@@ -151,6 +172,8 @@ def test_a_hostile_sample_after_the_template_gives_the_full_checks_outcome(
     assert any(counted)
     if case == "cls_width":
         assert all(counted) and fast[150 // BATCH]["label"][150 % BATCH] == 15
+    elif case == "npy_data":
+        assert all(counted) and fast[HOSTILE // BATCH]["emb"][HOSTILE % BATCH][0] != HOSTILE
     else:
         assert not all(counted)  # the hostile batch went to the full checks
     assert fast == _without_templates(root, monkeypatch)
@@ -158,3 +181,29 @@ def test_a_hostile_sample_after_the_template_gives_the_full_checks_outcome(
         assert re.search(r"train-\d+-\d+\.tar", fast[-1]), fast[-1]
     else:
         assert fast == _epoch(root, gather=False)
+
+
+def _mode_same_sum(data, at):
+    # the mode field's "0000644" made "0000653": another header, the same byte sum, so its
+    # checksum still holds (only the comparison with the template's bytes sees it)
+    assert data[at + 104 : at + 107] == b"644"
+    data[at + 105] += 1
+    data[at + 106] -= 1
+    return False
+
+
+@pytest.mark.parametrize("patch", [_mode_same_sum, _npy_padding])
+@pytest.mark.parametrize("sample", [100, 130, 143])  # in the batch's first chunk, its tail, last
+def test_a_hostile_sample_anywhere_in_a_batch_longer_than_a_chunk_is_caught(
+    tmp_path, monkeypatch, counted, sample, patch
+):
+    """Batches of 48 samples: one chunk of :data:`template.CHUNK` compared, then the rest."""
+    assert template.CHUNK < 48 < 2 * template.CHUNK
+    root = _built(tmp_path)
+    _patch_member(root, sample, "neg.npy", patch)
+    fast = _epoch(root, batch_size=48)
+    assert counted.count(False) == 1  # the hostile batch (96-143) alone took the full checks
+    with monkeypatch.context() as m:
+        m.setattr(template.Templates, "read", lambda self, raw: None)
+        assert fast == _epoch(root, batch_size=48)
+    assert fast == _epoch(root, batch_size=48, gather=False)

@@ -5,8 +5,11 @@ Samples of one shard layout written by one writer differ in few header bytes: th
 member's name, the size of each variable member, the checksums. A :class:`SampleTemplate` holds
 the headers of one sample that the columnar decoder's full checks accepted (the member headers
 of its gathered fields and those its walk found, together the whole sample); :meth:`~SampleTemplate.read`
-then takes a batch in one gather of its headers and a few numpy passes: each header equal to
-the template's outside the key, a variable member's size and the checksum; one key per sample
+then takes a batch in one gather of its headers (and of the blocks that hold the gathered
+fields' ``.npy`` headers) and a few numpy passes: the bytes that may differ (keys, variable
+sizes, checksums, array data) read out and blanked, and all the rest compared with the
+template's in one ``memcmp``, so each header is equal to the template's outside the key, a
+variable member's size and the checksum; one key per sample
 in all its names; sound checksums; each member ending where the next header starts and the last
 where the sample ends; the ``.npy`` headers of the gathered fields equal to the template's. It
 accepts only what the full checks accept, and the values it gives (each field's bytes copied
@@ -23,18 +26,24 @@ from typing import Any
 import numpy as np
 
 from wdsloader.decode.batch import RawBatch
-from wdsloader.decode.gather import FieldTable, key_strings
+from wdsloader.decode.gather import FieldTable
 from wdsloader.format.ustar import (
     BLOCK,
     CHECKSUM,
     SIZE,
     checksums_ok,
     header_sizes,
+    octal_sizes,
     padded,
     plain_regular,
 )
 
 _DOT, _SLASH, _UNDERSCORE = ord("."), ord("/"), ord("_")
+_NOT_IN_KEY = np.zeros(256, dtype=bool)
+_NOT_IN_KEY[[_DOT, _SLASH, 0]] = True
+CHUNK = 32
+"""Samples whose blocks one ``memcmp`` compares with the template's (the template keeps its
+blocks repeated this many times)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,13 +80,12 @@ class SampleTemplate:
         "const",
         "fields",
         "key_len",
-        "mask",
-        "npy_blocks",
-        "npy_const",
-        "npy_mask",
+        "last_block",
+        "npy_lens",
         "rel",
         "sizes",
-        "variable",
+        "tiled",
+        "varying",
         "walked",
     )
 
@@ -91,33 +99,31 @@ class SampleTemplate:
         fields: Sequence[_Field],
     ) -> None:
         self.rel = rel
-        self.blocks = rel >> 9
         self.key_len = key_len
-        self.variable = variable
+        self.varying = np.flatnonzero(variable)
         self.walked = dict(walked)
         self.fields = tuple(fields)
         sizes = header_sizes(headers)
         assert sizes is not None
         self.sizes = sizes
-        mask = np.full(headers.shape, 0xFF, dtype=np.uint8)
-        mask[:, :key_len] = 0
-        mask[:, CHECKSUM] = 0
-        mask[variable, SIZE] = 0
-        self.mask = mask.view(np.uint64)
-        self.const = (headers & mask).view(np.uint64)
+        # the blocks compared: the member headers, then those that start with a gathered
+        # field's .npy header (only the header's bytes compared)
+        npy = [f for f in self.fields if len(f.npy)]
+        self.blocks = np.concatenate([rel >> 9, [f.at >> 9 for f in npy]]).astype(np.int64)
+        self.last_block = int(self.blocks.max())
+        self.npy_lens = tuple(len(f.npy) for f in npy)
+        const = np.zeros((len(self.blocks), BLOCK), dtype=np.uint8)
+        const[: len(rel)] = headers
+        const[: len(rel), :key_len] = 0
+        const[: len(rel), CHECKSUM] = 0
+        const[self.varying, SIZE] = 0
+        for i, f in enumerate(npy):
+            const[len(rel) + i, : len(f.npy)] = f.npy
+        self.const = const
         # each header's checksum less its key and variable size bytes (the checksum field
         # counted as spaces): the rest of its bytes are the template's
-        self.base_sum = (headers & mask).sum(axis=1, dtype=np.int64) + 8 * ord(" ")
-        # the blocks that start with a gathered field's .npy header, compared as the headers
-        npy = [f for f in self.fields if len(f.npy)]
-        self.npy_blocks = np.array([f.at >> 9 for f in npy], dtype=np.int64)
-        rows = np.zeros((len(npy), BLOCK), dtype=np.uint8)
-        keep = np.zeros((len(npy), BLOCK), dtype=np.uint8)
-        for i, f in enumerate(npy):
-            rows[i, : len(f.npy)] = f.npy
-            keep[i, : len(f.npy)] = 0xFF
-        self.npy_const = rows.view(np.uint64)
-        self.npy_mask = keep.view(np.uint64)
+        self.base_sum = const[: len(rel)].sum(axis=1, dtype=np.int64) + 8 * ord(" ")
+        self.tiled = np.tile(const, (CHUNK, 1)).tobytes()
 
     def read(self, buf: np.ndarray, start: np.ndarray, stop: np.ndarray) -> Read | None:
         """The batch of samples ``buf[start[j]:stop[j]]`` read by the template, or None when a
@@ -128,31 +134,41 @@ class SampleTemplate:
         if int(stop.max()) > len(buf) or not buf.flags.c_contiguous:
             return None
         blocks = buf[: len(buf) // BLOCK * BLOCK].reshape(-1, BLOCK)
-        index = (start >> 9)[:, None] + self.blocks
-        if int(index.max()) >= len(blocks):
+        if (int(start.max()) >> 9) + int(self.last_block) >= len(blocks):
             return None
-        headers = blocks[index]  # (n, k, 512): one gather of every header
-        words = headers.view(np.uint64)
-        if ((words ^ self.const) & self.mask).any():
+        # one gather of every header and .npy header block, (n, k + npy, 512), into bytes
+        # that compare with the template's in one memcmp
+        scratch = bytearray(n * len(self.blocks) * BLOCK)
+        got = np.frombuffer(scratch, dtype=np.uint8).reshape(n, len(self.blocks), BLOCK)
+        index = ((start >> 9)[:, None] + self.blocks).ravel()
+        np.take(blocks, index, axis=0, out=got.reshape(-1, BLOCK))
+        k, key_len = len(self.rel), self.key_len
+        headers = got[:, :k]
+        keys = headers[:, 0, :key_len].copy()
+        if not _plain_keys(keys):
             return None
-        if len(self.npy_blocks):
-            npy = blocks[(start >> 9)[:, None] + self.npy_blocks].view(np.uint64)
-            if ((npy ^ self.npy_const) & self.npy_mask).any():
-                return None
-        keys = headers[:, 0, : self.key_len]
-        if (headers[:, 1:, : self.key_len] != keys[:, None]).any() or not _plain_keys(keys):
+        fields = headers[:, :, CHECKSUM].copy()
+        varying = headers[:, self.varying, SIZE].copy()
+        # the bytes that may differ blanked (each name's key XORed with its sample's key: zero
+        # where they are equal), the rest compared with the template's at once
+        headers[:, :, :key_len] ^= keys[:, None]
+        headers[:, :, CHECKSUM] = 0
+        for i in self.varying.tolist():
+            headers[:, i, SIZE] = 0
+        for i, length in enumerate(self.npy_lens):
+            got[:, k + i, length:] = 0
+        if not self._matches(scratch):
             return None
         sums = self.base_sum + keys.sum(axis=1, dtype=np.int64)[:, None]
-        sizes = np.broadcast_to(self.sizes, headers.shape[:2])
-        if self.variable.any():
-            varying = headers[:, self.variable]
-            found = header_sizes(varying.reshape(-1, BLOCK))
+        sizes = np.broadcast_to(self.sizes, (n, k))
+        if len(self.varying):
+            found = octal_sizes(varying.reshape(-1, SIZE.stop - SIZE.start))
             if found is None:
                 return None
             sizes = sizes.copy()
-            sizes[:, self.variable] = found.reshape(n, -1)
-            sums[:, self.variable] += varying[:, :, SIZE].sum(axis=2, dtype=np.int64)
-        if not _checksums_are(headers[:, :, CHECKSUM], sums):
+            sizes[:, self.varying] = found.reshape(n, -1)
+            sums[:, self.varying] += varying.sum(axis=2, dtype=np.int64)
+        if not _checksums_are(fields, sums):
             return None
         ends = self.rel + BLOCK + (sizes + (BLOCK - 1)) // BLOCK * BLOCK
         if not (ends[:, :-1] == self.rel[1:]).all() or not (ends[:, -1] == stop - start).all():
@@ -162,8 +178,28 @@ class SampleTemplate:
             ext: (start + int(self.rel[i] + BLOCK), np.ascontiguousarray(sizes[:, i]))
             for ext, i in self.walked.items()
         }
-        names = key_strings(headers[:, 0], np.full(n, self.key_len))
-        return Read(names, gathered, found_at)
+        return Read(_keys(keys), gathered, found_at)
+
+    def _matches(self, got: bytearray) -> bool:
+        """Whether ``got`` (blocks of samples, blanked as :meth:`read` does) holds the
+        template's blocks for every sample: ``memcmp`` of :data:`CHUNK` samples at a time."""
+        tiled = self.tiled
+        at, size = 0, len(got)
+        while at + len(tiled) <= size:
+            if not got.startswith(tiled, at):
+                return False
+            at += len(tiled)
+        return at == size or got.startswith(memoryview(tiled)[: size - at], at)
+
+
+def _keys(keys: np.ndarray) -> list[str]:
+    """The keys (``(n, key_len)`` bytes, checked by :func:`_plain_keys`) as strings."""
+    blob = keys.tobytes()
+    end = keys.shape[1]
+    if blob.isascii():
+        text = blob.decode("ascii")
+        return [text[i : i + end] for i in range(0, len(text), end)]
+    return [blob[i : i + end].decode("utf-8", "surrogateescape") for i in range(0, len(blob), end)]
 
 
 _SHIFTS = np.array([15, 12, 9, 6, 3, 0], dtype=np.int64)
@@ -180,7 +216,7 @@ def _checksums_are(fields: np.ndarray, sums: np.ndarray) -> bool:
 def _plain_keys(keys: np.ndarray) -> bool:
     """Whether each key (``(n, key_len)`` bytes) reads as the row parser reads it: no dot,
     slash or NUL inside, not led by ``__`` (a metadata name is the parser's to skip)."""
-    if ((keys == _DOT) | (keys == _SLASH) | (keys == 0)).any():
+    if _NOT_IN_KEY[keys].any():
         return False
     return not (
         keys.shape[1] >= 2 and ((keys[:, 0] == _UNDERSCORE) & (keys[:, 1] == _UNDERSCORE)).any()

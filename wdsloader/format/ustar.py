@@ -202,7 +202,12 @@ def checksums_ok(headers: Headers) -> npt.NDArray[np.bool_]:
 def header_sizes(headers: Headers) -> npt.NDArray[np.int64] | None:
     """The size fields of ``(n, >= 512)`` headers, when all are 11 octal digits and a NUL or
     space (what our writer and GNU tar write); else None."""
-    field = headers[:, SIZE]
+    return octal_sizes(headers[:, SIZE])
+
+
+def octal_sizes(field: Headers) -> npt.NDArray[np.int64] | None:
+    """The sizes in ``(n, 12)`` size fields (:func:`header_sizes`), or None unless all are
+    11 octal digits and a NUL or space."""
     digits = field[:, :-1].astype(np.int64) - 48
     if ((digits < 0) | (digits > 7)).any() or not (
         (field[:, -1] == 0) | (field[:, -1] == 32)

@@ -177,8 +177,10 @@ def remote_filesystem(
             )
         elif data or _started_in is not None or _in_worker():
             return ObstoreFiles(root, options), "", True
-        else:
-            return (*_fsspec(root, options, max_connections), False)
+        else:  # obstore in a forked helper: none started here, no s3fs set up
+            from wdsloader.io.obstore_helper import HelperFiles
+
+            return HelperFiles(root, options), "", False
     return (*_fsspec(root, options, max_connections), True)
 
 

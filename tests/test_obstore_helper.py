@@ -100,3 +100,18 @@ def test_it_is_not_pickled_and_a_forked_child_does_not_use_its_parents_helper(he
         os._exit(code)
     assert os.waitpid(pid, 0)[1] == 0
     assert helper.cat_file("train/a.tar", 1, 2) == b"\x01" and helper.forks == 1
+
+
+def test_an_idle_helper_exits_and_the_next_call_forks_another(helper, monkeypatch):
+    import time
+
+    from wdsloader.io import obstore_helper
+
+    monkeypatch.setattr(obstore_helper, "IDLE_S", 0.05)  # the helper is forked with it
+    assert helper.cat_file("train/a.tar", 0, 1) == b"\x00"
+    pid = helper._helper
+    deadline = time.monotonic() + 60
+    while helper._helper == pid and time.monotonic() < deadline:
+        time.sleep(0.01)  # waits for its goodbye (it exits on its own)
+    assert helper._helper is None  # it said goodbye and was reaped
+    assert helper.cat_file("train/a.tar", 2, 3) == b"\x02" and helper.forks == 2

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import errno
 import os
+import threading
 
 import pytest
 
@@ -26,6 +27,8 @@ class _FakeFiles:
         self.root = root
 
     def cat_file(self, path: str, start: int | None = None, end: int | None = None) -> bytes:
+        if path == "hang":
+            threading.Event().wait()  # stuck (never answers)
         if path == "die":
             os._exit(3)  # the helper dies mid-call
         if path == "gone":
@@ -115,3 +118,20 @@ def test_an_idle_helper_exits_and_the_next_call_forks_another(helper, monkeypatc
         time.sleep(0.01)  # waits for its goodbye (it exits on its own)
     assert helper._helper is None  # it said goodbye and was reaped
     assert helper.cat_file("train/a.tar", 2, 3) == b"\x02" and helper.forks == 2
+
+
+def test_a_call_with_no_answer_by_the_deadline_times_out_and_a_new_helper_answers(monkeypatch):
+    """A stuck helper fails its call at the read deadline (a transient timeout, no hang); it is
+    killed, and the next call forks another."""
+    monkeypatch.setattr(obstore_files_module, "ObstoreFiles", _FakeFiles)
+    files = HelperFiles("s3://bucket/ds", ReadOptions(deadline=0.5))
+    try:
+        with pytest.raises(TimeoutError) as late:
+            files.cat_file("hang")
+        assert str(late.value) == (
+            "[Errno 110] HelperFiles('s3://bucket/ds'): no answer from the obstore helper in 0.5 s"
+        )
+        assert is_transient(late.value)
+        assert files.cat_file("train/a.tar", 3, 4) == b"\x03" and files.forks == 2
+    finally:
+        files.close()

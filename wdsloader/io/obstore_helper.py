@@ -164,7 +164,8 @@ class HelperFiles:
         self._lock = threading.Lock()
         self._sock: socket.socket | None = None
         self._helper: int | None = None
-        self._pending: dict[int, tuple[dict[str, Any], Future[Any]]] = {}
+        # each call not answered yet: its header, its future, the pipe it was sent on
+        self._pending: dict[int, tuple[dict[str, Any], Future[Any], socket.socket]] = {}
         self._next = 0
         self._pid = os.getpid()
         self.forks = 0  # helpers started (for tests)
@@ -206,15 +207,30 @@ class HelperFiles:
         with self._lock:
             self._next += 1
             header = {**header, "id": self._next}
-            self._pending[self._next] = (header, done)
-            self._submit(header)
-        return done.result()
+            self._submit(header, done)
+        deadline = self._options.deadline
+        try:
+            return done.result(deadline)
+        except TimeoutError:
+            if done.done():
+                raise  # the helper's answer: a timeout of its request
+        # a helper with no answer by the deadline is stuck: killed (its other calls fail as
+        # transient, and are retried by a new one)
+        with self._lock:
+            self._pending.pop(header["id"], None)
+            if self._helper is not None:
+                os.kill(self._helper, signal.SIGKILL)
+                self._drop_helper()  # the next call forks another
+        raise TimeoutError(
+            errno.ETIMEDOUT, f"{self!r}: no answer from the obstore helper in {deadline} s"
+        )
 
-    def _submit(self, header: dict[str, Any]) -> None:
+    def _submit(self, header: dict[str, Any], done: Future[Any]) -> None:
         """Send a call (the lock held), forking a helper if none runs."""
         if self._sock is None:
             self._fork()
         assert self._sock is not None
+        self._pending[header["id"]] = (header, done, self._sock)
         try:
             _send(self._sock, header)
         except OSError:
@@ -255,7 +271,7 @@ class HelperFiles:
                 break
             header, body = got
             with self._lock:
-                _, done = self._pending.pop(int(header["id"]), (None, None))
+                _, done, _ = self._pending.pop(int(header["id"]), (None, None, None))
             if done is None:
                 continue
             if "error" in header:
@@ -265,12 +281,14 @@ class HelperFiles:
         with self._lock:
             if self._sock is sock:
                 self._drop_helper()
+            ours = {k: v for k, v in self._pending.items() if v[2] is sock}
+            for key in ours:
+                del self._pending[key]
             if bye:  # idle: the calls it did not read go to a new helper
-                for header, _ in list(self._pending.values()):
-                    self._submit(header)
+                for header, done, _ in ours.values():
+                    self._submit(header, done)
                 return
-            failed, self._pending = self._pending, {}
-        for _, done in failed.values():
+        for _, done, _ in ours.values():
             gone = f"{self!r}: the obstore helper process exited"
             done.set_exception(ConnectionError(errno.ECONNRESET, gone))
 
@@ -278,6 +296,10 @@ class HelperFiles:
         """Close the pipe and reap the helper (the lock held)."""
         sock, pid, self._sock, self._helper = self._sock, self._helper, None, None
         if sock is not None:
+            try:
+                sock.shutdown(socket.SHUT_RDWR)  # the helper and our reader see its end now
+            except OSError:
+                pass
             sock.close()
         if pid is not None:
             threading.Thread(target=_reap, args=(pid,), daemon=True).start()

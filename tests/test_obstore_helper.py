@@ -132,6 +132,7 @@ def test_a_call_with_no_answer_by_the_deadline_times_out_and_a_new_helper_answer
             "[Errno 110] HelperFiles('s3://bucket/ds'): no answer from the obstore helper in 0.5 s"
         )
         assert is_transient(late.value)
+        files._options = ReadOptions()  # the default deadline: a loaded machine forks slowly
         assert files.cat_file("train/a.tar", 3, 4) == b"\x03" and files.forks == 2
     finally:
         files.close()

@@ -205,17 +205,23 @@ loader = create_loader(
     root, "train", batch_size=16, num_workers=2, drop_last=False, seed=3, read_options=read,
     workers=WorkerOptions(multiprocessing_context=context),
 )
-print(json.dumps([[k for batch in loader for k in batch["__key__"]], "s3fs" in sys.modules]))
+batches = iter(loader)
+keys = list(next(batches)["__key__"])
+clients = sorted({"s3fs", "aiobotocore", "botocore"} & set(sys.modules))  # at the first batch
+keys += [k for batch in batches for k in batch["__key__"]]
+print(json.dumps([keys, clients]))
 """
 
 
 @pytest.mark.parametrize("context", ["fork", "spawn"])
 def test_every_worker_reads_through_obstore_and_every_sample_once(s3_server, monkeypatch, context):
     """A parent process that forks its workers does not start obstore before them (its runtime
-    does not survive a fork): it reads the manifest and indexes through s3fs; one that spawns
-    them reads everything through obstore (no s3fs set up). Each worker starts its own obstore
-    and reads every shard byte through it (obstore's User-Agent on each ranged GET of a
-    shard), every sample once."""
+    does not survive a fork): it reads the manifest, listing and indexes through obstore in a
+    forked helper process; one that spawns them reads them through its own obstore. Neither
+    sets up s3fs (nor imports botocore) before its first batch, and each reads the manifest,
+    the listing and each index once in all (the workers get them from the parent). Each worker
+    starts its own obstore and reads every shard byte through it (obstore's User-Agent on each
+    ranged GET of a shard), every sample once."""
     import json
     import os
     import subprocess
@@ -239,11 +245,15 @@ def test_every_worker_reads_through_obstore_and_every_sample_once(s3_server, mon
         )  # fmt: skip
         log = proxy.snapshot(log=True)["log"]
     assert run.returncode == 0, run.stderr[-3000:]
-    keys, parent_s3fs = json.loads(run.stdout.strip().splitlines()[-1])
+    keys, parent_clients = json.loads(run.stdout.strip().splitlines()[-1])
     assert sorted(keys) == [f"train{i:07d}" for i in range(sum(COUNTS))]
-    assert parent_s3fs == (context == "fork")
-    if context == "spawn":
-        assert {e[2].split()[1] for e in log} == {"obstore"}  # the manifest's GET too
+    assert parent_clients == []
+    assert {e[2].split()[1] for e in log} == {"obstore"}  # the manifest's GET too
+    setup = [e[3].rsplit("/ds/", 1)[-1] for e in log if not e[3].split("?")[0].endswith(".tar")]
+    indexes = sorted(s.idx_path for s in manifest.split("train").shards)
+    assert sorted(p for p in setup if p.endswith(".wdsidx")) == indexes  # each once in all
+    assert sum(p == "manifest.json" for p in setup) == 1
+    assert sum(e[2].startswith("LIST") for e in log) == 1
     shard_reads = [e for e in log if e[3].split("?")[0].endswith(".tar")]
     assert {e[2] for e in shard_reads} == {"GET-range obstore"}, {e[2] for e in shard_reads}
     sizes = {s.path: s.num_bytes for s in manifest.split("train").shards}
@@ -265,14 +275,16 @@ def test_a_process_forked_after_obstore_ran_above_it_reads_through_fsspec(monkey
         ObstoreFiles("s3://bucket/ds", options).cat_file("train/shard-000000.tar", 0, 10)
 
 
-def test_the_main_process_reads_indexes_through_fsspec_until_its_first_shard_read(monkeypatch):
+def test_the_main_process_reads_indexes_through_a_helper_until_its_first_shard_read(monkeypatch):
     """Before its workers start, the main process does not start obstore (a fork of it would
-    fall back): indexes and listings go through fsspec, shards' bytes through obstore."""
+    fall back): indexes and listings go through obstore in a forked helper process (no s3fs),
+    shards' bytes through obstore here."""
     from wdsloader.io import obstore_files
+    from wdsloader.io.obstore_helper import HelperFiles
 
     monkeypatch.setattr(obstore_files, "_started_in", None)
     store = ShardStore("s3://bucket/ds", _options("http://127.0.0.1:9"))
-    assert not isinstance(store._storage().fs, ObstoreFiles) and obstore_files._started_in is None
+    assert isinstance(store._storage().fs, HelperFiles) and obstore_files._started_in is None
     assert isinstance(store._storage(data=True).fs, ObstoreFiles)
     assert isinstance(store._storage().fs, ObstoreFiles)  # then everything through obstore
 

@@ -108,7 +108,7 @@ class ShardStore(RequestPool, StoreChecks):
         self._lock = threading.RLock()
         self._stats_lock = threading.Lock()
         self._remote: RemoteFiles | None = None
-        self._remote_final = False  # False: reads through fsspec until the first shard read
+        self._remote_final = False  # False: not the shards' client (until the first shard read)
         self._pool: ThreadPoolExecutor | None = None
         self._queued = 0  # work submitted to the pool and not over
         self._files = OpenFiles(self.options.max_open_files)

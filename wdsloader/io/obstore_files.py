@@ -24,7 +24,9 @@ that reads shard bytes: a DataLoader worker (fork, spawn or forkserver: each sta
 the main process at ``num_workers=0``. A main process that forks no workers (none, threads,
 or workers started by ``spawn`` or ``forkserver``) reads its manifest, listing and indexes
 through obstore too (no s3fs set up); one that forks them reads what it needs before they
-start (the manifest, the listing, the indexes, side files) through fsspec. A process forked after obstore
+start (the manifest, the listing, the indexes, side files) through obstore in a forked helper
+process (:mod:`wdsloader.io.obstore_helper`: no runtime here, no s3fs set up). A process
+forked after obstore
 made requests above it (workers of a loader made after a ``num_workers=0`` epoch in the same
 process) reads through fsspec, with a warning (start its workers with ``spawn`` or
 ``forkserver`` to keep obstore there).
@@ -164,7 +166,8 @@ def remote_filesystem(
     its client's own retries off (the caller retries under the deadline), its timeouts set.
 
     ``data``: the reads are shards' bytes. Other reads (indexes, listings, side files) of a
-    process that may still fork workers go through fsspec while obstore has not started here:
+    process that may still fork workers go through obstore in a forked helper process
+    (:class:`~wdsloader.io.obstore_helper.HelperFiles`) while obstore has not started here:
     ``final`` is then False, and the caller asks again with ``data=True`` for shard bytes."""
     if transport_for(root, options.transport, options.storage_options) == "obstore":
         if _started_in is not None and _started_in != os.getpid():
@@ -177,8 +180,10 @@ def remote_filesystem(
             )
         elif data or _started_in is not None or _in_worker():
             return ObstoreFiles(root, options), "", True
-        else:
-            return (*_fsspec(root, options, max_connections), False)
+        else:  # obstore in a forked helper: none started here, no s3fs set up
+            from wdsloader.io.obstore_helper import HelperFiles
+
+            return HelperFiles(root, options), "", False
     return (*_fsspec(root, options, max_connections), True)
 
 

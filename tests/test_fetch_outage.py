@@ -244,13 +244,18 @@ def test_a_range_answered_whole_is_returned_as_it_came_and_retried_whole():
 def _outage_at(proxy: OutageProxy, target: str, monkeypatch) -> Iterator[list[str]]:
     """The endpoint goes down before the first read of ``target`` and comes back from the
     retry of the first failed attempt (the "retrying" log line): no timing involved."""
-    fetch = RemoteFiles.fetch
+    fetch, fetch_buffer = RemoteFiles.fetch, RemoteFiles.fetch_buffer
     retried: list[str] = []
 
     def fetch_with_outage(self, rel, start=0, stop=None):
         if target in rel and proxy.downs == 0:
             proxy.down()
         return fetch(self, rel, start, stop)
+
+    def fetch_buffer_with_outage(self, rel, start, stop):  # the batches' reads
+        if target in rel and proxy.downs == 0:
+            proxy.down()
+        return fetch_buffer(self, rel, start, stop)
 
     class Restart(logging.Handler):
         def emit(self, record: logging.LogRecord) -> None:
@@ -259,6 +264,7 @@ def _outage_at(proxy: OutageProxy, target: str, monkeypatch) -> Iterator[list[st
                 proxy.up()
 
     monkeypatch.setattr(RemoteFiles, "fetch", fetch_with_outage)
+    monkeypatch.setattr(RemoteFiles, "fetch_buffer", fetch_buffer_with_outage)
     log = logging.getLogger("wdsloader.io.retry")
     handler, level = Restart(logging.INFO), log.level
     log.addHandler(handler)

@@ -374,3 +374,60 @@ def test_no_credential_in_reprs_or_pickled_state(answering):
     assert clone._remote is None and clone.options.transport == "obstore"
     with pytest.raises(TypeError, match="is not pickled"):
         pickle.dumps(files)
+
+
+class _Serving(http.server.BaseHTTPRequestHandler):
+    """Answers each ranged GET with those bytes of ``body`` (sent from a view: the server
+    makes no copy of them in this process)."""
+
+    body = memoryview(bytes(range(256)) * 8192)  # 2 MiB
+
+    def do_GET(self) -> None:
+        first, last = re.fullmatch(r"bytes=(\d+)-(\d+)", self.headers["Range"]).groups()
+        a, b = int(first), int(last) + 1
+        self.send_response(206)
+        self.send_header("Content-Range", f"bytes {a}-{b - 1}/{len(self.body)}")
+        self.send_header("Content-Length", str(b - a))
+        self.send_header("ETag", '"e"')
+        self.send_header("Last-Modified", "Sat, 28 Nov 2026 12:00:00 GMT")
+        self.end_headers()
+        self.wfile.write(self.body[a:b])
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+def test_a_joined_read_through_obstore_copies_each_answer_straight_into_the_buffer():
+    """Each answer is copied once, from obstore's buffer into the read's: no Python ``bytes``
+    of an answer is made on the way (a copy of every byte, and memory faulted in for it)."""
+    import tracemalloc
+
+    import numpy as np
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Serving)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    endpoint = f"http://127.0.0.1:{server.server_address[1]}"
+    shard = ShardInfo(
+        path="train/s.tar",
+        idx_path="train/.s.tar.wdsidx",
+        num_samples=1,
+        num_bytes=len(_Serving.body),
+    )
+    reqs = [(shard, 0, len(_Serving.body))]
+    try:
+        with ShardStore("s3://bucket/ds", _options(endpoint, max_request_bytes=1 << 20)) as store:
+            store.read_joined([(shard, 0, 10)])  # obstore started
+            out = np.zeros(len(_Serving.body), dtype=np.uint8)
+            tracemalloc.start()
+            try:
+                got, _ = store.read_joined(reqs, out)
+                _, peak = tracemalloc.get_traced_memory()
+            finally:
+                tracemalloc.stop()
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join()
+    assert bytes(got) == _Serving.body and np.shares_memory(got, out)
+    assert peak < 256 * 1024  # before: a bytes copy of each 1 MiB answer

@@ -186,3 +186,26 @@ def test_a_pass_of_many_windows_reads_every_sample_once_and_every_byte_once(http
     shards = loader.dataset_obj.shards
     once = sum(int(store.index(s)[-1] - store.index(s)[0]) for s in shards)
     assert sum(r.sent for r in _tars(http_server)) == once  # 1.00x: no byte twice
+
+
+def test_the_groups_of_a_pass_are_read_into_the_readers_reused_buffers(http_server):
+    url, shards = _served(http_server, "pooled")
+    reader = _reader(url, shards, concurrency=2, readahead_bytes=1 << 30)
+    store = ShardStore(str(http_server.root / "pooled"))
+    batches = [np.arange(i, i + 16) for i in range(0, sum(COUNTS), 16)]
+    ahead = reader.read_ahead(batches, 4)  # 6 groups (one shard each), all read ahead
+    try:
+        while (group := ahead.next_group()) is not None:
+            for raw in group:  # the bytes read are the samples' bytes
+                for k, s in enumerate(raw.shard.tolist()):
+                    start, stop = store.index(shards[s])[raw.local[k] : raw.local[k] + 2]
+                    want = store.read_ranges([(shards[s], int(start), int(stop))])[0]
+                    got = raw.buf[raw.start[k] : raw.stop[k]]
+                    assert got.tobytes() == want
+            del group, raw
+    finally:
+        ahead.close()
+    # a buffer per group in flight, the others leased again once their batches were dropped
+    # (a fresh buffer per group faults in every page of each window anew)
+    assert reader.pool.allocated + reader.pool.reused == len(COUNTS)
+    assert reader.pool.reused >= 1

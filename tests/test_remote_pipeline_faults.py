@@ -82,9 +82,9 @@ def test_a_queued_requests_deadline_starts_when_it_is_sent_not_when_it_is_queued
     current: dict[int, str] = {}
     fetch = retry_module.RemoteFiles._fetch
 
-    def tagged(self, rel, start, stop, upto):
+    def tagged(self, rel, *args):
         current[threading.get_ident()] = rel
-        return fetch(self, rel, start, stop, upto)
+        return fetch(self, rel, *args)
 
     monkeypatch.setattr(retry_module, "Deadline", Logged)
     monkeypatch.setattr(retry_module.RemoteFiles, "_fetch", tagged)

@@ -42,12 +42,15 @@ class Done:
         """Nothing to cancel."""
 
 
-def start_joined(store: Store, requests: Sequence[Request]) -> Joined:
-    """``store.start_joined(requests)`` where the store has it (a remote store: the requests
-    queued behind those of the reads started before, not waited for), else
-    ``store.read_joined(requests)``, read now."""
+def start_joined(
+    store: Store, requests: Sequence[Request], out: np.ndarray | None = None
+) -> Joined:
+    """``store.start_joined(requests, out)`` where the store has it (a remote store: the
+    requests queued behind those of the reads started before, not waited for), else
+    ``store.read_joined(requests, out)``, read now. ``out``: a uint8 array the bytes go to
+    when it is large enough (a pooled buffer: no new memory faulted in per read)."""
     start = getattr(store, "start_joined", None)
     if start is None:
-        return Done(*store.read_joined(requests))
-    joined: Joined = start(requests)
+        return Done(*store.read_joined(requests, out))
+    joined: Joined = start(requests, out)
     return joined

@@ -133,7 +133,7 @@ def start_remote_into(
 
     def fetch_into(job: _Job) -> None:
         path, start, stop, places = job
-        data = memoryview(remote.fetch(path, start, stop)).cast("B")
+        data = memoryview(remote.fetch_buffer(path, start, stop)).cast("B")
         for at, lo, hi in places:
             sink[at : at + hi - lo] = data[lo:hi]
 

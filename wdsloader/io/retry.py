@@ -63,20 +63,27 @@ class RemoteFiles:
         truncated (:class:`ShardFormatError`)."""
         return self._timed(rel, start, stop, upto=False)
 
+    def fetch_buffer(self, rel: str, start: int, stop: int) -> bytes | memoryview:
+        """:meth:`fetch` of bytes [start, stop), answered by the filesystem's own buffer where
+        it has one (obstore's ``cat_buffer``): the caller copies the bytes where they go,
+        with no ``bytes`` made of them on the way."""
+        return self._timed(rel, start, stop, upto=False, copy=False)
+
     def fetch_upto(self, rel: str, stop: int) -> bytes:
         """Bytes [0, stop) of a file, or all of it if it is shorter: a small file whose size is
         known in one ranged GET (no request for its size), with the retries of :meth:`fetch`."""
         return self._timed(rel, 0, stop, upto=True)
 
-    def _timed(self, rel: str, start: int, stop: int | None, upto: bool) -> bytes:
+    def _timed(self, rel: str, start: int, stop: int | None, upto: bool, copy: bool = True) -> Any:
         t0 = time.perf_counter()
-        data = self._fetch(rel, start, stop, upto)
+        data = self._fetch(rel, start, stop, upto, copy)
         if self._observe is not None:
             self._observe(len(data), time.perf_counter() - t0)
         return data
 
-    def _fetch(self, rel: str, start: int, stop: int | None, upto: bool) -> bytes:
+    def _fetch(self, rel: str, start: int, stop: int | None, upto: bool, copy: bool) -> Any:
         fs = self.fs
+        ranged = "cat_file" if copy or not hasattr(fs, "cat_buffer") else "cat_buffer"
         path, url = join(self.base, rel), self._url(rel)
         buf = bytearray()
         clock = Deadline(self.options.deadline)
@@ -91,12 +98,12 @@ class RemoteFiles:
                 elif self.http:
                     run_coro(fs, clock.remaining(), http_range(fs, path, pos, stop, buf))
                 else:
-                    data = call_fs(fs, clock.remaining(), "cat_file", path, start=pos, end=stop)
+                    data = call_fs(fs, clock.remaining(), ranged, path, start=pos, end=stop)
                     if not buf and (len(data) == stop - pos or (upto and len(data) < stop - pos)):
                         # all of it in one answer: returned as it came (no copy)
                         self._count("bytes_fetched", len(data))
-                        return data if isinstance(data, bytes) else bytes(data)
-                    buf += data[: stop - pos]
+                        return data if isinstance(data, bytes) or not copy else bytes(data)
+                    buf += memoryview(data)[: stop - pos]
             except Exception as exc:  # sorted by retry_or_raise: retried or raised, never lost
                 self._count("bytes_fetched", len(buf) - before)
                 offset = start + len(buf)

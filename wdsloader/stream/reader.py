@@ -126,7 +126,9 @@ class BatchReader:
             if held and prefetch is not None:
                 group.joined = prefetch.start_joined(self.store, requests)
             elif not self.store.reads_locally:
-                group.joined = start_joined(self.store, requests)
+                # into a pooled buffer: a new one per group faults in each window's pages anew
+                out = pool.lease(int((runs.stop - runs.start).sum())) if pool is not None else None
+                group.joined = start_joined(self.store, requests, out)
                 if first and prefetch is not None:
                     prefetch.keep(requests, group.joined)
             else:

@@ -263,12 +263,12 @@ def test_every_worker_reads_through_obstore_and_every_sample_once(s3_server, mon
 def test_a_process_forked_after_obstore_ran_above_it_reads_through_fsspec(monkeypatch, caplog):
     """Its parent's obstore runtime does not survive the fork (a request would hang): the store
     reads through fsspec, with a warning saying why, and obstore itself refuses to start."""
-    from wdsloader.io import obstore_files
+    from wdsloader.io import obstore_files, remote_fs
 
     monkeypatch.setattr(obstore_files, "_started_in", -1)  # obstore ran in another process
     options = _options("http://127.0.0.1:9")
-    with caplog.at_level("WARNING", logger="wdsloader.io.obstore_files"):
-        fs, _, final = obstore_files.remote_filesystem("s3://bucket/ds", options, data=True)
+    with caplog.at_level("WARNING", logger="wdsloader.io.remote_fs"):
+        fs, _, final = remote_fs.remote_filesystem("s3://bucket/ds", options, data=True)
     assert not isinstance(fs, ObstoreFiles) and fs.protocol[0] == "s3" and final
     assert "forked after obstore ran in its parent" in caplog.text
     with pytest.raises(RuntimeError, match="obstore made requests in the parent of this forked"):

@@ -11,8 +11,7 @@ import threading
 
 import pytest
 
-from wdsloader.io import ReadOptions
-from wdsloader.io import obstore_files as obstore_files_module
+from wdsloader.io import ReadOptions, obstore_helper
 from wdsloader.io.obstore_files import ObjectStoreError
 from wdsloader.io.obstore_helper import HelperFiles
 from wdsloader.io.transient import is_transient
@@ -48,7 +47,7 @@ class _FakeFiles:
 
 @pytest.fixture
 def helper(monkeypatch):
-    monkeypatch.setattr(obstore_files_module, "ObstoreFiles", _FakeFiles)
+    monkeypatch.setattr(obstore_helper, "ObstoreFiles", _FakeFiles)
     storage = {"key": "AKIDEXAMPLE", "secret": SECRET, "client_kwargs": {"endpoint_url": "x"}}
     files = HelperFiles("s3://bucket/ds", ReadOptions(storage_options=storage))
     yield files
@@ -123,7 +122,7 @@ def test_an_idle_helper_exits_and_the_next_call_forks_another(helper, monkeypatc
 def test_a_call_with_no_answer_by_the_deadline_times_out_and_a_new_helper_answers(monkeypatch):
     """A stuck helper fails its call at the read deadline (a transient timeout, no hang); it is
     killed, and the next call forks another."""
-    monkeypatch.setattr(obstore_files_module, "ObstoreFiles", _FakeFiles)
+    monkeypatch.setattr(obstore_helper, "ObstoreFiles", _FakeFiles)
     files = HelperFiles("s3://bucket/ds", ReadOptions(deadline=0.5))
     try:
         with pytest.raises(TimeoutError) as late:

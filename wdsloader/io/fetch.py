@@ -37,9 +37,9 @@ import numpy as np
 
 from wdsloader.errors import ShardFormatError
 from wdsloader.format import ShardInfo, decode_index
-from wdsloader.io.obstore_files import remote_filesystem
 from wdsloader.io.options import ReadOptions
 from wdsloader.io.ranges import Cut, Request
+from wdsloader.io.remote_fs import remote_filesystem
 from wdsloader.io.request_pool import RequestPool, wait_all
 from wdsloader.io.retry import Deadline, RemoteFiles, call_fs, next_retry
 from wdsloader.io.setup_errors import setup_error
@@ -177,7 +177,7 @@ class ShardStore(RequestPool, StoreChecks):
     def _storage(self, data: bool = False) -> RemoteFiles:
         """The files under the root, read with this store's retries (opened on first use).
         ``data``: for shards' bytes (the obstore transport starts only for these in a process
-        that may still fork workers; see :func:`~wdsloader.io.obstore_files.remote_filesystem`)."""
+        that may still fork workers; see :func:`~wdsloader.io.remote_fs.remote_filesystem`)."""
         data = data or self.reads_here
         if self._remote is None or (data and not self._remote_final):
             # the client's own retries off: RemoteFiles retries, under the deadline

@@ -1,8 +1,8 @@
 """A second transport for remote reads: S3 through obstore (Rust ``object_store``), chosen by
 :attr:`ReadOptions.transport <wdsloader.io.options.ReadOptions>`.
 
-:func:`remote_filesystem` returns what :class:`~wdsloader.io.retry.RemoteFiles` reads from: an
-fsspec filesystem (s3fs, HTTP, GCS ...: the ``"fsspec"`` transport) or, for ``s3://`` roots with
+:func:`~wdsloader.io.remote_fs.remote_filesystem` returns what
+:class:`~wdsloader.io.retry.RemoteFiles` reads from: an fsspec filesystem (s3fs, HTTP, GCS ...: the ``"fsspec"`` transport) or, for ``s3://`` roots with
 the ``"obstore"`` transport (which ``"auto"``, the default, picks where it can: see
 :func:`transport_for`), an :class:`ObstoreFiles`, the few filesystem calls the reads use
 (``cat_file``, ``info``, ``ls``) served by an ``obstore.store.S3Store``. The user's interface
@@ -42,20 +42,18 @@ import logging
 import os
 import re
 import ssl
-import sys
 import threading
 from typing import Any
 
 from fsspec.core import split_protocol
-
-from wdsloader.io.storage import url_to_fs
 
 __all__ = [
     "TRANSPORTS",
     "ObjectStoreError",
     "ObstoreFiles",
     "obstore_config",
-    "remote_filesystem",
+    "started_elsewhere",
+    "started_here",
     "transport_for",
 ]
 
@@ -154,54 +152,15 @@ def obstore_config(storage_options: dict[str, Any] | None) -> tuple[dict[str, An
     return out, sorted(unsupported)
 
 
-def remote_filesystem(
-    root: str,
-    options: Any,
-    *,
-    max_connections: int | None = None,
-    data: bool = True,
-) -> tuple[Any, str, bool]:
-    """``(filesystem, base path, final)`` that reads the files under ``root`` with ``options``
-    (a :class:`~wdsloader.io.options.ReadOptions`): the transport :func:`transport_for` picks,
-    its client's own retries off (the caller retries under the deadline), its timeouts set.
-
-    ``data``: the reads are shards' bytes. Other reads (indexes, listings, side files) of a
-    process that may still fork workers go through obstore in a forked helper process
-    (:class:`~wdsloader.io.obstore_helper.HelperFiles`) while obstore has not started here:
-    ``final`` is then False, and the caller asks again with ``data=True`` for shard bytes."""
-    if transport_for(root, options.transport, options.storage_options) == "obstore":
-        if _started_in is not None and _started_in != os.getpid():
-            logger.log(
-                logging.WARNING if options.transport == "obstore" else logging.INFO,
-                "transport=%r: this process was forked after obstore ran in its parent "
-                "(obstore's runtime does not survive a fork): reading through fsspec instead "
-                "(workers started by 'spawn' or 'forkserver' read through obstore)",
-                options.transport,
-            )
-        elif data or _started_in is not None or _in_worker():
-            return ObstoreFiles(root, options), "", True
-        else:  # obstore in a forked helper: none started here, no s3fs set up
-            from wdsloader.io.obstore_helper import HelperFiles
-
-            return HelperFiles(root, options), "", False
-    return (*_fsspec(root, options, max_connections), True)
+def started_here() -> bool:
+    """Whether obstore made requests in this process."""
+    return _started_in == os.getpid()
 
 
-def _fsspec(root: str, options: Any, max_connections: int | None) -> tuple[Any, str]:
-    return url_to_fs(
-        root,
-        options.storage_options,
-        connect_timeout=options.connect_timeout,
-        read_timeout=options.read_timeout,
-        client_retries=False,
-        max_connections=max_connections,
-    )
-
-
-def _in_worker() -> bool:
-    """Whether this process is a DataLoader worker (it forks no workers of its own)."""
-    data = sys.modules.get("torch.utils.data")
-    return data is not None and data.get_worker_info() is not None
+def started_elsewhere() -> bool:
+    """Whether obstore made requests in a parent of this forked process (its runtime does not
+    survive the fork: its first request here would hang)."""
+    return _started_in is not None and _started_in != os.getpid()
 
 
 def _starting() -> None:

@@ -34,6 +34,8 @@ from typing import Any
 
 from fsspec.core import split_protocol
 
+from wdsloader.io.obstore_files import ObjectStoreError, ObstoreFiles
+
 __all__ = ["IDLE_S", "HelperFiles"]
 
 IDLE_S = 1.0  # a helper with no call for this long exits (the next call forks another)
@@ -94,8 +96,6 @@ def _error_header(exc: BaseException) -> dict[str, Any]:
 
 def _rebuilt(err: dict[str, Any]) -> BaseException:
     """The error the helper's call raised, rebuilt in the main process."""
-    from wdsloader.io.obstore_files import ObjectStoreError
-
     kind, message = str(err.get("type")), str(err.get("message"))
     if kind == "SSLCertVerificationError":
         return ssl.SSLCertVerificationError(1, message)
@@ -111,8 +111,6 @@ def _rebuilt(err: dict[str, Any]) -> BaseException:
 def _serve(sock: socket.socket, root: str, options: Any) -> None:
     """The helper's loop: answers each call on a thread of its own, exits when the main
     process closes its end or after :data:`IDLE_S` seconds with no call in flight."""
-    from wdsloader.io.obstore_files import ObstoreFiles
-
     files = ObstoreFiles(root, options)
     write = threading.Lock()
     busy = [0]

@@ -10,6 +10,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -45,15 +46,25 @@ def _ray_shut_down_after_the_module():
 
 @pytest.fixture(autouse=True)
 def ray_cluster(request):
-    """A local Ray of 2 CPUs, shared by the tests whose builds run to their end; after a test
-    marked ``stops_a_build`` (a build stopped by a data error or on the driver stops its tasks
-    through the abort flag, waiting up to a minute) it is shut down, so that no task of that
-    test can still run in the next (which starts a new one)."""
+    """A local Ray of 2 CPUs, shared by the module's tests. A test marked ``stops_a_build`` (a
+    build stopped by a data error or on the driver stops its tasks through the abort flag,
+    waiting up to a minute) keeps it only once every CPU of it is free again, so that no task of
+    that test can still run in the next; else it is shut down (the next test starts a new one)."""
     if not ray.is_initialized():
         ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
     yield
-    if request.node.get_closest_marker("stops_a_build"):
+    if request.node.get_closest_marker("stops_a_build") and not _all_cpus_free(timeout=60.0):
         ray.shutdown()
+
+
+def _all_cpus_free(timeout: float) -> bool:
+    """Whether every CPU of the cluster is free (no task runs) within ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while ray.available_resources().get("CPU", 0) < ray.cluster_resources().get("CPU", 0):
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.05)  # polls a condition (the tasks' release of their CPUs)
+    return True
 
 
 def sample(i: int) -> dict:

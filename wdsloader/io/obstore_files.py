@@ -2,14 +2,15 @@
 :attr:`ReadOptions.transport <wdsloader.io.options.ReadOptions>`.
 
 :func:`~wdsloader.io.remote_fs.remote_filesystem` returns what
-:class:`~wdsloader.io.retry.RemoteFiles` reads from: an fsspec filesystem (s3fs, HTTP, GCS ...: the ``"fsspec"`` transport) or, for ``s3://`` roots with
-the ``"obstore"`` transport (which ``"auto"``, the default, picks where it can: see
-:func:`transport_for`), an :class:`ObstoreFiles`, the few filesystem calls the reads use
-(``cat_file``, ``info``, ``ls``) served by an ``obstore.store.S3Store``. The user's interface
-stays the same: the URL and the s3fs ``storage_options`` (``key``/``secret``/``token``,
-``anon``, ``endpoint_url`` or ``client_kwargs.endpoint_url``, ``client_kwargs.region_name``,
-``profile``, ``requester_pays``); without keys, botocore's credential chain (environment,
-profiles, SSO, instance roles: what s3fs would use) signs the requests.
+:class:`~wdsloader.io.retry.RemoteFiles` reads from: an fsspec filesystem (s3fs, HTTP, GCS ...:
+the ``"fsspec"`` transport) or, for ``s3://`` roots with the ``"obstore"`` transport (which
+``"auto"``, the default, picks where it can: see :func:`transport_for`), an
+:class:`ObstoreFiles`, the few filesystem calls the reads use (``cat_file``, ``info``, ``ls``)
+served by an ``obstore.store.S3Store``. The user's interface stays the same: the URL and the
+s3fs ``storage_options`` (``key``/``secret``/``token``, ``anon``, ``endpoint_url`` or
+``client_kwargs.endpoint_url``, ``client_kwargs.region_name``, ``profile``, ``requester_pays``);
+without keys, botocore's credential chain (environment, profiles, SSO, instance roles: what s3fs
+would use) signs the requests.
 
 Every attempt is ours: obstore's own retries are off (``max_retries=0``) and its errors become
 the Python errors :mod:`wdsloader.io.transient` classifies (an HTTP status, with S3's error
@@ -21,16 +22,14 @@ in a repr, a message or the pickled state (the store is rebuilt in each process)
 Fork: obstore 0.12's runtime does not survive a fork (a process forked after obstore made a
 request in its parent hangs at its first request). obstore therefore starts only in a process
 that reads shard bytes: a DataLoader worker (fork, spawn or forkserver: each starts its own) or
-the main process at ``num_workers=0``. A main process that forks no workers (none, threads,
-or workers started by ``spawn`` or ``forkserver``) reads its manifest, listing and indexes
-through obstore too (no s3fs set up); one that forks them reads what it needs before they
-start (the manifest, the listing, the indexes, side files) through obstore in a forked helper
-process (:mod:`wdsloader.io.obstore_helper`: no runtime here, no s3fs set up). A process
-forked after obstore
-made requests above it (workers of a loader made after a ``num_workers=0`` epoch in the same
-process) reads through fsspec, with a warning (start its workers with ``spawn`` or
-``forkserver`` to keep obstore there).
-"""
+the main process at ``num_workers=0``. A main process that forks no workers (none, threads, or
+workers started by ``spawn`` or ``forkserver``) reads its manifest, listing and indexes through
+obstore too (no s3fs set up); one that forks them reads what it needs before they start (the
+manifest, the listing, the indexes, side files) through obstore in a forked helper process
+(:mod:`wdsloader.io.obstore_helper`: no runtime here, no s3fs set up). A process forked after
+obstore made requests above it (workers of a loader made after a ``num_workers=0`` epoch in the
+same process) reads through fsspec, with a warning (start its workers with ``spawn`` or
+``forkserver`` to keep obstore there)."""
 
 from __future__ import annotations
 

@@ -102,16 +102,24 @@ def key_ends(headers: np.ndarray) -> np.ndarray | None:
 def key_strings(headers: np.ndarray, ends: np.ndarray) -> list[str]:
     """The keys named by first headers whose keys end at ``ends`` (:func:`key_ends`)."""
     if len(ends) and ends[0] > 0 and (ends == ends[0]).all():  # one length: one decode
-        end = int(ends[0])
-        blob = np.ascontiguousarray(headers[:, :end]).tobytes()
-        if blob.isascii():
-            text = blob.decode("ascii")
-            return [text[i : i + end] for i in range(0, len(text), end)]
+        return fixed_keys(headers[:, : int(ends[0])])
     names = np.ascontiguousarray(name_fields(headers))
     blob = names.tobytes()
     return [
         blob[i * _NAME_BYTES : i * _NAME_BYTES + e].decode("utf-8", "surrogateescape")
         for i, e in enumerate(ends.tolist())
+    ]
+
+
+def fixed_keys(keys: np.ndarray) -> list[str]:
+    """The keys in ``(n, width)`` bytes (``width >= 1``), one per row, as strings."""
+    width = keys.shape[1]
+    blob = np.ascontiguousarray(keys).tobytes()
+    if blob.isascii():
+        text = blob.decode("ascii")
+        return [text[i : i + width] for i in range(0, len(text), width)]
+    return [
+        blob[i : i + width].decode("utf-8", "surrogateescape") for i in range(0, len(blob), width)
     ]
 
 

@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 
 from wdsloader.decode.batch import RawBatch
-from wdsloader.decode.gather import FieldTable
+from wdsloader.decode.gather import FieldTable, fixed_keys
 from wdsloader.format.ustar import (
     BLOCK,
     CHECKSUM,
@@ -178,7 +178,7 @@ class SampleTemplate:
             ext: (start + int(self.rel[i] + BLOCK), np.ascontiguousarray(sizes[:, i]))
             for ext, i in self.walked.items()
         }
-        return Read(_keys(keys), gathered, found_at)
+        return Read(fixed_keys(keys), gathered, found_at)
 
     def _matches(self, got: bytearray) -> bool:
         """Whether ``got`` (blocks of samples, blanked as :meth:`read` does) holds the
@@ -190,16 +190,6 @@ class SampleTemplate:
                 return False
             at += len(tiled)
         return at == size or got.startswith(memoryview(tiled)[: size - at], at)
-
-
-def _keys(keys: np.ndarray) -> list[str]:
-    """The keys (``(n, key_len)`` bytes, checked by :func:`_plain_keys`) as strings."""
-    blob = keys.tobytes()
-    end = keys.shape[1]
-    if blob.isascii():
-        text = blob.decode("ascii")
-        return [text[i : i + end] for i in range(0, len(text), end)]
-    return [blob[i : i + end].decode("utf-8", "surrogateescape") for i in range(0, len(blob), end)]
 
 
 _SHIFTS = np.array([15, 12, 9, 6, 3, 0], dtype=np.int64)

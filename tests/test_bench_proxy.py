@@ -124,3 +124,19 @@ def test_classify_names_list_requests():
     assert classify(b"GET /bucket/?prefix=a%2F HTTP/1.1\r\nHost: x") == "LIST"
     assert classify(b"GET /bucket/a/b.tar HTTP/1.1\r\nRange: bytes=0-1") == "GET-range"
     assert classify(b"HEAD /bucket/a/b.tar HTTP/1.1\r\n") == "HEAD"
+
+
+def test_the_server_warm_up_runs_until_the_cpu_per_mb_settles(monkeypatch) -> None:
+    """warm_up serves at least 3 rounds, then stops at the first round within 15% of the one
+    before (a cold s3rver's first rounds cost 2-2.5x a warm one's CPU per MB)."""
+    from bench.remote import machine, server
+
+    cpu = iter([0.0, 6.0, 6.0, 9.0, 9.0, 13.0, 13.0, 15.2, 15.2, 17.3, 17.3, 19.4])
+    monkeypatch.setattr(machine, "process_tree_cpu", lambda pid: next(cpu))
+    monkeypatch.setattr(
+        server, "ceiling", lambda *a, **k: {"bytes": 10**9, "mb_per_s": 500.0, "requests": 954}
+    )
+    s3 = server.S3Server("moto")
+    monkeypatch.setattr(server.S3Server, "pid", property(lambda self: 4242))
+    done = server.warm_up(s3, [("/b/x.tar", 10**9)])
+    assert [round(d["ms_per_mb"], 1) for d in done] == [6.0, 3.0, 4.0, 2.2, 2.1]

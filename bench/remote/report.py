@@ -151,6 +151,14 @@ def markdown(doc: dict[str, Any]) -> str:
         f"server {doc['server']} on 127.0.0.1 (its own ceiling {_n(bare.get('mb_per_s'))} MB/s "
         f"with no proxy), {doc['machine']['cores']} cores; {doc.get('note') or ''}\n"
     ]
+    warm = [w.get("ms_per_mb") for w in doc.get("server_warm_up") or []]
+    if warm:
+        parts.append(
+            f"The server was warmed before any measurement: {len(warm)} rounds of 1 MiB ranged "
+            "GETs of every shard until its CPU per MB settled (ms/MB by round: "
+            + ", ".join(_n(w, ".2f") for w in warm)
+            + "); a fresh s3rver spends 2-2.5x the CPU per MB of a warm one.\n"
+        )
     parts += [table(doc, p) for p in doc["profiles"]]
     missing = doc.get("missing") or {}
     if missing:

@@ -37,7 +37,7 @@ from bench import run as local  # noqa: E402
 from bench.remote import readers, report  # noqa: E402
 from bench.remote.machine import CpuWatch  # noqa: E402
 from bench.remote.proxy import PROFILES, LatencyProxy  # noqa: E402
-from bench.remote.server import S3Server, ceiling  # noqa: E402
+from bench.remote.server import S3Server, ceiling, warm_up  # noqa: E402
 
 WORKER = os.path.join(ROOT, "bench", "remote", "worker.py")
 SYSTEMS = ("ours", "ours_cache", "ours_obstore", "litdata", "mosaic", "webdataset", "hf")
@@ -172,8 +172,13 @@ def measure(args: argparse.Namespace, systems: list[str], runner: local.Runner) 
         print(f"S3 server: {server.kind} on 127.0.0.1:{server.port}", flush=True)
         sizes, objects, builds = build_and_upload(runner, args, server, systems)
         ours_tars = [o for o in objects.get("ours", []) if o[0].endswith(".tar")]
+        warm = warm_up(server, ours_tars) if ours_tars and server.pid else []
+        if warm:
+            per_mb = ", ".join(report._n(w["ms_per_mb"], ".2f") for w in warm)
+            print(f"server warm-up: {len(warm)} rounds, CPU ms/MB {per_mb}", flush=True)
         bare = best_ceiling(server.address, ours_tars, server.key)
         out: dict[str, Any] = {"server": server.kind, "server_ceiling": bare, "profiles": {}}
+        out["server_warm_up"] = warm
         out["tar_objects"] = ours_tars
         for profile in profiles:
             with LatencyProxy(server.address, profile) as proxy:

@@ -216,3 +216,36 @@ def ceiling(
         "parallel": parallel,
         "requests": len(ranges),
     }
+
+
+def warm_up(
+    server: S3Server,
+    objects: list[tuple[str, int]],
+    *,
+    range_bytes: int = 2**20,
+    rounds: int = 8,
+    least: int = 3,
+    settle: float = 0.15,
+) -> list[dict[str, Any]]:
+    """Serve ``objects`` as 1 MiB ranged GETs (8 connections) for at least ``least`` rounds,
+    then until the server's CPU per MB settles (two rounds in a row within ``settle`` of each
+    other) or ``rounds`` are done.
+
+    A fresh s3rver (Node) spends 2-2.5x the CPU per MB of a warmed one on its first few
+    thousand ranged GETs; without a warm-up the first system measured pays for it. Returns each
+    round's ``ms_per_mb`` (None where the server's CPU cannot be read) and ``mb_per_s``."""
+    from bench.remote.machine import process_tree_cpu
+
+    done: list[dict[str, Any]] = []
+    for _ in range(rounds):
+        c0 = process_tree_cpu(server.pid) if server.pid else None
+        res = ceiling(server.address, objects, server.key, range_bytes, 8)
+        c1 = process_tree_cpu(server.pid) if server.pid else None
+        ms = (c1 - c0) / res["bytes"] * 1e9 if c0 is not None and c1 is not None else None
+        done.append({"ms_per_mb": ms, "mb_per_s": res["mb_per_s"], "requests": res["requests"]})
+        if ms is None:
+            break
+        if len(done) >= least and done[-2]["ms_per_mb"]:
+            if abs(ms - done[-2]["ms_per_mb"]) <= settle * done[-2]["ms_per_mb"]:
+                break
+    return done

@@ -230,3 +230,20 @@ def test_busy_consumer_read_and_report(tmp_path):
     assert f"| wdsloader | 0 | {result['samples_per_s']:,.0f} | – | {share} |" in md
     with pytest.raises(ValueError, match="unknown busy kind 'spin'"):
         busy.Consumer("spin")
+
+
+def test_the_bench_runner_writes_the_bytecode_of_our_packages(tmp_path, monkeypatch):
+    """Fresh bench workers must not compile our modules inside their timed windows where the
+    machine sets PYTHONDONTWRITEBYTECODE (the peers' installed modules come compiled)."""
+    root = tmp_path / "tree"
+    (root / "wdsloader" / "sub").mkdir(parents=True)
+    (root / "wdsloader" / "sub" / "mod.py").write_text("X = 1\n")
+    if ROOT not in sys.path:
+        sys.path.insert(0, ROOT)
+    from bench import run as bench_run
+
+    monkeypatch.setattr(bench_run, "ROOT", str(root))
+    monkeypatch.setenv("PYTHONDONTWRITEBYTECODE", "1")
+    bench_run.Runner(sys.executable, str(tmp_path / "raw"))
+    pyc = importlib.util.cache_from_source(str(root / "wdsloader" / "sub" / "mod.py"))
+    assert os.path.exists(pyc)

@@ -270,6 +270,41 @@ def test_preadv_all_fills_more_pieces_than_one_call_takes(tmp_path):
         split_range(memoryview(sink), [(4, memoryview(rows[0])), (5, memoryview(rows[1]))])
 
 
+def test_preadv_all_goes_on_after_a_short_read(tmp_path, monkeypatch):
+    """A call that fills the pieces only in part (the kernel may stop short) is continued from
+    the byte where it stopped, inside a piece or between pieces, until all are full."""
+    from wdsloader.io import ranges
+
+    path = tmp_path / "f"
+    data = np.random.default_rng(1).integers(0, 256, 4096, dtype=np.uint8)
+    path.write_bytes(data.tobytes())
+    real = os.preadv
+    calls: list[int] = []
+
+    def short(fd, bufs, at):  # at most 700 bytes a call
+        calls.append(at)
+        room = 700
+        cut = []
+        for b in bufs:
+            cut.append(b[: min(len(b), room)])
+            room -= len(cut[-1])
+        return real(fd, [b for b in cut if len(b)], at)
+
+    monkeypatch.setattr(ranges.os, "preadv", short)
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        for sizes in ([1000, 500, 1500], [300, 400, 2000], [0, 2500, 0]):
+            bufs = [np.zeros(n, dtype=np.uint8) for n in sizes]
+            calls.clear()
+            preadv_all(fd, [memoryview(b) for b in bufs], 11, str(path))
+            assert np.array_equal(np.concatenate(bufs), data[11 : 11 + sum(sizes)])
+            assert calls == [11 + 700 * k for k in range(-(-sum(sizes) // 700))]
+        with pytest.raises(ShardFormatError, match="truncated"):
+            preadv_all(fd, [memoryview(bytearray(900)), memoryview(bytearray(10))], 3500, "f")
+    finally:
+        os.close(fd)
+
+
 def test_remote_reads_fill_the_cuts_by_copying(root):
     """Through fsspec (no local files) the cuts get the same bytes, one copy later."""
     from wdsloader.io.remote_store import RemoteStore

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Sequence
+from typing import cast
 
 from wdsloader.format import ShardInfo
 from wdsloader.io.retry import truncated
@@ -83,6 +84,13 @@ def preadv_all(
     byte copied once from the file into its piece (``os.preadv``, at most :data:`IOV_MAX`
     pieces a call), the bytes of a :class:`Hole` left unread; a file that ends before they are
     full is truncated (the error names the file ``url(name)``)."""
+    if 0 < len(pieces) <= IOV_MAX and not any([type(p) is Hole for p in pieces]):
+        # the usual job (a sample's range, its placed rows cut out): one call fills it all
+        bufs = cast("Sequence[memoryview]", pieces)
+        got = os.preadv(fd, bufs, start)
+        if got != sum([len(p) for p in bufs]):
+            _preadv_run(fd, bufs, start, name, url, got)
+        return
     at, run = start, list[memoryview]()
     for piece in pieces:
         if isinstance(piece, Hole):
@@ -95,22 +103,30 @@ def preadv_all(
 
 
 def _preadv_run(
-    fd: int, pieces: Sequence[memoryview], start: int, name: str, url: Callable[[str], str]
+    fd: int,
+    pieces: Sequence[memoryview],
+    start: int,
+    name: str,
+    url: Callable[[str], str],
+    done: int = 0,
 ) -> None:
-    """:func:`preadv_all` of pieces without holes."""
+    """:func:`preadv_all` of pieces without holes, of which the first ``done`` bytes are read
+    already."""
     todo = [p for p in pieces if len(p)]
-    i, at = 0, start
-    while i < len(todo):
-        n = os.preadv(fd, todo if i == 0 and len(todo) <= IOV_MAX else todo[i : i + IOV_MAX], at)
-        if not n:
-            raise truncated(url(name), at)
-        at += n
+    i, at, n = 0, start + done, done
+    while True:
         while n:  # past the pieces filled, into the one filled in part
             if n < len(todo[i]):
                 todo[i], n = todo[i][n:], 0
             else:
                 n -= len(todo[i])
                 i += 1
+        if i == len(todo):
+            return
+        n = os.preadv(fd, todo if i == 0 and len(todo) <= IOV_MAX else todo[i : i + IOV_MAX], at)
+        if not n:
+            raise truncated(url(name), at)
+        at += n
 
 
 def split_range(sink: memoryview, cuts: Sequence[Cut]) -> list[Piece]:
@@ -134,10 +150,11 @@ def halve_jobs(jobs: Sequence[Job]) -> tuple[list[Job], list[Job]]:
     bytes of holes are not read), in order: the job where the middle byte falls is cut there,
     its first pieces (the piece at the cut sliced) a job of the first part, the rest one of
     the second."""
-    left = sum(len(p) for _, pieces, _, _ in jobs for p in pieces if not isinstance(p, Hole)) // 2
+    sizes = [sum([len(p) for p in pieces if type(p) is not Hole]) for _, pieces, _, _ in jobs]
+    left = sum(sizes) // 2
     first: list[Job] = []
     for k, (fd, pieces, start, name) in enumerate(jobs):
-        size = sum(len(p) for p in pieces if not isinstance(p, Hole))
+        size = sizes[k]
         if size <= left:
             first.append(jobs[k])
             left -= size

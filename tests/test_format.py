@@ -172,3 +172,20 @@ def test_ustar_fields_scalar_and_batch_parsers_agree():
     assert ustar.typeflags(rows).tolist() == [0x30] * 3
     assert ustar.plain_regular(rows[:1]) and not ustar.plain_regular(rows[:2])
     assert bytes(ustar.name_fields(rows)[0]).rstrip(b"\0") == b"k1.label.cls"
+
+
+def test_octal_sizes_accepts_octal_digits_only():
+    """Every byte but ``0``-``7`` in a digit place refuses the batch (those below ``0``
+    included), as does a last byte other than NUL or space."""
+    from wdsloader.format import ustar
+
+    good = np.frombuffer(b"00000001750\0" + b"00000000011 ", np.uint8).reshape(2, 12)
+    assert ustar.octal_sizes(good).tolist() == [0o1750, 9]
+    for bad in (*range(0, 48), 56, 57, 65, 255):
+        field = good.copy()
+        field[1, 4] = bad
+        assert ustar.octal_sizes(field) is None, bad
+    for last in (ord("0"), ord("\n"), 255):
+        field = good.copy()
+        field[0, 11] = last
+        assert ustar.octal_sizes(field) is None, last

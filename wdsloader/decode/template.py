@@ -141,7 +141,9 @@ class SampleTemplate:
         scratch = bytearray(n * len(self.blocks) * BLOCK)
         got = np.frombuffer(scratch, dtype=np.uint8).reshape(n, len(self.blocks), BLOCK)
         index = ((start >> 9)[:, None] + self.blocks).ravel()
-        np.take(blocks, index, axis=0, out=got.reshape(-1, BLOCK))
+        # every index is in range (checked above): "clip" writes into ``got`` directly, where
+        # the default mode would gather into a temporary and copy it over (2.5x the CPU)
+        np.take(blocks, index, axis=0, out=got.reshape(-1, BLOCK), mode="clip")
         k, key_len = len(self.rel), self.key_len
         headers = got[:, :k]
         keys = headers[:, 0, :key_len].copy()

@@ -208,12 +208,10 @@ def header_sizes(headers: Headers) -> npt.NDArray[np.int64] | None:
 def octal_sizes(field: Headers) -> npt.NDArray[np.int64] | None:
     """The sizes in ``(n, 12)`` size fields (:func:`header_sizes`), or None unless all are
     11 octal digits and a NUL or space."""
-    digits = field[:, :-1].astype(np.int64) - 48
-    if ((digits < 0) | (digits > 7)).any() or not (
-        (field[:, -1] == 0) | (field[:, -1] == 32)
-    ).all():
+    digits = field[:, :-1] - np.uint8(48)  # wraps below "0": above 7 too
+    if (digits > 7).any() or not ((field[:, -1] == 0) | (field[:, -1] == 32)).all():
         return None
-    sizes: npt.NDArray[np.int64] = digits @ _OCTAL
+    sizes: npt.NDArray[np.int64] = digits.astype(np.int64) @ _OCTAL
     return sizes
 
 

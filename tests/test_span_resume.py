@@ -196,3 +196,9 @@ def test_a_packing_plan_takes_the_states_span(monkeypatch, http_server):
     resumed = create_loader(url, "train", **kw)
     resumed.load_state_dict(state)
     assert done + rows(resumed) == whole
+
+
+@pytest.mark.parametrize(("n", "span"), [(20_480, 80), (98_304, 384), (1_000_000, 584)])
+def test_a_remote_span_holds_8_mib_within_256_spans(n, span):
+    avg = 14_356  # shard bytes per sample of the remote bench's embedding samples
+    assert _DERIVED(n, n * avg, 256, remote=True)[0] == span

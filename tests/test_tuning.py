@@ -24,12 +24,12 @@ MiB = 2**20
     [
         # 40 ms, 1 Gbit/s a connection: 16 MiB requests (20 MB wanted), 0.174 s each -> 26
         (0.040, 125e6, 16 * MiB, 26, 256 * MiB),
-        # 2 ms: 1 MB wanted -> the 2 MiB floor; 0.0188 s each -> 23 in flight, 46 MiB ahead
-        (0.002, 125e6, 2 * MiB, 23, 46 * MiB),
+        # 2 ms: 1 MB wanted -> the 8 MiB floor; 0.069 s each -> 21 in flight, 168 MiB ahead
+        (0.002, 125e6, 8 * MiB, 21, 168 * MiB),
         # a near, fast path (0.2 ms, 1 GB/s): few threads, the read-ahead floor
-        (0.0002, 1e9, 2 * MiB, 4, 32 * MiB),
-        # a far, slow one (100 ms, 10 MB/s): 4 MB wanted -> 4 MiB, 0.52 s each -> the 64 cap
-        (0.100, 10e6, 4 * MiB, 64, 256 * MiB),
+        (0.0002, 1e9, 8 * MiB, 4, 32 * MiB),
+        # a far, slow one (100 ms, 10 MB/s): 4 MB wanted -> 8 MiB, 0.94 s each -> the 64 cap
+        (0.100, 10e6, 8 * MiB, 64, 256 * MiB),
     ],
 )
 def test_the_tuning_follows_the_round_trip_and_the_rate(rtt, rate, size, inflight, ahead):
@@ -99,7 +99,7 @@ def test_measurements_that_are_not_ones_give_the_unmeasured_tuning(rtt, rate):
 def test_absurd_but_finite_measurements_stay_within_the_bounds():
     got = tune(1e300, 1e300)  # overflowed to inf inside the rules
     assert (got.request_bytes, got.concurrency, got.readahead_bytes) == (16 * MiB, 64, 256 * MiB)
-    assert tune(0.0, 1e8).request_bytes == 2 * MiB  # a round trip of 0: the smallest request
+    assert tune(0.0, 1e8).request_bytes == 8 * MiB  # a round trip of 0: the smallest request
 
 
 def test_the_probe_ignores_requests_without_a_measured_time():

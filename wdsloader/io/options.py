@@ -19,7 +19,7 @@ class ReadOptions:
     or other client errors), after ``backoff`` seconds doubled each time, capped at 2 s.
     Remote reads are tuned from the path, measured on the first requests (round trip and one
     connection's throughput; :func:`wdsloader.io.tuning.tune`): ``max_request_bytes`` per
-    ranged request (2-16 MiB), ``concurrency`` requests in flight (4-64; threads serve them,
+    ranged request (8-16 MiB), ``concurrency`` requests in flight (4-64; threads serve them,
     the S3 client's connection pool is sized to the most) and ``readahead_bytes`` read ahead
     of the batches being decoded (32-256 MiB), each reading process taking its share of the
     node (its ranks, from ``LOCAL_WORLD_SIZE``, times their workers). None (the default) means

@@ -8,8 +8,9 @@ The rules (``rtt``: seconds; ``rate``: bytes/s of one connection):
 
 - **request size**: a request spends ``rtt`` waiting and ``size / rate`` transferring; the
   size where the transfer is 80% of its time, ``4 * rtt * rate``, rounded up to a power of two
-  and kept within 2-16 MiB (smaller requests leave a slow path waiting; larger ones leave
-  fewer requests to share a window's spans).
+  and kept within 8-16 MiB (smaller requests cost the server and the reader a request's CPU
+  for fewer bytes, and leave a slow path waiting; larger ones leave fewer requests to share a
+  window's spans).
 - **concurrency**: enough requests in flight to carry this process's share of
   :data:`TARGET_BYTES_PER_S` (a node's link, 20 Gbit/s, shared by the node's ``readers``:
   its ranks times their DataLoader workers) at that size: ``target / readers * (rtt + size /
@@ -46,7 +47,7 @@ __all__ = [
 ]
 
 MiB = 2**20
-MIN_REQUEST_BYTES = 2 * MiB
+MIN_REQUEST_BYTES = 8 * MiB
 MAX_REQUEST_BYTES = 16 * MiB
 MIN_CONCURRENCY = 4
 MAX_CONCURRENCY = 64

@@ -28,8 +28,9 @@ SPAN_BYTES = 256 * 2**10  # bytes of consecutive samples kept together (one rang
 WINDOW_BYTES = 64 * 2**20  # raw bytes a worker shuffles within (and holds in memory)
 MAX_WINDOW = 16384
 MIN_SPANS = 4096
-# Remote reads (object stores, HTTP) pay a round trip per range: fewer, larger spans.
-REMOTE_SPAN_BYTES = 2 * 2**20
+# Remote reads (object stores, HTTP) pay a round trip per range: fewer, larger spans (a loaded
+# state's span is taken by a loader whose span is derived, so this may change: docs/speed.md).
+REMOTE_SPAN_BYTES = 8 * 2**20
 REMOTE_MIN_SPANS = 256
 
 CollateSpec = str | Callable[[list[dict[str, Any]]], Any]
@@ -45,7 +46,8 @@ class LoaderConfig:
     reads several sources (``plan`` is then over their shards concatenated in source order);
     ``packing`` plans packed rows instead of samples (``create_loader(packing=...)``);
     ``worker_mode`` is ``"thread"`` when its workers are threads of the loader's process;
-    ``raw_bytes``: :attr:`DecodeOptions.raw_bytes`.
+    ``raw_bytes``: :attr:`DecodeOptions.raw_bytes`; ``span_derived``: the plan's span was
+    derived (not given), so a loaded state's span replaces it (the state's run continues).
     """
 
     split: str
@@ -66,6 +68,7 @@ class LoaderConfig:
     packing: PackPlanner | None = None
     worker_mode: str = "process"
     raw_bytes: str = "uint8"
+    span_derived: bool = False
 
 
 def default_span_window(
@@ -198,6 +201,7 @@ def resolve_config(
         mix=mix,
         worker_mode=options.workers.mode if options.num_workers > 0 else "process",
         raw_bytes=decode.raw_bytes,
+        span_derived=span is None,
     )
 
 

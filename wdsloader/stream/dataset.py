@@ -9,6 +9,7 @@ of :meth:`ShardStreamDataset._refill`, and the counters shared with the main pro
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import logging
 import threading
@@ -28,7 +29,7 @@ from wdsloader.decode.variants import Variants
 from wdsloader.errors import SkipLimitError, WdsLoaderError
 from wdsloader.format import FieldSpec, Manifest, ShardInfo
 from wdsloader.io.store import Store
-from wdsloader.mix.runtime import MixPlanner, SourceTags
+from wdsloader.mix.runtime import SourceTags
 from wdsloader.plan.uses import shard_uses
 from wdsloader.stream.ahead import DECODE_AHEAD, made_ahead
 from wdsloader.stream.collected import close_when_collected
@@ -38,6 +39,7 @@ from wdsloader.stream.dataset_config import (
     check_config,
     dataset_collate,
     dataset_decoder,
+    dataset_planner,
     loader_config,
 )
 from wdsloader.stream.parent_watch import watch_parent
@@ -104,12 +106,7 @@ class ShardStreamDataset(IterableDataset):
         self.control = Control(self.config.num_workers)
         self.control.epoch = config.epoch
         self.mix = mix = config.mix
-        # the plan: of one source, or of a mix (with each sample's source to count and tag)
-        self.planner: plan.Planner = (
-            config.packing if config.packing is not None
-            else plan.SinglePlanner(self.config) if mix is None
-            else MixPlanner(mix, self.config)
-        )  # fmt: skip
+        self.planner = dataset_planner(config)
         self._tags = None if mix is None else SourceTags(mix, self.config.num_workers)
         self.provenance = Provenance(self.config.counts, mix)
         self._collate_ns = 0  # the collate function's time in the batch being made
@@ -141,6 +138,16 @@ class ShardStreamDataset(IterableDataset):
             self.columnar = columnar if columnar.useful else None
             if self.columnar is not None:
                 self.reader.placement = self.columnar.placement()
+
+    def set_span(self, span: int) -> None:
+        """Plan with ``span`` (a loaded state's) instead of the config's; the rest of the
+        config is kept. Workers made before (processes or thread copies) keep the old plan."""
+        packing = self.loader_config.packing
+        config = dataclasses.replace(self.config, span=span)
+        if packing is not None:
+            packing = plan.PackPlanner(config, packing.packing, packing.lengths)
+        self.loader_config = dataclasses.replace(self.loader_config, plan=config, packing=packing)
+        self.config, self.planner = config, dataset_planner(self.loader_config)
 
     # -- epoch / resume / curriculum -----------------------------------------------------------
     @property

@@ -1,6 +1,6 @@
 """What a :class:`~wdsloader.stream.dataset.ShardStreamDataset` is made from: the
 :class:`~wdsloader.stream.config.LoaderConfig` (the keywords of earlier versions translated into
-one, with a ``DeprecationWarning``), and the decoder and collate function it describes."""
+one, with a ``DeprecationWarning``), and the decoder, collate function and plan it describes."""
 
 from __future__ import annotations
 
@@ -12,9 +12,17 @@ from wdsloader import plan
 from wdsloader.decode.registry import SampleDecoder
 from wdsloader.format import Manifest
 from wdsloader.lazy import REMOVED_IN
+from wdsloader.mix.runtime import MixPlanner
 from wdsloader.stream.config import LoaderConfig, make_collate
 
-__all__ = ["ON_ERROR", "check_config", "dataset_collate", "dataset_decoder", "loader_config"]
+__all__ = [
+    "ON_ERROR",
+    "check_config",
+    "dataset_collate",
+    "dataset_decoder",
+    "dataset_planner",
+    "loader_config",
+]
 
 Collate = Callable[[list[dict[str, Any]]], Any]
 
@@ -55,6 +63,16 @@ def dataset_decoder(config: LoaderConfig, manifest: Manifest) -> SampleDecoder:
 def dataset_collate(config: LoaderConfig, manifest: Manifest) -> Collate:
     """The collate function of ``config`` (the schema's optional fields passed on)."""
     return make_collate(config, [name for name, spec in manifest.schema.items() if spec.optional])
+
+
+def dataset_planner(config: LoaderConfig) -> plan.Planner:
+    """The plan of ``config``: packed rows, one source's samples, or a mix's (with each
+    sample's source to count and tag)."""
+    if config.packing is not None:
+        return config.packing
+    if config.mix is None:
+        return plan.SinglePlanner(config.plan)
+    return MixPlanner(config.mix, config.plan)
 
 
 def loader_config(

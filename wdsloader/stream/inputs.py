@@ -1,10 +1,13 @@
-"""What ``create_loader`` opens before planning: the store and manifest of a dataset, and the
-lengths of its documents when a token-weighted mix plans with them."""
+"""What ``create_loader`` opens before planning: the store and manifest of a dataset (or of
+each source of a mix), and the lengths of its documents when a token-weighted mix plans with
+them."""
 
 from __future__ import annotations
 
+import functools
 import os
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -15,6 +18,12 @@ from wdsloader.io.fetch import ReadOptions, ShardStore
 from wdsloader.io.manifest_io import load_manifest, manifest_where
 from wdsloader.io.side_files import read_split_lengths
 from wdsloader.io.store import open_store
+from wdsloader.stream.start_method import start_method
+
+if TYPE_CHECKING:
+    from wdsloader.mix.spec import MixSpec
+    from wdsloader.mix.store import MixStore
+    from wdsloader.stream.loader_options import LoaderOptions
 
 
 def open_dataset(
@@ -69,3 +78,27 @@ def share_node(store: object, readers: int) -> None:
     for each in getattr(store, "stores", [store]):
         if hasattr(each, "readers"):
             each.readers = readers
+
+
+def open_source(
+    root: str | None, options: LoaderOptions
+) -> tuple[ShardStore | MixStore, Manifest, MixSpec | None]:
+    """The store and manifest of the dataset at ``root``, or (``root`` None) of the mix of
+    ``options``, with its spec."""
+    read, check = options.read_options, options.errors.check_shards
+    # no worker process forked from this one (none, threads, or spawned/forkserver ones): no
+    # fork to keep obstore's runtime out of, so it reads the manifest and indexes too
+    workers = options.workers
+    here = options.num_workers == 0 or workers.mode == "thread"
+    here = here or start_method(workers.multiprocessing_context) != "fork"
+    if options.mix is None:
+        assert root is not None
+        return (*open_dataset(root, read, check, options.split, here), None)
+    from wdsloader.mix.store import open_mix
+
+    return open_mix(
+        list(options.mix.sources), options.split, options.decode.fields,
+        options.mix.spec_options(),
+        lambda url: open_dataset(url, read, check, options.split, here),
+        functools.partial(read_source_lengths, read),
+    )  # fmt: skip

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import functools
+import dataclasses
 import logging
 import os
 import time
@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 from torch.utils.data import DataLoader
 
 from wdsloader import plan
-from wdsloader.errors import WorkerDiedError
+from wdsloader.errors import StateMismatchError, WorkerDiedError
 from wdsloader.format import FieldSpec, Manifest
 from wdsloader.io.fetch import ReadOptions, ShardStore
 from wdsloader.stream.config import (
@@ -28,8 +28,8 @@ from wdsloader.stream.config import (
     resolve_config,
 )
 from wdsloader.stream.dataset import ShardStreamDataset
-from wdsloader.stream.inputs import node_readers, open_dataset, read_source_lengths, share_node
-from wdsloader.stream.loader_options import LoaderOptions, loader_options
+from wdsloader.stream.inputs import node_readers, open_source, share_node
+from wdsloader.stream.loader_options import loader_options
 from wdsloader.stream.options import (
     DecodeOptions,
     ErrorPolicy,
@@ -40,7 +40,7 @@ from wdsloader.stream.options import (
 from wdsloader.stream.packing import packed_config, packing_fingerprint
 from wdsloader.stream.prefetch import DevicePrefetcher
 from wdsloader.stream.replay import StepSamples, step_samples
-from wdsloader.stream.start_method import check_sendable, start_method
+from wdsloader.stream.start_method import check_sendable
 from wdsloader.stream.state import LoaderState, epoch_fingerprint, stage_fingerprint
 from wdsloader.stream.telemetry import Hook, Telemetry
 from wdsloader.stream.telemetry import all_ranks as all_ranks_metrics
@@ -50,7 +50,6 @@ from wdsloader.stream.workers import WorkerWatch
 if TYPE_CHECKING:
     from wdsloader.mix.options import Mix
     from wdsloader.mix.source import MixSource
-    from wdsloader.mix.spec import MixSpec
     from wdsloader.mix.store import MixStore
     from wdsloader.plan.packing import Packing
 
@@ -186,20 +185,42 @@ class WdsDataLoader(DataLoader):
 
         A different world size, worker count, batch size, drop_last or shuffle window re-plans
         the samples not yet consumed in that epoch over the new topology (each delivered once).
-        A state taken on other data, with another seed, shuffle, span, fields, decoder options,
-        curriculum, collator or plan version, or whose mix weights or curriculum schedule function
-        returns other values at its epoch, is a
-        :class:`~wdsloader.errors.StateMismatchError` naming what differs.
+        A loader whose span was derived (``PlanOptions(span=None)``, the default) takes the
+        state's span, from then on: the run that saved it continues with the same batches,
+        whatever span this version derives. A state taken on other data, with another seed,
+        shuffle, span given explicitly, fields, decoder options, curriculum, collator or plan
+        version, or whose mix weights or curriculum schedule function returns other values at
+        its epoch, is a :class:`~wdsloader.errors.StateMismatchError` naming what differs.
         """
         ds = self.dataset_obj
         loaded = LoaderState.from_dict(state.to_dict() if isinstance(state, LoaderState) else state)
         now = {**self.fingerprint, **epoch_fingerprint(ds, loaded.epoch)}
-        loaded.check(split=ds.split, config=ds.config, shards=ds.shards_digest, fingerprint=now)
-        resume = loaded.plan_resume(ds.config, ds.num_batches)
+        config = ds.config
+        if ds.loader_config.span_derived:
+            config = dataclasses.replace(config, span=loaded.span)
+        loaded.check(split=ds.split, config=config, shards=ds.shards_digest, fingerprint=now)
+        before = ds.config.span
+        self._plan_with(config.span)
+        try:
+            resume = loaded.plan_resume(ds.config, ds.num_batches)
+        except StateMismatchError:
+            self._plan_with(before)  # not loaded: the loader plans as it did
+            raise
         ds.set_epoch(loaded.epoch)
         trivial = resume.batches_done == 0 and resume.prior is None
         self._pending = None if trivial else loaded
         self._started_from, self._yielded = None, 0
+
+    def _plan_with(self, span: int) -> None:
+        """Plan with ``span`` from now on: worker processes (persistent ones) and thread
+        workers' copies made under another span are let go, to be made again."""
+        ds = self.dataset_obj
+        if span == ds.config.span:
+            return
+        ds.set_span(span)
+        self._free.clear()
+        self._iterator = None
+        self._played.clear()
 
     # -- epoch and curriculum ------------------------------------------------------------------
     def set_epoch(self, epoch: int) -> None:
@@ -420,27 +441,3 @@ def create_loader(
         shown, split, rank, world, len(loader), batch_size, loader.padding, loader.dropped,
     )  # fmt: skip
     return loader
-
-
-def open_source(
-    root: str | None, options: LoaderOptions
-) -> tuple[ShardStore | MixStore, Manifest, MixSpec | None]:
-    """The store and manifest of the dataset at ``root``, or (``root`` None) of the mix of
-    ``options``, with its spec."""
-    read, check = options.read_options, options.errors.check_shards
-    # no worker process forked from this one (none, threads, or spawned/forkserver ones): no
-    # fork to keep obstore's runtime out of, so it reads the manifest and indexes too
-    workers = options.workers
-    here = options.num_workers == 0 or workers.mode == "thread"
-    here = here or start_method(workers.multiprocessing_context) != "fork"
-    if options.mix is None:
-        assert root is not None
-        return (*open_dataset(root, read, check, options.split, here), None)
-    from wdsloader.mix.store import open_mix
-
-    return open_mix(
-        list(options.mix.sources), options.split, options.decode.fields,
-        options.mix.spec_options(),
-        lambda url: open_dataset(url, read, check, options.split, here),
-        functools.partial(read_source_lengths, read),
-    )  # fmt: skip

@@ -33,7 +33,7 @@ def _is_int(value: object) -> bool:
 class PlanOptions:
     """How an epoch is planned. ``span``: samples read together from one shard (one range read);
     ``shuffle_window``: samples a worker shuffles among (and holds in memory). None derives each
-    from the split's average sample size (about 256 KiB of data per span, 2 MiB when read
+    from the split's average sample size (about 256 KiB of data per span, 8 MiB when read
     remotely without a cache; 64 MiB per window)."""
 
     span: int | None = None

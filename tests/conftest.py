@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import sys
 import uuid
 
 import pytest
@@ -100,3 +101,48 @@ def ddp_reports(request, tmp_path_factory) -> dict[str, list[dict]]:
     )
     folders = {name: tmp_path_factory.mktemp(name.rsplit(".", 1)[1]) for name in names}
     return run_phases(folders)
+
+
+@pytest.fixture(scope="session")
+def _ray_shut_down_at_the_end():
+    """Shuts down the session's Ray (``local_ray``) after the last test, if one runs."""
+    yield
+    if "ray" in sys.modules and sys.modules["ray"].is_initialized():
+        sys.modules["ray"].shutdown()
+
+
+@pytest.fixture()
+def local_ray(_ray_shut_down_at_the_end):
+    """The session's local Ray of 2 CPUs (80 MiB of object store), started by the first test
+    that asks for it and kept for the next (a start costs seconds of CPU on a 2-core machine);
+    a test that shuts it down leaves the next one a new Ray."""
+    ray = pytest.importorskip("ray")
+    if not ray.is_initialized():
+        ray.init(
+            num_cpus=2, include_dashboard=False, log_to_driver=False, object_store_memory=80 * 2**20
+        )
+    return ray
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    items[:] = own_rays_after_local_ray(items)
+
+
+def own_rays_after_local_ray(items: list) -> list:
+    """``items`` with the tests that start Ray clusters of their own (fixture
+    ``without_local_ray``) moved to just after the last test of the session's Ray
+    (``local_ray``), so that the session starts that Ray once; the rest keep their order."""
+    own = [item for item in items if "without_local_ray" in getattr(item, "fixturenames", ())]
+    moved = set(map(id, own))
+    rest = [item for item in items if id(item) not in moved]
+    users = [k for k, item in enumerate(rest) if "local_ray" in getattr(item, "fixturenames", ())]
+    at = users[-1] + 1 if users else len(rest)
+    return rest[:at] + own + rest[at:]
+
+
+@pytest.fixture()
+def without_local_ray():
+    """No Ray in this process for the test (it connects to a cluster of its own): the session's
+    Ray, if one runs, is shut down (the next test of ``local_ray`` starts a new one)."""
+    ray = pytest.importorskip("ray")
+    ray.shutdown()

@@ -1,4 +1,4 @@
-"""Building on Ray (a local cluster of 2 CPUs, started once for the module): the same bytes as the
+"""Building on Ray (the session's local cluster of 2 CPUs, conftest's ``local_ray``): the same bytes as the
 local engine, to a folder and to S3; failed tasks retried without a shard lost or duplicated; an
 interrupted build resumed; outputs and options Ray cannot take refused (lists and generators:
 tests/test_ray_sources.py)."""
@@ -38,20 +38,12 @@ N = 400  # 8 blocks
 pytestmark = [pytest.mark.usefixtures("infer_first_sample_only"), pytest.mark.slow]  # a Ray cluster
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _ray_shut_down_after_the_module():
-    yield
-    ray.shutdown()
-
-
 @pytest.fixture(autouse=True)
-def ray_cluster(request):
-    """A local Ray of 2 CPUs, shared by the module's tests. A test marked ``stops_a_build`` (a
+def ray_cluster(request, local_ray):
+    """The session's Ray (``local_ray``), shared by the tests. A test marked ``stops_a_build`` (a
     build stopped by a data error or on the driver stops its tasks through the abort flag,
     waiting up to a minute) keeps it only once every CPU of it is free again, so that no task of
     that test can still run in the next; else it is shut down (the next test starts a new one)."""
-    if not ray.is_initialized():
-        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
     yield
     if request.node.get_closest_marker("stops_a_build") and not _all_cpus_free(timeout=60.0):
         ray.shutdown()

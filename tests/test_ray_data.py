@@ -1,4 +1,4 @@
-"""Ray Data in and out (one small local Ray for the module): a ``ray.data.Dataset`` built with
+"""Ray Data in and out (the session's small local Ray): a ``ray.data.Dataset`` built with
 ``engine="ray"`` gives the same shards for any block layout (and the local engine's)."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from tests.test_ray_build import local_digests
 ray = pytest.importorskip("ray")
 pytest.importorskip("ray.data")
 
-pytestmark = pytest.mark.slow  # a Ray cluster
+pytestmark = [pytest.mark.usefixtures("local_ray"), pytest.mark.slow]  # a Ray cluster
 
 OPTS = dict(
     splits={"train": 0.7, "val": 0.3},
@@ -24,15 +24,6 @@ N = 230
 # the items' blocks before the tests' own layouts: Ray Data's default for from_items (200 blocks
 # of one or two rows) spends ~5 s per run of the pipeline on the tasks of those tiny blocks
 IN_BLOCKS = 6
-
-
-@pytest.fixture(scope="module", autouse=True)
-def ray_cluster():
-    ray.init(
-        num_cpus=2, include_dashboard=False, log_to_driver=False, object_store_memory=80 * 2**20
-    )
-    yield
-    ray.shutdown()
 
 
 def rows(n: int = N) -> list[dict]:

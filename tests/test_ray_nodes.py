@@ -14,7 +14,10 @@ from tests.test_ray_build import digests, sample
 
 ray = pytest.importorskip("ray")
 
-pytestmark = [pytest.mark.usefixtures("infer_first_sample_only"), pytest.mark.slow]
+pytestmark = [
+    pytest.mark.usefixtures("infer_first_sample_only", "without_local_ray"),
+    pytest.mark.slow,
+]
 
 N, BLOCK = 160, 10  # 16 blocks
 OPTS = dict(
@@ -30,6 +33,11 @@ def items() -> list[dict]:
     return [{"__key__": f"s{i:05d}", "i": i} for i in range(N)]
 
 
+def sample_of(item: dict) -> dict:
+    """The sample of item ``i``: what ``make`` returns, without its work (the reference build)."""
+    return {**sample(item["i"]), "__key__": item["__key__"]}
+
+
 def make(item: dict, log: str | None = None) -> dict:
     """The ``map``: the sample of item ``i``, after 20 ms of work; with ``log``, the node it ran
     on appended to that file (one line per item)."""
@@ -37,7 +45,7 @@ def make(item: dict, log: str | None = None) -> dict:
         with open(log, "a") as f:
             f.write(f"{ray.get_runtime_context().get_node_id()} {item['i']}\n")
     time.sleep(0.02)
-    return {**sample(item["i"]), "__key__": item["__key__"]}
+    return sample_of(item)
 
 
 class KillSecond:
@@ -70,7 +78,7 @@ def test_a_node_killed_mid_build_loses_and_doubles_nothing_on_s3(tmp_path, s3_bu
     from ray.cluster_utils import Cluster
 
     url, options = s3_bucket
-    build_shards(items(), f"{url}/ref", map=make, storage_options=options, **OPTS)
+    build_shards(items(), f"{url}/ref", map=sample_of, storage_options=options, **OPTS)
     fs = s3fs.S3FileSystem(**options)
     root = url[len("s3://") :]
     reference = digests(fs, f"{root}/ref")

@@ -1,4 +1,4 @@
-"""Every source the local engine takes, on Ray (one local Ray of 2 CPUs for the module): a list
+"""Every source the local engine takes, on Ray (the session's local Ray of 2 CPUs): a list
 whose ``map`` does the work and a generator give the local engine's bytes, one ``ray.put`` per
 block, a generator read no further ahead than the blocks in flight, an interrupted build resumed
 by re-reading the generator; a failing build stops its tasks without cancelling them."""
@@ -18,7 +18,10 @@ from tests.test_ray_build import Interrupt, StopAfter, local_digests, sample
 
 ray = pytest.importorskip("ray")
 
-pytestmark = [pytest.mark.usefixtures("infer_first_sample_only"), pytest.mark.slow]  # a Ray cluster
+pytestmark = [
+    pytest.mark.usefixtures("infer_first_sample_only", "local_ray"),
+    pytest.mark.slow,  # a Ray cluster
+]
 
 REPO = Path(__file__).resolve().parents[1]
 N = 400  # 8 blocks of 50
@@ -29,16 +32,6 @@ OPTS = dict(
     shards=SHARDS,
     samples=SampleOptions(group_by="group"),
 )
-
-
-@pytest.fixture(scope="module", autouse=True)
-def ray_cluster():
-    """One small local Ray for the module (no task is ever cancelled, so none outlives a test)."""
-    ray.init(
-        num_cpus=2, include_dashboard=False, log_to_driver=False, object_store_memory=80 * 2**20
-    )
-    yield
-    ray.shutdown()
 
 
 def urls(n: int = N) -> list[dict]:
@@ -188,7 +181,7 @@ DRIVER = textwrap.dedent(
 def test_failing_builds_with_tasks_in_flight_never_abort_the_driver(tmp_path):
     """A failing build stops its tasks through the abort flag, never ``ray.cancel`` (a task that
     completes while Ray 2.60 cancels it aborts the driver process): the driver, a process of its
-    own on this module's Ray, survives 25 failing builds and each build leaves nothing."""
+    own on the session's Ray, survives 25 failing builds and each build leaves nothing."""
     script = tmp_path / "driver.py"
     script.write_text(DRIVER)
     address = ray.get_runtime_context().gcs_address

@@ -157,7 +157,7 @@ def markdown(doc: dict[str, Any]) -> str:
             f"The server was warmed before any measurement: {len(warm)} rounds of 1 MiB ranged "
             "GETs of every shard until its CPU per MB settled (ms/MB by round: "
             + ", ".join(_n(w, ".2f") for w in warm)
-            + "); a fresh s3rver spends 2-2.5x the CPU per MB of a warm one.\n"
+            + "); a fresh s3rver spent up to 2.6x the CPU per MB of a warm one on its first rounds.\n"
         )
     parts += [table(doc, p) for p in doc["profiles"]]
     missing = doc.get("missing") or {}

@@ -231,7 +231,7 @@ def warm_up(
     then until the server's CPU per MB settles (two rounds in a row within ``settle`` of each
     other) or ``rounds`` are done.
 
-    A fresh s3rver (Node) spends 2-2.5x the CPU per MB of a warmed one on its first few
+    A fresh s3rver (Node) spent up to 2.6x the CPU per MB of a warmed one on its first few
     thousand ranged GETs; without a warm-up the first system measured pays for it. Returns each
     round's ``ms_per_mb`` (None where the server's CPU cannot be read) and ``mb_per_s``."""
     from bench.remote.machine import process_tree_cpu

@@ -11,6 +11,7 @@ import pytest
 
 from tests.dataset_factory import write_dataset
 from tests.http_server import http_server_fixture  # noqa: F401
+from tests.test_loader import keys_of, run
 from wdsloader import create_loader
 from wdsloader.errors import StateMismatchError
 from wdsloader.mix import MixSource
@@ -36,19 +37,6 @@ def derive(monkeypatch, span):
         return (span if remote else auto), window
 
     monkeypatch.setattr(config_module, "default_span_window", fake)
-
-
-def keys_of(batches):
-    return [k for b in batches for k in b["__key__"]]
-
-
-def run(loader, n=None):
-    out = []
-    for b in loader:
-        out.append(b)
-        if len(out) == n:
-            break
-    return out
 
 
 def kw(nw=0, **extra):

@@ -172,7 +172,7 @@ def measure(args: argparse.Namespace, systems: list[str], runner: local.Runner) 
         print(f"S3 server: {server.kind} on 127.0.0.1:{server.port}", flush=True)
         sizes, objects, builds = build_and_upload(runner, args, server, systems)
         ours_tars = [o for o in objects.get("ours", []) if o[0].endswith(".tar")]
-        warm = warm_up(server, ours_tars) if ours_tars and server.pid else []
+        warm = warm_up(server, ours_tars) if ours_tars else []
         if warm:
             per_mb = ", ".join(report._n(w["ms_per_mb"], ".2f") for w in warm)
             print(f"server warm-up: {len(warm)} rounds, CPU ms/MB {per_mb}", flush=True)

@@ -233,19 +233,20 @@ def warm_up(
 
     A fresh s3rver (Node) spent up to 2.6x the CPU per MB of a warmed one on its first few
     thousand ranged GETs; without a warm-up the first system measured pays for it. Returns each
-    round's ``ms_per_mb`` (None where the server's CPU cannot be read) and ``mb_per_s``."""
+    round's ``ms_per_mb`` and ``mb_per_s``: none where the server's CPU cannot be read (moto in
+    this process, a server started elsewhere, no /proc)."""
     from bench.remote.machine import process_tree_cpu
 
     done: list[dict[str, Any]] = []
-    for _ in range(rounds):
-        c0 = process_tree_cpu(server.pid) if server.pid else None
+    for _ in range(rounds if server.pid else 0):
+        c0 = process_tree_cpu(server.pid)
         res = ceiling(server.address, objects, server.key, range_bytes, 8)
-        c1 = process_tree_cpu(server.pid) if server.pid else None
-        ms = (c1 - c0) / res["bytes"] * 1e9 if c0 is not None and c1 is not None else None
+        c1 = process_tree_cpu(server.pid)
+        if c0 is None or c1 is None:
+            return []
+        ms = (c1 - c0) / res["bytes"] * 1e9
         done.append({"ms_per_mb": ms, "mb_per_s": res["mb_per_s"], "requests": res["requests"]})
-        if ms is None:
+        last = done[-2]["ms_per_mb"] if len(done) >= least else None
+        if last and abs(ms - last) <= settle * last:
             break
-        if len(done) >= least and done[-2]["ms_per_mb"]:
-            if abs(ms - done[-2]["ms_per_mb"]) <= settle * done[-2]["ms_per_mb"]:
-                break
     return done

@@ -29,6 +29,7 @@ from wdsloader.decode.codecs import (
     decode_uint8,
 )
 from wdsloader.decode.groups import GroupedValue
+from wdsloader.decode.images import is_image_decoder
 from wdsloader.errors import DecodeError, PickleNotAllowedError
 from wdsloader.format.codecs import CodecDecoder, decoder_of, user_codecs
 from wdsloader.format.keys import field_of_ext
@@ -79,6 +80,7 @@ def get_decoder(encoding: str) -> Decoder:
 __all__ = ["ClsCast", "NoneOr", "SampleDecoder", "Then", "get_decoder", "register_decoder"]
 
 RAW_BYTES = ("uint8", "bytes")
+IMAGES = ("decoded", "encoded")
 
 
 def check_raw_bytes(value: str) -> str:
@@ -86,6 +88,14 @@ def check_raw_bytes(value: str) -> str:
     dtype are decoded), else a ValueError naming the choices."""
     if value not in RAW_BYTES:
         raise ValueError(f"raw_bytes must be one of {RAW_BYTES}, got {value!r}")
+    return value
+
+
+def check_images(value: str) -> str:
+    """``value`` when it is one of :data:`IMAGES` (whether image members are decoded or kept
+    encoded), else a ValueError naming the choices."""
+    if value not in IMAGES:
+        raise ValueError(f"images must be one of {IMAGES}, got {value!r}")
     return value
 
 
@@ -109,7 +119,9 @@ class SampleDecoder:
     ``pkl``/``pickle``/``pyd`` members and object arrays in ``npy``/``npz``, and loads ``pt``
     with ``weights_only=False``. ``raw_bytes="uint8"`` decodes every raw-bytes field as if
     declared ``uint8`` (the loader's default); ``"bytes"`` (this class's default) keeps the
-    undeclared ones ``bytes``. The output also holds ``"__key__"``. A field the schema marks
+    undeclared ones ``bytes``. ``images="encoded"`` keeps the members the library's image
+    decoder would decode as raw bytes (1-D uint8 arrays of the encoded file), for a decoder on
+    the device (:class:`~wdsloader.stream.DevicePrefetcher`). The output also holds ``"__key__"``. A field the schema marks
     ``optional`` is None in a sample that lacks its member.
     """
 
@@ -122,6 +134,7 @@ class SampleDecoder:
         decoders: Mapping[str, Decoder] | None = None,
         dims: Mapping[str, int] | None = None,
         raw_bytes: str = "bytes",
+        images: str = "decoded",
     ) -> None:
         if isinstance(fields, str):
             raise TypeError(f"fields must be a sequence of field names, not the string {fields!r}")
@@ -129,6 +142,7 @@ class SampleDecoder:
         self.fields = None if fields is None else tuple(dict.fromkeys(fields))
         self.allow_pickle = allow_pickle
         self.raw_bytes = check_raw_bytes(raw_bytes)
+        self.images = check_images(images)
         self.dims = dict(dims or {})
         table = _decoder_table()
         if allow_pickle:
@@ -169,6 +183,8 @@ class SampleDecoder:
     def decoder_for(self, encoding: str) -> Decoder:
         """The decoder this instance uses for ``encoding``."""
         fn = self._table.get(encoding.lower(), decode_bytes)
+        if self.images == "encoded" and is_image_decoder(fn):
+            return decode_uint8  # the encoded file, for a decoder on the device
         return decode_uint8 if fn is decode_bytes and self.raw_bytes == "uint8" else fn
 
     def _schema_step(self, field: str) -> _Step:

@@ -4,6 +4,7 @@ prefetcher."""
 
 from wdsloader.stream.config import LoaderConfig
 from wdsloader.stream.dataset import ShardStreamDataset
+from wdsloader.stream.device_images import DeviceImageDecoder, register_device_image_decoder
 from wdsloader.stream.loader import DevicePrefetcher, WdsDataLoader, create_loader, set_epoch
 from wdsloader.stream.loader_options import LoaderOptions
 from wdsloader.stream.options import (
@@ -19,6 +20,7 @@ from wdsloader.stream.telemetry import LoggingReporter, TensorBoardReporter
 
 __all__ = [
     "DecodeOptions",
+    "DeviceImageDecoder",
     "DevicePrefetcher",
     "ErrorPolicy",
     "LoaderConfig",
@@ -34,5 +36,6 @@ __all__ = [
     "WdsDataLoader",
     "WorkerOptions",
     "create_loader",
+    "register_device_image_decoder",
     "set_epoch",
 ]

@@ -46,8 +46,9 @@ class LoaderConfig:
     reads several sources (``plan`` is then over their shards concatenated in source order);
     ``packing`` plans packed rows instead of samples (``create_loader(packing=...)``);
     ``worker_mode`` is ``"thread"`` when its workers are threads of the loader's process;
-    ``raw_bytes``: :attr:`DecodeOptions.raw_bytes`; ``span_derived``: the plan's span was
-    derived (not given), so a loaded state's span replaces it (the state's run continues).
+    ``raw_bytes`` and ``images``: :attr:`DecodeOptions.raw_bytes` and ``.images``;
+    ``span_derived``: the plan's span was derived (not given), so a loaded state's span
+    replaces it (the state's run continues).
     """
 
     split: str
@@ -68,6 +69,7 @@ class LoaderConfig:
     packing: PackPlanner | None = None
     worker_mode: str = "process"
     raw_bytes: str = "uint8"
+    images: str = "decoded"
     span_derived: bool = False
 
 
@@ -201,6 +203,7 @@ def resolve_config(
         mix=mix,
         worker_mode=options.workers.mode if options.num_workers > 0 else "process",
         raw_bytes=decode.raw_bytes,
+        images=decode.images,
         span_derived=span is None,
     )
 

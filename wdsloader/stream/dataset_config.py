@@ -57,6 +57,7 @@ def dataset_decoder(config: LoaderConfig, manifest: Manifest) -> SampleDecoder:
         allow_pickle=config.allow_pickle,
         dims=manifest.dims,
         raw_bytes=config.raw_bytes,
+        images=config.images,
     )
 
 
@@ -106,5 +107,5 @@ def loader_config(
         curriculum=values["curriculum"], collate=collate_fn, allow_pickle=decoder.allow_pickle,
         on_error=values["on_error"], max_skipped=values["max_skipped"], gather=values["gather"],
         readahead_batches=values["readahead_batches"], loader_kwargs={}, mix=values["mix"],
-        raw_bytes=decoder.raw_bytes,
+        raw_bytes=decoder.raw_bytes, images=decoder.images,
     )  # fmt: skip

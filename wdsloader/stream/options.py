@@ -14,7 +14,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from wdsloader.decode.registry import check_raw_bytes
+from wdsloader.decode.registry import check_images, check_raw_bytes
 from wdsloader.stream.dataset_config import ON_ERROR
 
 if TYPE_CHECKING:
@@ -210,7 +210,10 @@ class DecodeOptions:
     field (``.bin`` and other encodings without a decoder) holds when the schema declares no
     ``dtype``: ``"uint8"`` (default) as if declared ``uint8`` (one ``uint8[B, n]`` tensor when
     the batch's members share one length, else a list of uint8 views into one buffer of the
-    batch), ``"bytes"`` a list of ``bytes``.
+    batch), ``"bytes"`` a list of ``bytes``. ``images="encoded"`` leaves image members (JPEG,
+    PNG, ...) undecoded: each batch holds a field's encoded files as 1-D uint8 tensors, for
+    :class:`~wdsloader.stream.DevicePrefetcher` to decode on the GPU (``images=[field]``:
+    nvJPEG on CUDA); the default ``"decoded"`` gives ``uint8`` HWC arrays decoded on the CPU.
     """
 
     fields: Sequence[str] | None = None
@@ -219,9 +222,11 @@ class DecodeOptions:
     gather: bool = True
     allow_pickle: bool = False
     raw_bytes: str = "uint8"
+    images: str = "decoded"
 
     def __post_init__(self) -> None:
         check_raw_bytes(self.raw_bytes)
+        check_images(self.images)
         if isinstance(self.fields, str):
             raise TypeError(
                 f"fields must be a sequence of field names, not the string {self.fields!r}"

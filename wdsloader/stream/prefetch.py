@@ -2,10 +2,17 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import torch
+
+from wdsloader.stream.device_images import (
+    DeviceImageDecoder,
+    device_image_decoder,
+    encoded_files,
+    stacked,
+)
 
 
 class DevicePrefetcher:
@@ -13,14 +20,53 @@ class DevicePrefetcher:
 
     On CUDA the copy of batch k+1 (``non_blocking=True`` from pinned memory, on a side stream)
     overlaps the training step of batch k. On other devices it is a plain ``.to(device)``.
+
+    ``images``: fields of a loader made with ``DecodeOptions(images="encoded")`` that hold
+    encoded images; each batch's are decoded here by ``image_decoder`` (a name registered in
+    :mod:`wdsloader.stream.device_images` or a callable; ``"auto"``: nvJPEG on CUDA where
+    torchvision imports, else the CPU), on the side stream on CUDA, into ``uint8`` HWC tensors
+    on ``device``: one ``(B, H, W, C)`` tensor when a batch's images share a shape.
     """
 
-    def __init__(self, loader: Any, device: str | torch.device) -> None:
+    def __init__(
+        self,
+        loader: Any,
+        device: str | torch.device,
+        images: Sequence[str] = (),
+        image_decoder: str | DeviceImageDecoder = "auto",
+    ) -> None:
+        if isinstance(images, str):
+            raise TypeError(f"images must be a sequence of field names, not the string {images!r}")
         self.loader = loader
         self.device = torch.device(device)
+        self.images = tuple(images)
+        self._decode = device_image_decoder(image_decoder, self.device) if self.images else None
 
     def __len__(self) -> int:
         return len(self.loader)
+
+    def _move(self, batch: Any) -> Any:
+        """``batch`` on the device, its ``images`` fields decoded there."""
+        if self._decode is None:
+            return self._to(batch)
+        if not isinstance(batch, dict):
+            raise TypeError(
+                f"DevicePrefetcher(images={list(self.images)}) needs batches that are dicts of "
+                f"fields, got a {type(batch).__name__}"
+            )
+        missing = [f for f in self.images if f not in batch]
+        if missing:
+            raise KeyError(
+                f"DevicePrefetcher(images={list(self.images)}): the batch has no field "
+                f"{missing[0]!r} (its fields: {sorted(batch)})"
+            )
+        out = {}
+        for name, value in batch.items():
+            if name in self.images:
+                out[name] = stacked(self._decode(encoded_files(value, name), self.device))
+            else:
+                out[name] = self._to(value)
+        return out
 
     def _to(self, batch: Any) -> Any:
         if isinstance(batch, torch.Tensor):
@@ -34,7 +80,7 @@ class DevicePrefetcher:
     def __iter__(self) -> Iterator[Any]:
         if self.device.type != "cuda":
             for batch in self.loader:
-                yield self._to(batch)
+                yield self._move(batch)
             return
         stream = torch.cuda.Stream(self.device)
         it = iter(self.loader)
@@ -44,7 +90,7 @@ class DevicePrefetcher:
         except StopIteration:
             return
         with torch.cuda.stream(stream):
-            nxt = self._to(first)
+            nxt = self._move(first)
         while nxt is not None:
             torch.cuda.current_stream(self.device).wait_stream(stream)
             current = nxt
@@ -52,7 +98,7 @@ class DevicePrefetcher:
             try:
                 upcoming = next(it)
                 with torch.cuda.stream(stream):
-                    nxt = self._to(upcoming)
+                    nxt = self._move(upcoming)
             except StopIteration:
                 nxt = None
             yield current

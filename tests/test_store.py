@@ -247,3 +247,21 @@ def test_side_files_are_read_through_every_store_with_its_retries_and_cache(http
     with pytest.raises(ShardFormatError) as err:
         read_key_index(ShardStore(url), shards[1])
     assert str(err.value) == f"{url}/{shards[1].keys_path}: key index file not found"
+
+
+def test_requests_of_exact_ints_are_not_copied_and_others_become_ints(tmp_path):
+    # a request of Python ints is kept as it is (no second tuple per sample alive during a
+    # read); numpy bounds are still read as ints, with the same bytes
+    manifest = write_dataset(str(tmp_path / "ds"), {"train": [4]})
+    shard = manifest.split("train").shards[0]
+    store = ShardStore(tmp_path / "ds")
+    plain = [(shard, 0, 512), (shard, 1024, 2048)]
+    numpy = [(shard, np.int64(0), np.int64(512)), (shard, np.int64(1024), np.int64(2048))]
+    reqs, positions, total = store._checked(plain)
+    assert all(a is b for a, b in zip(reqs, plain, strict=True))
+    assert (positions, total) == ([0, 512], 1536)
+    converted, _, _ = store._checked(numpy)
+    assert converted == plain and all(type(x) is int for _, a, b in converted for x in (a, b))
+    data = (tmp_path / "ds" / shard.path).read_bytes()
+    want = [data[0:512], data[1024:2048]]
+    assert store.read_ranges(numpy) == store.read_ranges(plain) == want

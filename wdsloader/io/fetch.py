@@ -391,7 +391,9 @@ class ShardStore(RequestPool, StoreChecks):
         # a request of exact ints is kept as it is: no second tuple per sample alive during
         # the read (fewer objects for the garbage collector to track and promote)
         reqs = [
-            r if type(r[1]) is int and type(r[2]) is int else (r[0], int(r[1]), int(r[2]))
+            r
+            if type(r) is tuple and type(r[1]) is int and type(r[2]) is int
+            else (r[0], int(r[1]), int(r[2]))
             for r in requests
         ]
         positions, total = [], 0

@@ -50,23 +50,21 @@ def _file(i: int) -> bytes:
     return _jpeg(_photo(48, 40, i) if i % 2 else _photo(40, 48, i))
 
 
-@pytest.fixture(scope="module")
-def mixed_images(tmp_path_factory):
-    root = tmp_path_factory.mktemp("devimg") / "ds"
-    rows = [{"__key__": f"k{i:04d}", "image.jpg": _file(i), "label": i} for i in range(40)]
+def _dataset(tmp_path_factory, name: str, image_of, n: int) -> str:
+    root = tmp_path_factory.mktemp(name) / "ds"
+    rows = [{"__key__": f"k{i:04d}", "image.jpg": image_of(i), "label": i} for i in range(n)]
     build_shards(rows, str(root), shards=ShardOptions(max_count=16))
     return str(root)
+
+
+@pytest.fixture(scope="module")
+def mixed_images(tmp_path_factory):
+    return _dataset(tmp_path_factory, "devimg", _file, 40)
 
 
 @pytest.fixture(scope="module")
 def same_size(tmp_path_factory):
-    root = tmp_path_factory.mktemp("devimg1") / "ds"
-    rows = [
-        {"__key__": f"k{i:04d}", "image.jpg": _jpeg(_photo(48, 40, i)), "label": i}
-        for i in range(24)
-    ]
-    build_shards(rows, str(root), shards=ShardOptions(max_count=16))
-    return str(root)
+    return _dataset(tmp_path_factory, "devimg1", lambda i: _jpeg(_photo(48, 40, i)), 24)
 
 
 def _same(a, b) -> bool:

@@ -121,8 +121,9 @@ class SampleDecoder:
     declared ``uint8`` (the loader's default); ``"bytes"`` (this class's default) keeps the
     undeclared ones ``bytes``. ``images="encoded"`` keeps the members the library's image
     decoder would decode as raw bytes (1-D uint8 arrays of the encoded file), for a decoder on
-    the device (:class:`~wdsloader.stream.DevicePrefetcher`). The output also holds ``"__key__"``. A field the schema marks
-    ``optional`` is None in a sample that lacks its member.
+    the device (:class:`~wdsloader.stream.DevicePrefetcher`). The output also holds
+    ``"__key__"``. A field the schema marks ``optional`` is None in a sample that lacks its
+    member.
     """
 
     def __init__(

@@ -77,6 +77,21 @@ def _same(a, b) -> bool:
     return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b, strict=True))
 
 
+def test_encoded_files_take_tensors_arrays_and_bytes():
+    files = [_file(i) for i in range(4)]
+    forms = [
+        [torch.frombuffer(bytearray(f), dtype=torch.uint8) for f in files],
+        [np.frombuffer(f, dtype=np.uint8) for f in files],
+        files,
+        [bytearray(f) for f in files],
+        [memoryview(f) for f in files],
+    ]
+    for form in forms:
+        got = encoded_files(form, "image")
+        assert [t.numpy().tobytes() for t in got] == files
+        assert all(t.dtype == torch.uint8 and t.dim() == 1 for t in got)
+
+
 def test_the_loader_hands_the_stored_files_when_images_are_kept_encoded(mixed_images):
     seen = 0
     for batch in create_loader(mixed_images, "train", batch_size=8, seed=1, decode=ENCODED):

@@ -39,10 +39,12 @@ class DeviceImageDecoder(Protocol):
 
 
 def decode_on_cpu(encoded: Sequence[torch.Tensor], device: torch.device) -> list[torch.Tensor]:
-    """The library's CPU decode of each file, copied to ``device``."""
-    from wdsloader.decode.images import decode_image
+    """The library's CPU decode of each file (on its image threads, as the loader decodes),
+    copied to ``device``."""
+    from wdsloader.decode.images import decode_image, decode_pool
 
-    return [torch.from_numpy(decode_image(t.numpy().data)).to(device) for t in encoded]
+    arrays = decode_pool().map(lambda t: decode_image(t.numpy().data), encoded)
+    return [torch.from_numpy(a).to(device) for a in arrays]
 
 
 def decode_with_nvjpeg(encoded: Sequence[torch.Tensor], device: torch.device) -> list[torch.Tensor]:
@@ -117,11 +119,21 @@ def encoded_files(value: Any, field: str) -> list[torch.Tensor]:
     if isinstance(value, torch.Tensor) and value.dtype == torch.uint8 and value.dim() == 2:
         return list(value)
     if isinstance(value, list | tuple) and all(_is_file(v) for v in value):
-        return [torch.as_tensor(np.asarray(v, dtype=np.uint8)) for v in value]
+        return [v if isinstance(v, torch.Tensor) else _tensor(v) for v in value]
     raise ValueError(
         f"DevicePrefetcher(images=[{field!r}]): the batch's {field!r} is not encoded images "
         f"({_describe(value)}); make the loader with DecodeOptions(images='encoded')"
     )
+
+
+def _tensor(v: np.ndarray | bytes | bytearray | memoryview) -> torch.Tensor:
+    """A 1-D uint8 tensor of the bytes of ``v``: a view where ``v`` is writable, else a copy
+    (torch holds no read-only memory)."""
+    if isinstance(v, np.ndarray):
+        return torch.from_numpy(v if v.flags.writeable else v.copy())
+    if isinstance(v, bytes) or (isinstance(v, memoryview) and v.readonly):
+        v = bytearray(v)
+    return torch.frombuffer(v, dtype=torch.uint8)
 
 
 def _is_file(v: Any) -> bool:
